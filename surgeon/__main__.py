@@ -1,0 +1,7 @@
+"""`python -m surgeon` runs the command line."""
+
+import sys
+
+from surgeon.cli import main
+
+sys.exit(main())

@@ -1,0 +1,91 @@
+"""Baselines in the same framework (DESIGN.md): magnitude, L-OBD, K-OBD, SparseGPT, Wanda.
+
+Magnitude, L-OBD and K-OBD are costs from the diagonal of a curvature (I⊗I, I⊗A, G⊗A), pruned
+with the global threshold and no weight update. SparseGPT (Frantar & Alistarh, 2023) and Wanda
+(Sun et al., 2023) use their own published per-layer algorithms with uniform sparsity.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def diagonal_costs(W: torch.Tensor, g: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """OBD element costs ½ W_rc² g_r a_c for a diagonal curvature diag(g) ⊗ diag(a): [R, C]."""
+    return 0.5 * W.square() * torch.outer(g, a)
+
+
+def wanda_scores(W: torch.Tensor, a_diag: torch.Tensor) -> torch.Tensor:
+    """Wanda's metric |W_rc|·‖x_c‖₂ (the input norms are √diag(A) up to a constant): [R, C]."""
+    return W.abs() * a_diag.clamp_min(0).sqrt()
+
+
+def per_row_mask(scores: torch.Tensor, sparsity: float, previous: torch.Tensor, nm: Optional[tuple[int, int]]) -> torch.Tensor:
+    """Prune the lowest scores uniformly per output row (Wanda), or m−n of every m for N:M."""
+    scores = scores.masked_fill(previous, float("-inf"))
+    R, C = scores.shape
+    if nm is not None:
+        n, m = nm
+        groups = scores.reshape(R, C // m, m)
+        idx = groups.topk(m - n, dim=2, largest=False).indices
+        return torch.zeros_like(groups, dtype=torch.bool).scatter_(2, idx, True).reshape(R, C)
+    k = round(sparsity * C)
+    idx = scores.topk(k, dim=1, largest=False).indices
+    return torch.zeros_like(scores, dtype=torch.bool).scatter_(1, idx, True)
+
+
+def sparsegpt(
+    W: torch.Tensor,
+    H: torch.Tensor,
+    sparsity: float,
+    previous: torch.Tensor,
+    nm: Optional[tuple[int, int]] = None,
+    blocksize: int = 128,
+    percdamp: float = 0.01,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SparseGPT's lazy-batch OBS pruning of one layer with Hessian H = XᵀX: (new W, mask).
+
+    Columns are processed left to right in blocks; within a block the mask is chosen by the OBS
+    saliency W²/[H⁻¹]_cc² (per block for unstructured, per group of m for N:M), each pruned
+    column's error is spread over the later columns through the Cholesky factor of H⁻¹, and
+    whole blocks update the rest lazily. Weights in `previous` are pruned first.
+    """
+    W = W.clone().double()
+    H = H.double().clone()
+    C = W.shape[1]
+    dead = H.diagonal() == 0
+    H[dead, dead] = 1
+    W[:, dead] = 0
+    H += percdamp * H.diagonal().mean() * torch.eye(C, dtype=H.dtype, device=H.device)
+    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    mask = torch.zeros_like(previous)
+    for i1 in range(0, C, blocksize):
+        i2 = min(i1 + blocksize, C)
+        W1, Hinv1 = W[:, i1:i2].clone(), Hinv[i1:i2, i1:i2]
+        Err1 = torch.zeros_like(W1)
+        d = Hinv1.diagonal()
+        saliency = (W1.square() / d.square()).masked_fill(previous[:, i1:i2], float("-inf"))
+        if nm is None:
+            k = round(sparsity * saliency.numel())
+            block_mask = torch.zeros_like(saliency, dtype=torch.bool)
+            if k:
+                block_mask.view(-1)[saliency.reshape(-1).topk(k, largest=False).indices] = True
+        else:
+            block_mask = torch.zeros_like(saliency, dtype=torch.bool)
+        for i in range(i2 - i1):
+            if nm is not None and i % nm[1] == 0:
+                n, m = nm
+                group = (W1[:, i : i + m].square() / d[i : i + m].square()).masked_fill(previous[:, i1 + i : i1 + i + m], float("-inf"))
+                block_mask.scatter_(1, i + group.topk(m - n, dim=1, largest=False).indices, True)
+            w = W1[:, i]
+            q = w.masked_fill(block_mask[:, i], 0.0)
+            err = (w - q) / Hinv1[i, i]
+            W1[:, i:] -= err.unsqueeze(1) * Hinv1[i, i:].unsqueeze(0)
+            W1[:, i] = q
+            Err1[:, i] = err
+        W[:, i1:i2] = W1
+        W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]
+        mask[:, i1:i2] = block_mask
+    return W.masked_fill(mask, 0.0), mask

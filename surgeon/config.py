@@ -1,0 +1,141 @@
+"""Configuration dataclasses: `PruneConfig` (the algorithm) and `RunConfig` (a CLI run).
+
+The CLI builds its options from these fields (help text in each field's metadata), so a
+setting exists in exactly one place. Both validate themselves in `__post_init__`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+METHODS = ("surgeon", "magnitude", "lobd", "kobd", "sparsegpt", "wanda")
+_NM = re.compile(r"^(\d+):(\d+)$")
+
+
+def parse_nm(structure: str) -> Optional[tuple[int, int]]:
+    """`"2:4"` -> (2, 4): keep at most N of every M consecutive weights of a row; else None."""
+    match = _NM.match(structure)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def _opt(default, help: str, choices=None):
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass(frozen=True)
+class PruneConfig:
+    """Settings of one pruning run (DESIGN.md: schedule, damping, correlation)."""
+
+    structure: str = _opt(
+        "structured", "structured (rows+columns), unstructured, or N:M such as 2:4 (N kept of every M)"
+    )
+    target_size: float = _opt(0.8, "fraction of prunable weights that stay non-zero, in (0, 1]")
+    shots: int = _opt(8, "number of pruning shots (linear schedule)")
+    method: str = _opt("surgeon", "pruning method", METHODS)
+    correlation: str = _opt(
+        "joint", "structured surgeon update: joint rows+columns, or within rows / columns", ("joint", "within")
+    )
+    max_correlate: Optional[int] = _opt(
+        2000, "unstructured/N:M surgeon: at most this many weights solved jointly (0 = all)"
+    )
+    chunk_semantics: str = _opt(
+        "sequential",
+        "unstructured/N:M chunks: sequential (each chunk sees earlier updates) or independent",
+        ("sequential", "independent"),
+    )
+    fisher: str = _opt("empirical", "curvature: empirical Fisher (data labels) or sampled", ("empirical", "sampled"))
+    damp_a: float = _opt(0.01, "relative damping of A: A + λ·mean(diag A)·I")
+    damp_g: Optional[float] = _opt(None, "relative damping of G (default 0.1 structured, 0.01 otherwise)")
+    batch_size: int = _opt(1, "calibration windows per forward/backward pass")
+    lora_steps: int = _opt(0, "interleaved LoRA steps between shots (0 = off; paper 3.6)")
+    lora_rank: int = _opt(8, "rank of the interleaved LoRA adapters")
+    lora_lr: float = _opt(1e-4, "learning rate of the interleaved LoRA adapters")
+    seed: int = _opt(0, "random seed (calibration sampling, sampled Fisher, LoRA)")
+    backend: str = _opt("auto", "kernel backend", ("auto", "triton", "cpp", "torch"))
+
+    def __post_init__(self) -> None:
+        nm = parse_nm(self.structure)
+        if self.structure not in ("structured", "unstructured") and nm is None:
+            raise ValueError(f"structure={self.structure!r}: use structured, unstructured, or N:M such as 2:4")
+        if nm is not None and not 0 < nm[0] < nm[1]:
+            raise ValueError(f"structure={self.structure!r}: N:M needs 0 < N < M")
+        if not 0.0 < self.target_size <= 1.0:
+            raise ValueError(f"target_size={self.target_size}: must be in (0, 1]")
+        if self.shots < 1:
+            raise ValueError(f"shots={self.shots}: must be at least 1")
+        if self.method not in METHODS:
+            raise ValueError(f"method={self.method!r}: choose one of {', '.join(METHODS)}")
+        if self.method in ("sparsegpt", "wanda") and self.structure == "structured":
+            raise ValueError(f"method={self.method!r} prunes unstructured or N:M, not structured")
+        if self.max_correlate is not None and self.max_correlate < 0:
+            raise ValueError(f"max_correlate={self.max_correlate}: must be >= 0 (0 = all)")
+        for name in ("damp_a", "damp_g"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name}={value}: must be >= 0")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size={self.batch_size}: must be at least 1")
+
+    @property
+    def nm(self) -> Optional[tuple[int, int]]:
+        """(N, M) for N:M structure, else None."""
+        return parse_nm(self.structure)
+
+    @property
+    def damping_g(self) -> float:
+        """λ_G: the configured value, or 0.1 for structured and 0.01 otherwise (DESIGN.md)."""
+        if self.damp_g is not None:
+            return self.damp_g
+        return 0.1 if self.structure == "structured" else 0.01
+
+    @property
+    def final_target(self) -> float:
+        """The fraction that stays after the last shot (N/M for N:M structure)."""
+        nm = self.nm
+        return nm[0] / nm[1] if nm else self.target_size
+
+    def shot_target(self, shot: int) -> float:
+        """α_t = 1 − t(1−α)/T, the fraction that stays after shot t (1-based; DESIGN.md)."""
+        return 1.0 - shot * (1.0 - self.final_target) / self.shots
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Settings of a CLI run: which model, which data, where the results go."""
+
+    model: str = _opt("smollm2-135m", "hub id, local directory, .gguf file, or smollm2-135m")
+    tokenizer: Optional[str] = _opt(None, "tokenizer to use instead of the model's own")
+    dataset: str = _opt("wikitext2", "evaluation text: wikitext2, c4, ptb, or a text file")
+    calibration: str = _opt(
+        "wikitext2", "calibration text: wikitext2 (hub train split, else packaged validation), wikitext2-valid, c4, ptb, or a text file"
+    )
+    nsamples: int = _opt(128, "calibration windows")
+    seqlen: int = _opt(2048, "tokens per calibration and evaluation window")
+    eval_windows: Optional[int] = _opt(None, "evaluate only the first N test windows (default: all)")
+    eval_seqlen: Optional[int] = _opt(None, "tokens per evaluation window (default: --seqlen)")
+    device: str = _opt("cpu", "cpu or cuda")
+    dtype: str = _opt("float32", "model dtype", ("float32", "bfloat16", "float16"))
+    output: Optional[str] = _opt(None, "output (a JSON file for eval, a directory for prune)")
+
+    @property
+    def test_seqlen(self) -> int:
+        """Tokens per evaluation window."""
+        return self.eval_seqlen or self.seqlen
+
+    def __post_init__(self) -> None:
+        if self.nsamples < 1:
+            raise ValueError(f"nsamples={self.nsamples}: must be at least 1")
+        if self.seqlen < 2:
+            raise ValueError(f"seqlen={self.seqlen}: must be at least 2")
+        if self.eval_seqlen is not None and self.eval_seqlen < 2:
+            raise ValueError(f"eval_seqlen={self.eval_seqlen}: must be at least 2")
+        if self.eval_windows is not None and self.eval_windows < 1:
+            raise ValueError(f"eval_windows={self.eval_windows}: must be at least 1")
+
+
+def config_fields(cls) -> list[dataclasses.Field]:
+    """The dataclass fields of a config class, in declaration order."""
+    return list(dataclasses.fields(cls))

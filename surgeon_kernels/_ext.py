@@ -1,0 +1,27 @@
+"""Load the compiled ops (`surgeon_kernels._C`) if they were built; set `HAS_CPP_OPS`.
+
+Setting the environment variable `SURGEON_DISABLE_CPP=1` skips loading them (tests use this to
+exercise the PyTorch fallback of an installed build).
+"""
+
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+HAS_CPP_OPS = False
+if os.environ.get("SURGEON_DISABLE_CPP", "0") != "1":
+    try:
+        from surgeon_kernels import _C  # noqa: F401  (registers torch.ops.surgeon.*)
+
+        HAS_CPP_OPS = True
+    except ImportError as error:
+        logger.debug("compiled ops unavailable: %s", error)
+
+if HAS_CPP_OPS:
+    import torch
+
+    @torch.library.register_fake("surgeon::kfac_accumulate")
+    def _kfac_accumulate_fake(out, x, scale, bias) -> None:
+        """Shape-only version for tracing: the op mutates `out` and returns nothing."""
+        return None

@@ -1,0 +1,81 @@
+"""kfac_accumulate: every backend against the reference (float64 oracle), shapes and dtypes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from surgeon_kernels import HAS_CPP_OPS, available_backends, ops
+from surgeon_kernels.kfac_accumulate import reference
+
+SHAPES = [
+    pytest.param(1, 1, id="N1-C1"),
+    pytest.param(7, 5, id="N7-C5"),
+    pytest.param(33, 127, id="N33-C127-below-tile"),
+    pytest.param(65, 257, id="N65-C257-odd-tiles"),
+    pytest.param(0, 9, id="N0-empty"),
+]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def oracle(x: torch.Tensor, scale: float, bias: bool, start: torch.Tensor) -> torch.Tensor:
+    out = start.double().clone()
+    reference.kfac_accumulate(out, x.double(), scale, bias)
+    return out
+
+
+@pytest.mark.parametrize("N,C", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("backend", available_backends("cpu"))
+def test_matches_reference(N, C, dtype, bias, backend):
+    gen = torch.Generator().manual_seed(N * 1000 + C)
+    x = torch.randn(N, C, generator=gen).to(dtype)
+    start = torch.randn(C + bias, C + bias, generator=gen)
+    start = start + start.T
+    out = start.clone()
+    ops.kfac_accumulate(out, x, 0.25, bias, backend=backend)
+    expected = oracle(x, 0.25, bias, start)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-4)
+    assert torch.equal(out, out.T)
+
+
+def test_reference_hand_computed():
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64)
+    out = torch.zeros(3, 3, dtype=torch.float64)
+    reference.kfac_accumulate(out, x, 0.5, True)
+    expected = 0.5 * torch.tensor([[10.0, 14.0, 4.0], [14.0, 20.0, 6.0], [4.0, 6.0, 2.0]], dtype=torch.float64)
+    assert torch.equal(out, expected)
+
+
+def test_bad_shapes_raise():
+    with pytest.raises(ValueError, match="shape"):
+        ops.kfac_accumulate(torch.zeros(3, 3), torch.zeros(4, 2), 1.0, bias=False)
+    with pytest.raises(ValueError, match="2-D"):
+        ops.kfac_accumulate(torch.zeros(3, 3), torch.zeros(3), 1.0)
+    with pytest.raises(ValueError, match="backend"):
+        ops.kfac_accumulate(torch.zeros(3, 3), torch.zeros(4, 3), 1.0, backend="fortran")
+
+
+@pytest.mark.skipif(not HAS_CPP_OPS, reason="compiled ops not built")
+def test_opcheck():
+    out = torch.zeros(6, 6)
+    x = torch.randn(10, 5)
+    torch.library.opcheck(torch.ops.surgeon.kfac_accumulate.default, (out, x, 0.5, True))
+
+
+def test_fallback_without_compiled_ops():
+    code = (
+        "import torch, surgeon, surgeon_kernels as k\n"
+        "assert not k.HAS_CPP_OPS and k.available_backends() == ['torch']\n"
+        "o = torch.zeros(3, 3); k.kfac_accumulate(o, torch.ones(4, 3), 1.0)\n"
+        "assert torch.equal(o, torch.full((3, 3), 4.0))\n"
+        "try:\n    k.kfac_accumulate(o, torch.ones(4, 3), 1.0, backend='cpp')\nexcept RuntimeError as e:\n"
+        "    assert 'available: torch' in str(e)\nelse:\n    raise SystemExit('cpp backend should be unavailable')\n"
+    )
+    env = dict(os.environ, SURGEON_DISABLE_CPP="1")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)

@@ -1,0 +1,45 @@
+"""Evaluation and calibration text."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from surgeon.data import calibration_text, calibration_windows, test_text, tokenize
+from surgeon.errors import SurgeonError
+
+
+def test_wikitext2_test_text_matches_datasets_layout():
+    text = test_text("wikitext2")
+    # datasets rows: "" then " = Robert Boulter = \n" then "" ...; joined with "\n\n"
+    assert text.text.startswith("\n\n = Robert Boulter = \n\n\n\n\n Robert Boulter is an English film")
+    assert text.text.count("\n\n") > 4000
+    assert "packaged" in text.source
+
+
+def test_packaged_validation_calibration():
+    text = calibration_text("wikitext2-valid")
+    assert "<unk>" in text.text and "wiki.valid.tokens" in text.source
+
+
+def test_local_file_and_errors(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("hello world " * 10)
+    assert calibration_text(str(path)).text.startswith("hello")
+    with pytest.raises(SurgeonError, match="does not exist"):
+        test_text(str(tmp_path / "missing.txt"))
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    with pytest.raises(SurgeonError, match="empty"):
+        tokenize(None, test_text(str(empty)))
+
+
+def test_calibration_windows_are_seeded_windows_of_the_text():
+    ids = torch.arange(1000).unsqueeze(0)
+    a = calibration_windows(ids, 5, 64, seed=3)
+    b = calibration_windows(ids, 5, 64, seed=3)
+    c = calibration_windows(ids, 5, 64, seed=4)
+    assert a.shape == (5, 64) and torch.equal(a, b) and not torch.equal(a, c)
+    assert torch.equal(a[:, 1:] - a[:, :-1], torch.ones(5, 63, dtype=a.dtype))  # consecutive tokens
+    with pytest.raises(SurgeonError, match="not more than one window"):
+        calibration_windows(ids, 1, 1000, seed=0)

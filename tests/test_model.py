@@ -1,0 +1,58 @@
+"""Model loading and prunable-layer discovery."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from surgeon.errors import SurgeonError
+from surgeon.model import load_model, prunable_layers, resolve_source
+from tests.conftest import tiny_model
+
+
+def test_llama_layers_found_in_blocks():
+    blocks = prunable_layers(tiny_model("llama"))
+    assert len(blocks) == 2
+    assert [name.split(".")[-1] for name, _ in blocks[0]] == [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert all(isinstance(m, nn.Linear) for block in blocks for _, m in block)
+
+
+def test_opt_layers_found_and_head_excluded():
+    model = tiny_model("opt")
+    names = [name for block in prunable_layers(model) for name, _ in block]
+    assert len(names) == 12 and all(".layers." in n for n in names)
+    assert "lm_head" not in names and not any("embed" in n for n in names)
+
+
+def test_generic_fallback_and_unsupported_architecture():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=32, n_positions=16))
+    with pytest.raises(SurgeonError, match="architecture 'gpt2'"):
+        prunable_layers(model)
+
+
+def test_resolve_source_errors(tmp_path):
+    with pytest.raises(SurgeonError, match="does not exist"):
+        resolve_source(str(tmp_path / "missing.gguf"))
+    with pytest.raises(SurgeonError, match="does not exist"):
+        resolve_source(str(tmp_path / "no" / "such" / "dir"))
+    text = tmp_path / "weights.txt"
+    text.write_text("x")
+    with pytest.raises(SurgeonError, match="not a .gguf"):
+        resolve_source(str(text))
+
+
+def test_embedded_model_resolves_to_gguf():
+    source = resolve_source("smollm2-135m")
+    assert source.gguf_file == "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_model_dir_without_tokenizer_needs_tokenizer_option(tmp_path, smollm2_tokenizer_dir):
+    tiny_model("llama").save_pretrained(tmp_path)
+    with pytest.raises(SurgeonError, match="--tokenizer"):
+        load_model(str(tmp_path))
+    model, tokenizer = load_model(str(tmp_path), tokenizer=str(smollm2_tokenizer_dir), dtype="bfloat16")
+    assert next(model.parameters()).dtype == torch.bfloat16 and len(tokenizer) == 49152
