@@ -47,14 +47,14 @@ def _build(cls, args: argparse.Namespace, only: Optional[Sequence[str]] = None):
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from surgeon.data import test_text, tokenize
+    from surgeon.data import evaluation_text, tokenize
     from surgeon.evaluate import perplexity
     from surgeon.io import write_json
     from surgeon.model import load_model
 
     run = _build(RunConfig, args, EVAL_FIELDS)
     model, tokenizer = load_model(run.model, run.tokenizer, run.dtype, run.device)
-    ids = tokenize(tokenizer, test_text(run.dataset))
+    ids = tokenize(tokenizer, evaluation_text(run.dataset))
     result = perplexity(model, ids, run.test_seqlen, run.eval_windows)
     print(f"perplexity {result.ppl:.4f} on {result.windows} windows of {run.test_seqlen} tokens "
           f"({run.dataset}, {result.seconds:.1f} s)")

@@ -72,7 +72,7 @@ def _file(path_name: str) -> Text:
         raise SurgeonError(f"cannot read text file {path_name!r}: {error}") from error
 
 
-def test_text(name: str) -> Text:
+def evaluation_text(name: str) -> Text:
     """The evaluation text of `name` (wikitext2, c4, ptb) or of a local file."""
     if name == "wikitext2":
         return _packaged("wiki.test.raw")

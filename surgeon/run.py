@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from surgeon.config import PruneConfig, RunConfig
-from surgeon.data import calibration_text, calibration_windows, test_text, tokenize
+from surgeon.data import calibration_text, calibration_windows, evaluation_text, tokenize
 from surgeon.errors import SurgeonError
 from surgeon.evaluate import perplexity
 from surgeon.io import write_directory, write_json
@@ -30,7 +30,7 @@ def run_prune(run: RunConfig, config: PruneConfig) -> dict:
     limit = max_seqlen(model)
     if limit is not None and max(run.seqlen, run.test_seqlen) > limit:
         raise SurgeonError(f"seqlen {max(run.seqlen, run.test_seqlen)} is longer than the model allows ({limit})")
-    test_ids = tokenize(tokenizer, test_text(run.dataset))
+    test_ids = tokenize(tokenizer, evaluation_text(run.dataset))
     calibration = calibration_text(run.calibration)
     windows = calibration_windows(tokenize(tokenizer, calibration), run.nsamples, run.seqlen, config.seed)
     before = perplexity(model, test_ids, run.test_seqlen, run.eval_windows)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from surgeon.data import calibration_text, calibration_windows, test_text, tokenize
+from surgeon.data import calibration_text, calibration_windows, evaluation_text, tokenize
 from surgeon.errors import SurgeonError
 
 
 def test_wikitext2_test_text_matches_datasets_layout():
-    text = test_text("wikitext2")
+    text = evaluation_text("wikitext2")
     # datasets rows: "" then " = Robert Boulter = \n" then "" ...; joined with "\n\n"
     assert text.text.startswith("\n\n = Robert Boulter = \n\n\n\n\n Robert Boulter is an English film")
     assert text.text.count("\n\n") > 4000
@@ -27,11 +27,11 @@ def test_local_file_and_errors(tmp_path):
     path.write_text("hello world " * 10)
     assert calibration_text(str(path)).text.startswith("hello")
     with pytest.raises(SurgeonError, match="does not exist"):
-        test_text(str(tmp_path / "missing.txt"))
+        evaluation_text(str(tmp_path / "missing.txt"))
     empty = tmp_path / "empty.txt"
     empty.write_text("  \n")
     with pytest.raises(SurgeonError, match="empty"):
-        tokenize(None, test_text(str(empty)))
+        tokenize(None, evaluation_text(str(empty)))
 
 
 def test_calibration_windows_are_seeded_windows_of_the_text():

@@ -1,0 +1,108 @@
+"""Quality table on SmolLM2-135M: dense and every method at each structure and size, one command.
+
+Protocol (runs on a 2-core CPU): calibration windows from the packaged WikiText-2 validation split
+(`wiki.valid.tokens`), perplexity on the first windows of 2048 tokens of the WikiText-2 test split.
+Each finished run is saved as JSON under bench/results/quality/ and skipped when rerun, so the table
+can be filled over several sessions; the markdown table is regenerated from all saved runs.
+
+    python bench/quality.py                       # every row (long: hours on 2 cores)
+    python bench/quality.py --only structured-0.8  # rows whose id contains this text
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from surgeon import PruneConfig, prune
+from surgeon.data import calibration_text, calibration_windows, evaluation_text, tokenize
+from surgeon.evaluate import perplexity
+from surgeon.io import write_json
+from surgeon.model import load_model
+
+ROOT = Path(__file__).parent / "results" / "quality"
+STRUCTURED = ("magnitude", "lobd", "kobd", "surgeon-within", "surgeon")
+ELEMENT = ("magnitude", "wanda", "sparsegpt", "kobd", "surgeon")
+
+
+def rows(shots_structured: int, shots_element: int) -> list[tuple[str, PruneConfig]]:
+    """(id, config) for every row of the table."""
+    out = []
+    for size in (0.9, 0.8, 0.7):
+        for method in STRUCTURED:
+            correlation = "within" if method == "surgeon-within" else "joint"
+            config = PruneConfig(structure="structured", target_size=size, shots=shots_structured,
+                                 method=method.split("-")[0], correlation=correlation)
+            out.append((f"structured-{size}-{method}", config))
+    for structure, size in (("unstructured", 0.5), ("2:4", 0.5)):
+        for method in ELEMENT:
+            shots = 1 if method in ("wanda", "sparsegpt") else shots_element
+            config = PruneConfig(structure=structure, target_size=size, shots=shots, method=method,
+                                 max_correlate=256)
+            out.append((f"{structure.replace(':', 'of')}-{size}-{method}", config))
+    return out
+
+
+def table() -> str:
+    """Markdown table of every saved run."""
+    lines = ["| run | structure | target size | method | shots | sparsity | ppl | seconds |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for path in sorted(ROOT.glob("*.json")):
+        r = json.loads(path.read_text())
+        c = r.get("config", {})
+        method = c.get("method", "dense")
+        if method == "surgeon" and c.get("structure") == "structured":
+            method += "/" + c["correlation"]
+        lines.append(f"| {path.stem} | {c.get('structure', '-')} | {c.get('target_size', 1.0)} | {method} | "
+                     f"{c.get('shots', 0)} | {r.get('sparsity', 0.0):.4f} | {r['ppl']:.3f} | {r['seconds']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calib-windows", type=int, default=16)
+    parser.add_argument("--calib-seqlen", type=int, default=512)
+    parser.add_argument("--eval-windows", type=int, default=16)
+    parser.add_argument("--shots-structured", type=int, default=8)
+    parser.add_argument("--shots-element", type=int, default=4)
+    parser.add_argument("--only", default="")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    ROOT.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = load_model("smollm2-135m")
+    dense_state = {k: v.clone() for k, v in model.state_dict().items()}
+    test_ids = tokenize(tokenizer, evaluation_text("wikitext2"))
+    windows = calibration_windows(tokenize(tokenizer, calibration_text("wikitext2-valid")),
+                                  args.calib_windows, args.calib_seqlen, seed=0)
+    machine = f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    protocol = {"calib_windows": args.calib_windows, "calib_seqlen": args.calib_seqlen,
+                "eval_windows": args.eval_windows, "eval_seqlen": 2048, "machine": machine, "commit": commit}
+    dense_path = ROOT / "dense.json"
+    if not dense_path.exists():
+        result = perplexity(model, test_ids, 2048, args.eval_windows)
+        write_json(dense_path, {"ppl": result.ppl, "seconds": result.seconds, **protocol})
+    for name, config in rows(args.shots_structured, args.shots_element):
+        path = ROOT / f"{name}.json"
+        if path.exists() or args.only not in name:
+            continue
+        model.load_state_dict(dense_state)
+        start = time.perf_counter()
+        report = prune(model, windows, config)
+        seconds = time.perf_counter() - start
+        result = perplexity(model, test_ids, 2048, args.eval_windows)
+        logging.info("%s: ppl %.3f sparsity %.4f (%.0f s)", name, result.ppl, report.sparsity, seconds)
+        write_json(path, {"ppl": result.ppl, "seconds": seconds, **protocol, **report.to_dict()})
+    (ROOT.parent / "quality.md").write_text(table())
+    print(table())
+
+
+if __name__ == "__main__":
+    main()
