@@ -43,9 +43,10 @@ class _Collector:
         self._handles: list = []
 
     def _forward(self, name: str, module: nn.Linear, inputs: tuple, output: torch.Tensor) -> None:
-        x = inputs[0].detach()
+        x = inputs[0]
         bias = module.bias is not None
         if name not in self.owner:
+            # A layer reading the very tensor object its predecessor read (q/k/v, gate/up) shares A.
             last = self._last
             shares = last is not None and last[0] is x and (self.layers_by_name[last[1]].bias is not None) == bias
             self.owner[name] = self.owner[last[1]] if shares else name
@@ -56,7 +57,8 @@ class _Collector:
                 self.factors[name] = LayerFactors(self.factors[self.owner[name]].A, None)
         self._last = (x, name)
         if self.owner[name] == name:
-            ops.kfac_accumulate(self.factors[name].A, x.reshape(-1, x.shape[-1]), self.scale, bias, self.backend)
+            flat = x.detach().reshape(-1, x.shape[-1])
+            ops.kfac_accumulate(self.factors[name].A, flat, self.scale, bias, self.backend)
         if self.need_g and output.requires_grad:
             output.register_hook(lambda g, name=name: self._backward(name, g))
 

@@ -94,6 +94,12 @@ def load_model(
         model = AutoModelForCausalLM.from_pretrained(source.path, gguf_file=source.gguf_file, dtype=DTYPES[dtype])
     except (OSError, ValueError, KeyError) as error:
         raise SurgeonError(f"cannot load model {name!r}: {_first_line(error)}") from error
+    if source.gguf_file is not None:
+        # GGUF weights are dequantized on load: the model is a plain float model from here on,
+        # so drop the quantizer that would refuse save_pretrained.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
     model.to(device).eval()
     tok = load_tokenizer(tokenizer) if tokenizer else load_tokenizer(source.path, source.gguf_file)
     prunable_layers(model)  # fail early, naming the architecture, if nothing can be pruned

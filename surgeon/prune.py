@@ -89,12 +89,13 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
         sub = W[keep_r][:, keep_c]
         rows = torch.full((R,), float("-inf"), device=W.device)
         cols = torch.full((C,), float("-inf"), device=W.device)
+        entry = raw.pop(layer.name, None)  # frees each raw factor after its last layer
         if config.method == "surgeon":
-            f = _factors(layer, raw[layer.name], config, keep_r, keep_c)
+            f = _factors(layer, entry, config, keep_r, keep_c)
             rc, cc = solver.row_costs_of(sub, f), solver.col_costs_of(sub, f)
+            f = f.inverses_only()
         else:
             f = None
-            entry = raw.get(layer.name)
             g = _damped_diag(entry.G if entry else None, R, config.damping_g, W.device)[keep_r]
             a = _damped_diag(entry.A if entry else None, W.shape[1], config.damp_a, W.device)[keep_c]
             e = baselines.diagonal_costs(sub, g, a)
@@ -122,11 +123,13 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
     plans, costs = [], []
     for layer in layers:
         W, C = layer.weight(), layer.module.in_features
+        entry = raw.pop(layer.name, None)  # frees each raw factor after its last layer
         if config.method == "surgeon":
-            f = _factors(layer, raw[layer.name], config, slice(None), slice(None))
+            f = _factors(layer, entry, config, slice(None), slice(None))
             e = solver.element_costs_of(W, f)[:, :C]
+            f = f.inverses_only()
         else:
-            f, entry = None, raw.get(layer.name)
+            f = None
             g = _damped_diag(entry.G if entry else None, W.shape[0], config.damping_g, W.device)
             a = _damped_diag(entry.A if entry else None, W.shape[1], config.damp_a, W.device)
             e = baselines.diagonal_costs(W, g, a)[:, :C]

@@ -32,10 +32,13 @@ def spd_inverse(matrix: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Factors:
-    """Damped Kronecker factors G [R, R], A [C, C] of one layer and their inverses."""
+    """Damped Kronecker factors G [R, R], A [C, C] of one layer and their inverses.
 
-    G: torch.Tensor
-    A: torch.Tensor
+    Costs need all four; updates need only the inverses (see `inverses_only`).
+    """
+
+    G: Optional[torch.Tensor]
+    A: Optional[torch.Tensor]
     G_inv: torch.Tensor
     A_inv: torch.Tensor
 
@@ -43,6 +46,10 @@ class Factors:
     def of(cls, G: torch.Tensor, A: torch.Tensor) -> "Factors":
         """Invert the (damped, SPD) factors once for all costs and updates of a layer."""
         return cls(G, A, spd_inverse(G), spd_inverse(A))
+
+    def inverses_only(self) -> "Factors":
+        """The same factors without G and A, which updates do not use (halves what is kept)."""
+        return Factors(None, None, self.G_inv, self.A_inv)
 
 
 def damp(matrix: torch.Tensor, strength: float) -> torch.Tensor:

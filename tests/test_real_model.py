@@ -27,6 +27,16 @@ def test_dense_perplexity_on_first_windows(smollm2):
     assert result.ppl == pytest.approx(18.8375, rel=2e-3)
 
 
+def test_gguf_model_saves_as_plain_checkpoint(smollm2, tmp_path):
+    from transformers import AutoConfig
+
+    model, _, _ = smollm2
+    model.save_pretrained(tmp_path)
+    config = AutoConfig.from_pretrained(tmp_path)
+    assert config.model_type == "llama" and getattr(config, "quantization_config", None) is None
+    assert (tmp_path / "model.safetensors").is_file()
+
+
 def test_short_structured_prune_keeps_model_working(smollm2):
     model, tokenizer, ids = smollm2
     state = {k: v.clone() for k, v in model.state_dict().items()}
