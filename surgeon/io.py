@@ -33,6 +33,9 @@ def write_directory(path: str | os.PathLike, fill: Callable[[Path], None]) -> No
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; the result gets the usual permissions
     try:
         fill(tmp)
         if target.exists():

@@ -67,12 +67,20 @@ def _damped_diag(matrix: Optional[torch.Tensor], size: int, strength: float, dev
     return d + strength * d.mean()
 
 
+def _diagonal_costs(W: torch.Tensor, entry: Optional[curvature.LayerFactors], config: PruneConfig,
+                    rows, cols) -> torch.Tensor:
+    """OBD element costs of W[rows, cols] with the method's diagonal curvature (I where not estimated)."""
+    g = _damped_diag(entry.G if entry else None, W.shape[0], config.damping_g, W.device)[rows]
+    a = _damped_diag(entry.A if entry else None, W.shape[1], config.damp_a, W.device)[cols]
+    return baselines.diagonal_costs(W[rows][:, cols], g, a)
+
+
 def _with_bias_col(mask: torch.Tensor, layer: Layer, value: bool) -> torch.Tensor:
     """Extend an [R, C] mask with the bias column when the layer has a bias."""
     return torch.cat([mask, mask.new_full((mask.shape[0], 1), value)], 1) if layer.bias else mask
 
 
-def _factors(layer: Layer, f: curvature.LayerFactors, config: PruneConfig, rows, cols) -> solver.Factors:
+def _factors(f: curvature.LayerFactors, config: PruneConfig, rows, cols) -> solver.Factors:
     """Damped G[rows, rows], A[cols, cols] of a layer and their inverses."""
     G = solver.damp(f.G[rows][:, rows], config.damping_g)
     A = solver.damp(f.A[cols][:, cols], config.damp_a)
@@ -86,19 +94,17 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
         W, R, C = layer.weight(), layer.module.out_features, layer.module.in_features
         keep_r = (~layer.rows).nonzero().squeeze(1)
         keep_c = (~_with_bias_col(layer.cols.unsqueeze(0), layer, False)[0]).nonzero().squeeze(1)
-        sub = W[keep_r][:, keep_c]
         rows = torch.full((R,), float("-inf"), device=W.device)
         cols = torch.full((C,), float("-inf"), device=W.device)
         entry = raw.pop(layer.name, None)  # frees each raw factor after its last layer
         if config.method == "surgeon":
-            f = _factors(layer, entry, config, keep_r, keep_c)
+            f = _factors(entry, config, keep_r, keep_c)
+            sub = W[keep_r][:, keep_c]
             rc, cc = solver.row_costs_of(sub, f), solver.col_costs_of(sub, f)
             f = f.inverses_only()
         else:
             f = None
-            g = _damped_diag(entry.G if entry else None, R, config.damping_g, W.device)[keep_r]
-            a = _damped_diag(entry.A if entry else None, W.shape[1], config.damp_a, W.device)[keep_c]
-            e = baselines.diagonal_costs(sub, g, a)
+            e = _diagonal_costs(W, entry, config, keep_r, keep_c)
             rc, cc = e.sum(1), e.sum(0)
         rows[keep_r] = rc
         cols[keep_c[keep_c < C]] = cc[: int((keep_c < C).sum())]
@@ -125,14 +131,12 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
         W, C = layer.weight(), layer.module.in_features
         entry = raw.pop(layer.name, None)  # frees each raw factor after its last layer
         if config.method == "surgeon":
-            f = _factors(layer, entry, config, slice(None), slice(None))
+            f = _factors(entry, config, slice(None), slice(None))
             e = solver.element_costs_of(W, f)[:, :C]
             f = f.inverses_only()
         else:
             f = None
-            g = _damped_diag(entry.G if entry else None, W.shape[0], config.damping_g, W.device)
-            a = _damped_diag(entry.A if entry else None, W.shape[1], config.damp_a, W.device)
-            e = baselines.diagonal_costs(W, g, a)[:, :C]
+            e = _diagonal_costs(W, entry, config, slice(None), slice(None))[:, :C]
         plans.append((W, f))
         costs.append(e.masked_fill(layer.mask, float("-inf")))
     nm = config.nm
@@ -154,8 +158,8 @@ def _per_layer_shot(layers: list[Layer], raw: dict, target_size: float, config: 
             layer.mask = layer.mask | baselines.per_row_mask(
                 baselines.wanda_scores(W[:, :C], A.diagonal()), 1 - target_size, layer.mask, config.nm)
         else:
-            W[:, :C], mask = baselines.sparsegpt(W[:, :C], A, 1 - target_size, layer.mask, config.nm)
-            W[:, :C] = W[:, :C].float()
+            pruned, mask = baselines.sparsegpt(W[:, :C], A, 1 - target_size, layer.mask, config.nm)
+            W[:, :C] = pruned
             layer.mask = mask | layer.mask
         layer.store(W)
 

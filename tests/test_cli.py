@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -68,3 +69,25 @@ def test_help_documents_prune_options():
     for option in ("--structure", "--target-size", "--shots", "--method", "--max-correlate", "--correlation",
                    "--nsamples", "--seqlen", "--calibration", "--eval-windows", "--device", "--seed", "--output"):
         assert option in result.stdout
+
+
+def test_write_directory_is_atomic(tmp_path):
+    from surgeon.io import write_directory
+
+    target = tmp_path / "out"
+    write_directory(target, lambda d: (d / "a.txt").write_text("first"))
+    assert (target / "a.txt").read_text() == "first"
+
+    def broken(directory):
+        (directory / "a.txt").write_text("half")
+        raise RuntimeError("interrupted")
+
+    with pytest.raises(RuntimeError):
+        write_directory(target, broken)
+    assert (target / "a.txt").read_text() == "first"  # the old result is untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary leftovers
+    write_directory(target, lambda d: (d / "b.txt").write_text("second"))
+    assert sorted(p.name for p in target.iterdir()) == ["b.txt"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o777 & ~umask

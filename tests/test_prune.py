@@ -105,3 +105,21 @@ def test_bad_configs():
     model = tiny_model("llama")
     with pytest.raises(SurgeonError, match="does not divide"):
         prune(model, calibration(), PruneConfig(structure="2:7", shots=1), progress=False)
+
+
+def test_interleaved_lora_merges_and_keeps_masks():
+    from torch import nn
+
+    plain, corrected = tiny_model("llama"), tiny_model("llama")
+    config = PruneConfig(structure="structured", target_size=0.7, shots=2)
+    prune(plain, calibration(), config, progress=False)
+    report = prune(corrected, calibration(), PruneConfig(structure="structured", target_size=0.7, shots=2,
+                                                         lora_steps=3, lora_lr=1e-2), progress=False)
+    assert all("lora" in s.seconds for s in report.shots)
+    a, b = weights(plain), weights(corrected)
+    assert any(not torch.equal(a[k], b[k]) for k in a)  # the correction changed weights
+    for block in prunable_layers(corrected):
+        for name, module in block:
+            assert type(module) is nn.Linear  # adapters merged and removed
+    assert abs(report.sparsity - 0.3) < 0.03  # masks re-applied after merging
+    assert all(p.requires_grad for p in corrected.parameters())

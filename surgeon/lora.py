@@ -1,0 +1,50 @@
+"""Interleaved low-rank first-order corrections (paper sec. 3.6).
+
+Between shots, LoRA adapters (via `peft`) on every prunable layer are trained for a few steps on
+the calibration windows with the language-modelling loss, merged into the weights, and the
+pruning masks are re-applied so removed weights stay exactly zero.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from surgeon.config import PruneConfig
+from surgeon.errors import SurgeonError
+
+
+def lora_correction(model: nn.Module, layers: list, calibration: torch.Tensor, config: PruneConfig) -> float:
+    """Train LoRA adapters for `config.lora_steps` steps, merge them, re-apply masks; return the last loss."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as error:
+        raise SurgeonError("interleaved LoRA (--lora-steps) needs the `peft` package: pip install peft") from error
+    lora = LoraConfig(r=config.lora_rank, lora_alpha=2 * config.lora_rank, lora_dropout=0.0,
+                      target_modules=[layer.name for layer in layers])
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    peft_model = get_peft_model(model, lora)
+    params = [p for p in peft_model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lora_lr, weight_decay=0.0)
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(config.seed)
+    loss = torch.tensor(float("nan"))
+    was_training = model.training
+    peft_model.train()
+    for _ in range(config.lora_steps):
+        index = torch.randint(0, calibration.shape[0], (config.batch_size,), generator=generator)
+        batch = calibration[index].to(device)
+        loss = peft_model(input_ids=batch, labels=batch).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    peft_model.merge_and_unload()
+    model.train(was_training)
+    for p, flag in flags:
+        p.requires_grad_(flag)
+    with torch.no_grad():
+        for layer in layers:
+            layer.module.weight[layer.mask] = 0
+            if layer.bias:
+                layer.module.bias[layer.rows] = 0
+    return float(loss.detach())
