@@ -36,7 +36,7 @@ ELEMENT = ("magnitude", "wanda", "sparsegpt", "kobd", "surgeon")
 def rows(shots_structured: int, shots_element: int) -> list[tuple[str, PruneConfig]]:
     """(id, config) for every row of the table."""
     out = []
-    for size in (0.9, 0.8, 0.7):
+    for size in (0.8, 0.9, 0.7):
         for method in STRUCTURED:
             correlation = "within" if method == "surgeon-within" else "joint"
             config = PruneConfig(structure="structured", target_size=size, shots=shots_structured,
@@ -46,7 +46,7 @@ def rows(shots_structured: int, shots_element: int) -> list[tuple[str, PruneConf
         for method in ELEMENT:
             shots = 1 if method in ("wanda", "sparsegpt") else shots_element
             config = PruneConfig(structure=structure, target_size=size, shots=shots, method=method,
-                                 max_correlate=256)
+                                 max_correlate=64, chunk_semantics="independent")
             out.append((f"{structure.replace(':', 'of')}-{size}-{method}", config))
     return out
 

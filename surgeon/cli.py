@@ -53,8 +53,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from surgeon.model import load_model
 
     run = _build(RunConfig, args, EVAL_FIELDS)
+    text = evaluation_text(run.dataset)  # fail on a bad dataset before the slow model load
     model, tokenizer = load_model(run.model, run.tokenizer, run.dtype, run.device)
-    ids = tokenize(tokenizer, evaluation_text(run.dataset))
+    ids = tokenize(tokenizer, text)
     result = perplexity(model, ids, run.test_seqlen, run.eval_windows)
     print(f"perplexity {result.ppl:.4f} on {result.windows} windows of {run.test_seqlen} tokens "
           f"({run.dataset}, {result.seconds:.1f} s)")

@@ -26,12 +26,13 @@ def run_prune(run: RunConfig, config: PruneConfig) -> dict:
     if output.exists() and not output.is_dir():
         raise SurgeonError(f"output {run.output!r} exists and is not a directory")
     start = time.perf_counter()
+    test = evaluation_text(run.dataset)  # texts first: a bad path fails before the slow model load
+    calibration = calibration_text(run.calibration)
     model, tokenizer = load_model(run.model, run.tokenizer, run.dtype, run.device)
     limit = max_seqlen(model)
     if limit is not None and max(run.seqlen, run.test_seqlen) > limit:
         raise SurgeonError(f"seqlen {max(run.seqlen, run.test_seqlen)} is longer than the model allows ({limit})")
-    test_ids = tokenize(tokenizer, evaluation_text(run.dataset))
-    calibration = calibration_text(run.calibration)
+    test_ids = tokenize(tokenizer, test)
     windows = calibration_windows(tokenize(tokenizer, calibration), run.nsamples, run.seqlen, config.seed)
     before = perplexity(model, test_ids, run.test_seqlen, run.eval_windows)
     logger.info("dense perplexity %.4f (%d windows)", before.ppl, before.windows)

@@ -166,13 +166,39 @@ def row_chunks(rows: torch.Tensor, max_correlate: Optional[int]) -> list[slice]:
     return chunks
 
 
-def solve_chunk(f: Factors, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """u = M⁻¹ w with M[i, j] = [G⁻¹]_{r_i r_j} [A⁻¹]_{c_i c_j}, the K×K system of eq. (4)."""
-    M = f.G_inv[r][:, r] * f.A_inv[c][:, c]
-    factor, info = torch.linalg.cholesky_ex(M)
-    if int(info) == 0:
-        return torch.cholesky_solve(w.unsqueeze(1), factor).squeeze(1)
-    return torch.linalg.lstsq(M, w.unsqueeze(1)).solution.squeeze(1)
+def solve_chunks(
+    f: Factors, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor, chunks: list[slice], budget: int = 1 << 24
+) -> torch.Tensor:
+    """u_S = M_S⁻¹ w_S for every chunk S, with M_S[i, j] = [G⁻¹]_{r_i r_j} [A⁻¹]_{c_i c_j} (eq. 4).
+
+    Chunks are solved in batches (padded to the longest chunk of the batch with identity rows, at
+    most `budget` matrix entries per batch) by batched Cholesky, with least squares for any
+    system Cholesky rejects. Returns u aligned with r, c, w.
+    """
+    u = torch.zeros_like(w)
+    if not chunks:
+        return u
+    longest = max(chunk.stop - chunk.start for chunk in chunks)
+    per_batch = max(1, budget // (longest * longest))
+    for first in range(0, len(chunks), per_batch):
+        batch = chunks[first : first + per_batch]
+        starts = torch.tensor([chunk.start for chunk in batch], device=r.device)
+        lengths = torch.tensor([chunk.stop - chunk.start for chunk in batch], device=r.device)
+        offsets = torch.arange(int(lengths.max()), device=r.device)
+        valid = offsets.unsqueeze(0) < lengths.unsqueeze(1)  # [B, k]
+        idx = torch.where(valid, starts.unsqueeze(1) + offsets.unsqueeze(0), starts.unsqueeze(1))
+        rr, cc = r[idx], c[idx]
+        M = f.G_inv[rr.unsqueeze(2), rr.unsqueeze(1)] * f.A_inv[cc.unsqueeze(2), cc.unsqueeze(1)]
+        eye = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device).expand_as(M)
+        M = torch.where(valid.unsqueeze(2) & valid.unsqueeze(1), M, eye)
+        rhs = torch.where(valid, w[idx], torch.zeros((), dtype=w.dtype, device=w.device)).unsqueeze(2)
+        factor, info = torch.linalg.cholesky_ex(M)
+        solution = torch.cholesky_solve(rhs, factor)
+        failed = info != 0
+        if failed.any():
+            solution[failed] = torch.linalg.lstsq(M[failed], rhs[failed]).solution
+        u[idx[valid]] = solution.squeeze(2)[valid]
+    return u
 
 
 def unstructured_update_of(
@@ -186,30 +212,28 @@ def unstructured_update_of(
 
     Pruned weights are split into chunks of whole rows (at most `max_correlate` each). Each chunk
     solves u = M⁻¹ w and scatters u into V; the update is ΔW = −G⁻¹ V A⁻¹.
-    independent: every chunk's w comes from the original W; one pair of GEMMs for the layer.
+    independent: every chunk's w comes from the original W, so all chunks are solved in batches,
+    then one pair of GEMMs updates the layer.
     sequential: chunk b's w includes the updates of chunks before it (the reference's
     "addupdate"), kept as U = V A⁻¹ accumulated row-block by row-block, so the correction at
     chunk b is (G⁻¹[rows_b, :] U)[entries] — O(R²C + RC²) per layer in all.
     """
+    if semantics not in ("sequential", "independent"):
+        raise ValueError(f"semantics={semantics!r}: use 'sequential' or 'independent'")
     r, c = mask.nonzero(as_tuple=True)
+    chunks = row_chunks(r, max_correlate)
     U = torch.zeros_like(W)
-    for chunk in row_chunks(r, max_correlate):
-        rb, cb = r[chunk], c[chunk]
-        w = W[rb, cb]
-        if semantics == "sequential":
-            block_rows, local = torch.unique(rb, return_inverse=True)
-            w = w - (f.G_inv[block_rows] @ U)[local, cb]
-        elif semantics != "independent":
-            raise ValueError(f"semantics={semantics!r}: use 'sequential' or 'independent'")
-        u = solve_chunk(f, rb, cb, w)
-        if semantics == "sequential":
-            V = torch.zeros(block_rows.numel(), W.shape[1], dtype=W.dtype, device=W.device)
-            V[local, cb] = u
-            U[block_rows] += V @ f.A_inv
-        else:
-            U[rb, cb] = u
     if semantics == "independent":
+        U[r, c] = solve_chunks(f, r, c, W[r, c], chunks)
         U = U @ f.A_inv
+    else:
+        for chunk in chunks:
+            rb, cb = r[chunk], c[chunk]
+            block_rows, local = torch.unique(rb, return_inverse=True)
+            w = W[rb, cb] - (f.G_inv[block_rows] @ U)[local, cb]
+            V = torch.zeros(block_rows.numel(), W.shape[1], dtype=W.dtype, device=W.device)
+            V[local, cb] = solve_chunks(f, rb, cb, w, [slice(0, rb.numel())])
+            U[block_rows] += V @ f.A_inv
     out = W - f.G_inv @ U
     out[mask] = 0
     return out

@@ -168,3 +168,28 @@ def test_update_changes_kept_weights(gen):
     mask[2, 3] = True
     new = solver.unstructured_update(W, G, A, mask)
     assert (new[~mask] != W[~mask]).any()
+
+
+@pytest.mark.parametrize("budget", [1, 40, 1 << 20], ids=["one-per-batch", "small-batches", "one-batch"])
+def test_solve_chunks_batched_equals_one_by_one(budget, gen):
+    W, G, A = problem(7, 9, gen)
+    f = solver.Factors.of(G, A)
+    r, c = (torch.rand(7, 9, generator=gen) < 0.6).nonzero(as_tuple=True)
+    w = W[r, c]
+    chunks = solver.row_chunks(r, 6)
+    assert len({s.stop - s.start for s in chunks}) > 1  # ragged chunks
+    batched = solver.solve_chunks(f, r, c, w, chunks, budget=budget)
+    for s in chunks:
+        M = f.G_inv[r[s]][:, r[s]] * f.A_inv[c[s]][:, c[s]]
+        torch.testing.assert_close(batched[s], torch.linalg.solve(M, w[s]), **FLOAT64)
+
+
+def test_solve_chunks_singular_system_falls_back_to_least_squares(gen):
+    _, G, A = problem(3, 3, gen)
+    f = solver.Factors.of(G, A)
+    r, c = torch.tensor([1, 1]), torch.tensor([2, 2])  # the same weight twice: M is singular
+    w = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    u = solver.solve_chunks(f, r, c, w, [slice(0, 2)])
+    m = f.G_inv[1, 1] * f.A_inv[2, 2]
+    torch.testing.assert_close(u, torch.full((2,), 0.5 / m.item(), dtype=torch.float64), **FLOAT64)
+    assert solver.solve_chunks(f, r[:0], c[:0], w[:0], []).numel() == 0
