@@ -2,7 +2,9 @@
 
 Protocol (the CPU target protocol of the brief, runs on 2 cores): 8 calibration windows of 512 tokens
 from the packaged WikiText-2 validation split (`wiki.valid.tokens`, seed 0), 4 shots, perplexity on
-the first 8 windows of 2048 tokens of the WikiText-2 test split (dense: 19.134).
+the first 8 windows of 2048 tokens of the WikiText-2 test split (dense: 19.134). Damping as DESIGN.md.
+Unstructured and 2:4 LLM Surgeon rows use `max_correlate=64` with independent chunks (batched solves),
+which is what fits a 2-core CPU; SparseGPT and Wanda run in one shot, as published.
 Each finished run is saved as JSON under bench/results/quality/ and skipped when rerun, so the table
 can be filled over several sessions; the markdown table is regenerated from all saved runs.
 
