@@ -44,7 +44,5 @@ def lora_correction(model: nn.Module, layers: list, calibration: torch.Tensor, c
         p.requires_grad_(flag)
     with torch.no_grad():
         for layer in layers:
-            layer.module.weight[layer.mask] = 0
-            if layer.bias:
-                layer.module.bias[layer.rows] = 0
+            layer.store(layer.weight())
     return float(loss.detach())

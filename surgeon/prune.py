@@ -49,11 +49,12 @@ class Layer:
         return torch.cat([W, self.module.bias.detach().float().unsqueeze(1)], 1) if self.bias else W.clone()
 
     def store(self, W: torch.Tensor) -> None:
-        """Write [W | b] back, after checking it is finite and zero where pruned."""
+        """Write [W | b] back, after checking it is finite, zeroing pruned weights and pruned rows' bias."""
         if not torch.isfinite(W).all():
             raise SurgeonError(f"non-finite weights computed for layer {self.name}; increase damping")
         C = self.module.in_features
         W[:, :C][self.mask] = 0
+        W[self.rows] = 0
         self.module.weight.data.copy_(W[:, :C])
         if self.bias:
             self.module.bias.data.copy_(W[:, C])
@@ -120,7 +121,6 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
                 W[keep_r][:, keep_c], f, p, q, config.correlation)
         layer.rows, layer.cols = new_rows, new_cols
         layer.mask = new_rows.unsqueeze(1) | new_cols.unsqueeze(0)
-        W[layer.rows] = 0
         layer.store(W)
 
 
