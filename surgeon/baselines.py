@@ -11,6 +11,8 @@ from typing import Optional
 
 import torch
 
+from surgeon_kernels import ops
+
 
 def diagonal_costs(W: torch.Tensor, g: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     """OBD element costs ½ W_rc² g_r a_c for a diagonal curvature diag(g) ⊗ diag(a): [R, C]."""
@@ -25,13 +27,9 @@ def wanda_scores(W: torch.Tensor, a_diag: torch.Tensor) -> torch.Tensor:
 def per_row_mask(scores: torch.Tensor, sparsity: float, previous: torch.Tensor, nm: Optional[tuple[int, int]]) -> torch.Tensor:
     """Prune the lowest scores uniformly per output row (Wanda), or m−n of every m for N:M."""
     scores = scores.masked_fill(previous, float("-inf"))
-    R, C = scores.shape
     if nm is not None:
-        n, m = nm
-        groups = scores.reshape(R, C // m, m)
-        idx = groups.topk(m - n, dim=2, largest=False).indices
-        return torch.zeros_like(groups, dtype=torch.bool).scatter_(2, idx, True).reshape(R, C)
-    k = round(sparsity * C)
+        return ops.nm_select(scores, *nm)[1]
+    k = round(sparsity * scores.shape[1])
     idx = scores.topk(k, dim=1, largest=False).indices
     return torch.zeros_like(scores, dtype=torch.bool).scatter_(1, idx, True)
 

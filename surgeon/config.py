@@ -39,13 +39,15 @@ class PruneConfig:
         "joint", "structured surgeon update: joint rows+columns, or within rows / columns", ("joint", "within")
     )
     max_correlate: Optional[int] = _opt(
-        2000, "unstructured/N:M surgeon: at most this many weights solved jointly (0 = all)"
+        2000, "unstructured/N:M surgeon: at most this many weights solved jointly (0 = all, exact, by CG)"
     )
     chunk_semantics: str = _opt(
         "sequential",
         "unstructured/N:M chunks: sequential (each chunk sees earlier updates) or independent",
         ("sequential", "independent"),
     )
+    cg_tol: float = _opt(1e-4, "max-correlate 0: relative residual at which conjugate gradients stop")
+    cg_max_iter: int = _opt(100, "max-correlate 0: at most this many conjugate-gradient iterations per layer")
     fisher: str = _opt("empirical", "curvature: empirical Fisher (data labels) or sampled", ("empirical", "sampled"))
     damp_a: float = _opt(0.01, "relative damping of A: A + λ·mean(diag A)·I")
     damp_g: Optional[float] = _opt(None, "relative damping of G (default 0.1 structured, 0.01 otherwise)")
@@ -72,6 +74,8 @@ class PruneConfig:
             raise ValueError(f"method={self.method!r} prunes unstructured or N:M, not structured")
         if self.max_correlate is not None and self.max_correlate < 0:
             raise ValueError(f"max_correlate={self.max_correlate}: must be >= 0 (0 = all)")
+        if self.cg_tol < 0 or self.cg_max_iter < 1:
+            raise ValueError(f"cg_tol={self.cg_tol}, cg_max_iter={self.cg_max_iter}: need tol >= 0, max_iter >= 1")
         for name in ("damp_a", "damp_g"):
             value = getattr(self, name)
             if value is not None and value < 0:

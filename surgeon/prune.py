@@ -140,12 +140,14 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
         plans.append((W, f))
         costs.append(e.masked_fill(layer.mask, float("-inf")))
     nm = config.nm
-    masks = (threshold.nm_selection(costs, *nm, target_zeros) if nm else threshold.smallest_k(costs, target_zeros))
+    masks = (threshold.nm_selection(costs, *nm, target_zeros, config.backend) if nm
+             else threshold.smallest_k(costs, target_zeros, config.backend))
     for layer, (W, f), mask in zip(layers, plans, masks):
         layer.mask = mask | layer.mask
         if f is not None:
             W = solver.unstructured_update_of(W, f, _with_bias_col(layer.mask, layer, False),
-                                              config.max_correlate or None, config.chunk_semantics)
+                                              config.max_correlate or None, config.chunk_semantics,
+                                              config.cg_tol, config.cg_max_iter)
         layer.store(W)
 
 

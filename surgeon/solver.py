@@ -201,16 +201,56 @@ def solve_chunks(
     return u
 
 
+def joint_solve(
+    f: Factors, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor, shape: tuple[int, int],
+    tol: float = 1e-4, max_iter: int = 200,
+) -> torch.Tensor:
+    """u = M⁻¹ w for all K pruned weights at once, M = (G⁻¹ ⊗ A⁻¹)[S, S] (eqs. 4-5, one chunk).
+
+    Jacobi-preconditioned conjugate gradients: M never exists; M u = (G⁻¹ V A⁻¹)[S] with V the
+    scatter of u into an R×C matrix, two GEMMs per iteration. Stops when ‖w − M u‖ ≤ tol·‖w‖.
+    """
+    u = torch.zeros_like(w)
+    bound = tol * torch.linalg.vector_norm(w)
+    if w.numel() == 0 or bound == 0:
+        return u
+    V = torch.zeros(shape, dtype=w.dtype, device=w.device)
+
+    def apply(x: torch.Tensor) -> torch.Tensor:
+        V[r, c] = x
+        return (f.G_inv @ V @ f.A_inv)[r, c]
+
+    inv_diag = 1.0 / (f.G_inv.diagonal()[r] * f.A_inv.diagonal()[c])
+    residual = w.clone()
+    z = residual * inv_diag
+    direction, rz = z.clone(), residual @ z
+    for _ in range(max_iter):
+        product = apply(direction)
+        step = rz / (direction @ product)
+        u += step * direction
+        residual -= step * product
+        if torch.linalg.vector_norm(residual) <= bound:
+            break
+        z = residual * inv_diag
+        rz, rz_old = residual @ z, rz
+        direction = z + (rz / rz_old) * direction
+    return u
+
+
 def unstructured_update_of(
     W: torch.Tensor,
     f: Factors,
     mask: torch.Tensor,
     max_correlate: Optional[int] = None,
     semantics: ChunkSemantics = "sequential",
+    tol: float = 1e-4,
+    max_iter: int = 200,
 ) -> torch.Tensor:
     """New W with the weights in `mask` removed and the rest corrected (eqs. 4-5, DESIGN.md).
 
-    Pruned weights are split into chunks of whole rows (at most `max_correlate` each). Each chunk
+    max_correlate=None: all pruned weights solved jointly (exact eqs. 4-5) by `joint_solve`, with
+    relative residual `tol` in at most `max_iter` iterations. Otherwise pruned weights are split
+    into chunks of whole rows (at most `max_correlate` each). Each chunk
     solves u = M⁻¹ w and scatters u into V; the update is ΔW = −G⁻¹ V A⁻¹.
     independent: every chunk's w comes from the original W, so all chunks are solved in batches,
     then one pair of GEMMs updates the layer.
@@ -223,7 +263,10 @@ def unstructured_update_of(
     r, c = mask.nonzero(as_tuple=True)
     chunks = row_chunks(r, max_correlate)
     U = torch.zeros_like(W)
-    if semantics == "independent":
+    if max_correlate is None:
+        U[r, c] = joint_solve(f, r, c, W[r, c], W.shape, tol, max_iter)
+        U = U @ f.A_inv
+    elif semantics == "independent":
         U[r, c] = solve_chunks(f, r, c, W[r, c], chunks)
         U = U @ f.A_inv
     else:
@@ -246,9 +289,11 @@ def unstructured_update(
     mask: torch.Tensor,
     max_correlate: Optional[int] = None,
     semantics: ChunkSemantics = "sequential",
+    tol: float = 1e-4,
+    max_iter: int = 200,
 ) -> torch.Tensor:
     """Remove the weights in `mask` (True = prune) with correlated updates (eqs. 4-5): new W."""
-    return unstructured_update_of(W, Factors.of(G, A), mask, max_correlate, semantics)
+    return unstructured_update_of(W, Factors.of(G, A), mask, max_correlate, semantics, tol, max_iter)
 
 
 def quadratic_loss(delta: torch.Tensor, G: torch.Tensor, A: torch.Tensor) -> torch.Tensor:

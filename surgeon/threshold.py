@@ -10,27 +10,29 @@ from __future__ import annotations
 import torch
 
 from surgeon.errors import SurgeonError
+from surgeon_kernels import ops
 
 
-def smallest_k(costs: list[torch.Tensor], k: int) -> list[torch.Tensor]:
+def smallest_k(costs: list[torch.Tensor], k: int, backend: str = "auto") -> list[torch.Tensor]:
     """Masks (same shapes as `costs`) selecting the k smallest costs over all tensors together.
 
-    Uses selection (`kthvalue`), not a full sort; ties at the threshold are taken in order.
+    τ is the k-th smallest cost by radix selection (`surgeon_kernels.ops.kth_smallest`: no
+    concatenation, no sort); every cost below τ is taken, then ties at τ in order until k.
     """
-    flat = torch.cat([c.reshape(-1).float().cpu() for c in costs])
-    total = flat.numel()
+    total = sum(c.numel() for c in costs)
     if not 0 <= k <= total:
         raise SurgeonError(f"cannot select {k} of {total} structures")
     if k == 0:
         return [torch.zeros_like(c, dtype=torch.bool) for c in costs]
-    tau = torch.kthvalue(flat, k).values
-    chosen = flat < tau
-    ties = (flat == tau).nonzero().squeeze(1)
-    chosen[ties[: k - int(chosen.sum())]] = True
-    masks, offset = [], 0
-    for c in costs:
-        masks.append(chosen[offset : offset + c.numel()].reshape(c.shape).to(c.device))
-        offset += c.numel()
+    tau = ops.kth_smallest([c.float() for c in costs], k, backend)
+    masks = [c.float() < tau for c in costs]
+    missing = k - sum(int(m.sum()) for m in masks)
+    for c, mask in zip(costs, masks):
+        if missing <= 0:
+            break
+        ties = (c.float() == tau).reshape(-1).nonzero().squeeze(1)[:missing]
+        mask.view(-1)[ties] = True
+        missing -= ties.numel()
     return masks
 
 
@@ -80,24 +82,16 @@ def structured_selection(
     return row_masks, col_masks
 
 
-def nm_group_costs(costs: torch.Tensor, n: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per group of m consecutive weights of a row: the cost of its m−n cheapest, and which they are.
+def nm_selection(costs: list[torch.Tensor], n: int, m: int, target_zeros: int, backend: str = "auto") -> list[torch.Tensor]:
+    """Element masks pruning the m−n cheapest weights of the cheapest groups over all layers (sec. 3.3, N:M).
 
-    Returns (group_costs [R, C/m], element mask [R, C] of the m−n cheapest of every group).
+    A group's cost is the sum of its m−n cheapest costs; one global τ over group costs.
     """
-    R, C = costs.shape
-    if C % m:
-        raise SurgeonError(f"N:M with M={m} does not divide the {C} input columns of a layer")
-    groups = costs.reshape(R, C // m, m)
-    cheapest = groups.topk(m - n, dim=2, largest=False)
-    element_mask = torch.zeros_like(groups, dtype=torch.bool).scatter_(2, cheapest.indices, True)
-    return cheapest.values.sum(2), element_mask.reshape(R, C)
-
-
-def nm_selection(costs: list[torch.Tensor], n: int, m: int, target_zeros: int) -> list[torch.Tensor]:
-    """Element masks pruning m−n weights in the cheapest groups over all layers (sec. 3.3, N:M)."""
-    grouped = [nm_group_costs(c, n, m) for c in costs]
-    groups = smallest_k([g for g, _ in grouped], round(target_zeros / (m - n)))
+    for c in costs:
+        if c.shape[1] % m:
+            raise SurgeonError(f"N:M with M={m} does not divide the {c.shape[1]} input columns of a layer")
+    grouped = [ops.nm_select(c, n, m, backend) for c in costs]
+    groups = smallest_k([g for g, _ in grouped], round(target_zeros / (m - n)), backend)
     return [
         (chosen.repeat_interleave(m, dim=1) & element_mask)
         for chosen, (_, element_mask) in zip(groups, grouped)

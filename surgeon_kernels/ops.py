@@ -1,8 +1,10 @@
 """One dispatcher for every op: `backend="auto"|"triton"|"cpp"|"torch"`.
 
-`auto` picks Triton for CUDA tensors (when Triton kernels exist for the op and Triton imports),
-the compiled C++ op for CPU tensors when `surgeon_kernels._C` was built, and the PyTorch
-reference otherwise. The environment variable `SURGEON_BACKEND` overrides `auto`.
+`auto` picks Triton for CUDA tensors (when Triton imports), the compiled C++ op for CPU tensors
+when `surgeon_kernels._C` was built and has the op, and the PyTorch path otherwise. `triton` on
+CPU tensors is offered only under the interpreter (`TRITON_INTERPRET=1`), which is how the tests
+run it. The environment variable `SURGEON_BACKEND` overrides `auto`; a backend that cannot run
+an op raises one line naming those that can.
 """
 
 from __future__ import annotations
@@ -13,33 +15,40 @@ from typing import Literal
 import torch
 
 from surgeon_kernels._ext import HAS_CPP_OPS
+from surgeon_kernels._triton import HAS_TRITON, INTERPRET
 from surgeon_kernels.kfac_accumulate import reference as kfac_reference
+from surgeon_kernels.kth_smallest import radix
+from surgeon_kernels.nm_select import reference as nm_reference
 
 Backend = Literal["auto", "triton", "cpp", "torch"]
+CPP_OPS = ("kfac_accumulate",)
 
 
-def available_backends(device: torch.device | str = "cpu") -> list[str]:
-    """The backends that can run on tensors of `device`."""
+def available_backends(device: torch.device | str = "cpu", op: str = "kfac_accumulate") -> list[str]:
+    """The backends that can run `op` on tensors of `device`."""
     device = torch.device(device)
     names = ["torch"]
-    if device.type == "cpu" and HAS_CPP_OPS:
+    if device.type == "cpu" and HAS_CPP_OPS and op in CPP_OPS:
         names.append("cpp")
+    if HAS_TRITON and (device.type == "cuda" or (device.type == "cpu" and INTERPRET)):
+        names.append("triton")
     return names
 
 
-def _resolve(backend: Backend, device: torch.device) -> str:
-    """Pick a concrete backend for tensors on `device`; raise if the requested one is missing."""
+def _resolve(backend: Backend, device: torch.device, op: str) -> str:
+    """Pick a concrete backend for `op` on `device`; raise if the requested one is missing."""
     if backend == "auto":
         backend = os.environ.get("SURGEON_BACKEND", "auto")  # type: ignore[assignment]
-    available = available_backends(device)
+    available = available_backends(device, op)
     if backend == "auto":
+        if device.type == "cuda" and "triton" in available:
+            return "triton"
         return "cpp" if "cpp" in available else "torch"
     if backend not in ("triton", "cpp", "torch"):
         raise ValueError(f"backend={backend!r} is not one of auto, triton, cpp, torch")
     if backend not in available:
         raise RuntimeError(
-            f"backend {backend!r} is not available for {device.type} tensors here; "
-            f"available: {', '.join(available)}"
+            f"backend {backend!r} cannot run {op} on {device.type} tensors here; available: {', '.join(available)}"
         )
     return backend
 
@@ -47,14 +56,50 @@ def _resolve(backend: Backend, device: torch.device) -> str:
 def kfac_accumulate(
     out: torch.Tensor, x: torch.Tensor, scale: float, bias: bool = False, backend: Backend = "auto"
 ) -> None:
-    """Add `scale · [x, 1]ᵀ [x, 1]` to the symmetric factor `out` in place (paper eq. 6)."""
+    """Add `scale · [x, 1]ᵀ [x, 1]` to the symmetric factor `out` in place (paper eq. 6).
+
+    float64 accumulators always take the PyTorch path (the kernels accumulate in float32).
+    """
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D [tokens, features], got shape {tuple(x.shape)}")
     width = x.shape[1] + int(bias)
     if out.shape != (width, width):
         raise ValueError(f"out must have shape {(width, width)}, got {tuple(out.shape)}")
-    chosen = _resolve(backend, x.device)
+    chosen = _resolve(backend, x.device, "kfac_accumulate")
     if chosen == "cpp" and out.dtype == torch.float32:
         torch.ops.surgeon.kfac_accumulate(out, x, float(scale), bool(bias))
+    elif chosen == "triton" and out.dtype == torch.float32:
+        from surgeon_kernels.kfac_accumulate import kernel
+
+        kernel.kfac_accumulate(out, x, scale, bias)
     else:
         kfac_reference.kfac_accumulate(out, x, scale, bias)
+
+
+def nm_select(costs: torch.Tensor, n: int, m: int, backend: Backend = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """(group_costs [R, C/m], mask [R, C]): the m−n cheapest of every m consecutive costs of a row.
+
+    Ties go to the lower index. A group's cost is the sum of its m−n cheapest (sec. 3.3, N:M).
+    """
+    if costs.dim() != 2 or costs.shape[1] % m or not 0 < n < m:
+        raise ValueError(f"nm_select needs [R, C] costs with m | C and 0 < n < m; got {tuple(costs.shape)}, n={n}, m={m}")
+    if _resolve(backend, costs.device, "nm_select") == "triton" and costs.dtype == torch.float32:
+        from surgeon_kernels.nm_select import kernel
+
+        return kernel.nm_select(costs, n, m)
+    return nm_reference.nm_select(costs, n, m)
+
+
+def kth_smallest(values: list[torch.Tensor], k: int, backend: Backend = "auto") -> float:
+    """The k-th smallest (1-based) element of all `values` together, without concatenating or sorting.
+
+    Radix selection over order-preserving float32 keys (exact for float32 values); the byte
+    histograms run in Triton on CUDA and in `torch.bincount` otherwise.
+    """
+    values = [v for v in values if v.numel()]
+    device = values[0].device if values else torch.device("cpu")
+    if _resolve(backend, device, "kth_smallest") == "triton":
+        from surgeon_kernels.kth_smallest import kernel
+
+        return kernel.kth_smallest(values, k)
+    return radix.kth_smallest(values, k)

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
+import os
+
+# Triton kernels run under the interpreter on the CPU unless the caller chose otherwise
+# (`TRITON_INTERPRET=0 pytest` on a GPU machine tests the compiled kernels on CUDA tensors).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 def random_spd(n: int, generator: torch.Generator, dtype=torch.float64) -> torch.Tensor:

@@ -116,9 +116,39 @@ def test_unstructured_one_chunk_equals_closed_form(R, C, semantics, gen):
     mask = torch.rand(R, C, generator=gen) < 0.4
     mask[0, 0] = True
     expected, _ = closed_form(W, G, A, mask)
-    new = solver.unstructured_update(W, G, A, mask, None, semantics)
+    new = solver.unstructured_update(W, G, A, mask, int(mask.sum()), semantics)
     torch.testing.assert_close(new, expected.masked_fill(mask, 0.0), **FLOAT64)
     assert (new[mask] == 0).all()
+
+
+@pytest.mark.parametrize("R,C", SHAPES + [pytest.param(4, 6, id="R4-C6")])
+def test_unstructured_joint_solve_equals_closed_form(R, C, gen):
+    W, G, A = problem(R, C, gen)
+    mask = torch.rand(R, C, generator=gen) < 0.4
+    mask[0, 0] = True
+    expected, _ = closed_form(W, G, A, mask)
+    new = solver.unstructured_update(W, G, A, mask, None, tol=1e-14, max_iter=10 * R * C)
+    torch.testing.assert_close(new, expected.masked_fill(mask, 0.0), **FLOAT64)
+    assert (new[mask] == 0).all()
+
+
+def test_joint_solve_default_tolerance_float32(gen):
+    W, G, A = problem(24, 30, gen)
+    mask = torch.rand(24, 30, generator=gen) < 0.5
+    expected, _ = closed_form(W, G, A, mask)
+    new = solver.unstructured_update(W.float(), G.float(), A.float(), mask)
+    best = solver.quadratic_loss(expected.masked_fill(mask, 0.0) - W, G, A)
+    got = solver.quadratic_loss(new.double() - W, G, A)
+    assert best <= got <= best * 1.001
+    assert solver.quadratic_loss(new.double() - W, G, A) < solver.quadratic_loss(W.masked_fill(mask, 0.0) - W, G, A)
+
+
+def test_joint_solve_stops_at_max_iter(gen):
+    W, G, A = problem(10, 12, gen)
+    mask = torch.rand(10, 12, generator=gen) < 0.5
+    expected, _ = closed_form(W, G, A, mask)
+    one_step = solver.unstructured_update(W, G, A, mask, None, tol=0.0, max_iter=1)
+    assert not torch.allclose(one_step, expected.masked_fill(mask, 0.0), atol=1e-6)
 
 
 def chunked_reference(W, G, A, mask, max_correlate, semantics):
@@ -166,7 +196,7 @@ def test_update_changes_kept_weights(gen):
     W, G, A = problem(5, 6, gen)
     mask = torch.zeros(5, 6, dtype=torch.bool)
     mask[2, 3] = True
-    new = solver.unstructured_update(W, G, A, mask)
+    new = solver.unstructured_update(W, G, A, mask, 1)
     assert (new[~mask] != W[~mask]).any()
 
 

@@ -76,4 +76,4 @@ def test_nm_groups_and_global_selection(gen):
         for idx in (groups == 2).nonzero():
             assert g[idx[0], idx[1]][m[idx[0], idx[1]]].max() <= g[idx[0], idx[1]][~m[idx[0], idx[1]]].min()
     with pytest.raises(SurgeonError, match="does not divide"):
-        threshold.nm_group_costs(torch.rand(2, 6), 2, 4)
+        threshold.nm_selection([torch.rand(2, 6)], 2, 4, 4)

@@ -77,5 +77,5 @@ def test_fallback_without_compiled_ops():
         "try:\n    k.kfac_accumulate(o, torch.ones(4, 3), 1.0, backend='cpp')\nexcept RuntimeError as e:\n"
         "    assert 'available: torch' in str(e)\nelse:\n    raise SystemExit('cpp backend should be unavailable')\n"
     )
-    env = dict(os.environ, SURGEON_DISABLE_CPP="1")
+    env = dict(os.environ, SURGEON_DISABLE_CPP="1", TRITON_INTERPRET="0")
     subprocess.run([sys.executable, "-c", code], check=True, env=env)

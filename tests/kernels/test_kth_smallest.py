@@ -1,0 +1,34 @@
+"""kth_smallest: radix selection on every backend against torch.kthvalue over many tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from surgeon_kernels import available_backends, ops
+from surgeon_kernels.kth_smallest import radix, reference
+
+
+def test_order_keys_preserve_order():
+    x = torch.tensor([float("-inf"), -3.5, -1e-30, -0.0, 1e-30, 2.0, 7e30, float("inf")])
+    keys = radix.order_keys(x)
+    assert (keys[1:] > keys[:-1]).all()
+    assert [radix.key_to_float(int(k)) for k in keys] == x.tolist()
+
+
+@pytest.mark.parametrize("sizes", [(1,), (5, 0, 9), (300, 17, 1, 64)], ids=["one", "with-empty", "mixed"])
+@pytest.mark.parametrize("backend", available_backends("cpu", "kth_smallest"))
+def test_matches_kthvalue(sizes, backend):
+    gen = torch.Generator().manual_seed(sum(sizes))
+    values = [torch.randn(n, generator=gen) * 10 ** torch.randint(-3, 3, (1,), generator=gen).item() for n in sizes]
+    if sizes[0] > 3:
+        values[0][:3] = float("-inf")  # already pruned structures
+        values[0][3:6] = 0.25  # ties
+    total = sum(sizes)
+    for k in sorted({1, min(2, total), total // 3 + 1, max(1, total // 2), total}):
+        assert ops.kth_smallest(values, k, backend) == reference.kth_smallest(values, k)
+
+
+def test_k_out_of_range_raises():
+    with pytest.raises(ValueError, match="k=4"):
+        ops.kth_smallest([torch.rand(3)], 4)

@@ -1,0 +1,47 @@
+"""nm_select: every backend against the reference; hand-computed case; ties; -inf; odd shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from surgeon_kernels import available_backends, ops
+from surgeon_kernels.nm_select import reference
+
+SHAPES = [
+    pytest.param(1, 4, 2, 4, id="R1-C4-2of4"),
+    pytest.param(7, 24, 2, 4, id="R7-C24-2of4"),
+    pytest.param(13, 40, 1, 8, id="R13-C40-1of8"),
+    pytest.param(5, 18, 5, 6, id="R5-C18-5of6-M-not-pow2"),
+    pytest.param(3, 48, 4, 16, id="R3-C48-4of16"),
+    pytest.param(0, 8, 2, 4, id="R0-empty"),
+]
+
+
+def test_reference_hand_computed():
+    costs = torch.tensor([[4.0, 1.0, 3.0, 2.0, 0.5, 0.5, 9.0, 0.5]])
+    groups, mask = reference.nm_select(costs, 2, 4)
+    assert groups.tolist() == [[3.0, 1.0]]
+    assert mask.tolist() == [[False, True, False, True, True, True, False, False]]
+
+
+@pytest.mark.parametrize("R,C,n,m", SHAPES)
+@pytest.mark.parametrize("backend", available_backends("cpu", "nm_select"))
+def test_matches_reference(R, C, n, m, backend):
+    gen = torch.Generator().manual_seed(R * 100 + C)
+    costs = torch.randn(R, C, generator=gen)
+    costs[costs > 1.5] = float("-inf")  # already pruned weights
+    if R > 1:
+        costs[1] = costs[1].round()  # ties
+    groups, mask = ops.nm_select(costs, n, m, backend)
+    expected_groups, expected_mask = reference.nm_select(costs, n, m)
+    assert torch.equal(mask, expected_mask)
+    torch.testing.assert_close(groups, expected_groups, rtol=1e-6, atol=1e-6)
+    assert (mask.reshape(R, C // m, m).sum(2) == m - n).all()
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="m | C"):
+        ops.nm_select(torch.rand(2, 6), 2, 4)
+    with pytest.raises(ValueError, match="0 < n < m"):
+        ops.nm_select(torch.rand(2, 8), 4, 4)
