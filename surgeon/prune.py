@@ -81,16 +81,32 @@ def _with_bias_col(mask: torch.Tensor, layer: Layer, value: bool) -> torch.Tenso
     return torch.cat([mask, mask.new_full((mask.shape[0], 1), value)], 1) if layer.bias else mask
 
 
-def _factors(f: curvature.LayerFactors, config: PruneConfig, rows, cols) -> solver.Factors:
-    """Damped G[rows, rows], A[cols, cols] of a layer and their inverses."""
-    G = solver.damp(f.G[rows][:, rows], config.damping_g)
-    A = solver.damp(f.A[cols][:, cols], config.damp_a)
-    return solver.Factors.of(G, A)
+class _FactorInverter:
+    """Damped G[rows, rows], A[cols, cols] of each layer and their inverses.
+
+    Layers reading the same input (q/k/v, gate/up) come one after another and share the raw A:
+    the damped A and its inverse are reused while the same A tensor is asked for with the same
+    columns (the slot holds a reference, so an identity match cannot be a recycled tensor).
+    """
+
+    def __init__(self, config: PruneConfig):
+        self.config = config
+        self._slot: Optional[tuple] = None
+
+    def __call__(self, f: curvature.LayerFactors, rows, cols) -> solver.Factors:
+        G = solver.damp(f.G[rows][:, rows], self.config.damping_g)
+        key = None if isinstance(cols, slice) else cols.tolist()
+        if self._slot is None or self._slot[0] is not f.A or self._slot[1] != key:
+            A = solver.damp(f.A[cols][:, cols], self.config.damp_a)
+            self._slot = (f.A, key, A, solver.spd_inverse(A))
+        _, _, A, A_inv = self._slot
+        return solver.Factors(G, A, solver.spd_inverse(G), A_inv)
 
 
 def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig) -> None:
     """Rows and columns: costs (eq. 7), global threshold, joint or within update (sec. 3.4)."""
     plans, row_costs, col_costs = [], [], []
+    factors = _FactorInverter(config)
     for layer in layers:
         W, R, C = layer.weight(), layer.module.out_features, layer.module.in_features
         keep_r = (~layer.rows).nonzero().squeeze(1)
@@ -99,7 +115,7 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
         cols = torch.full((C,), float("-inf"), device=W.device)
         entry = raw.pop(layer.name, None)  # frees each raw factor after its last layer
         if config.method == "surgeon":
-            f = _factors(entry, config, keep_r, keep_c)
+            f = factors(entry, keep_r, keep_c)
             sub = W[keep_r][:, keep_c]
             rc, cc = solver.row_costs_of(sub, f), solver.col_costs_of(sub, f)
             f = f.inverses_only()
@@ -127,11 +143,12 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
 def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig) -> None:
     """Elements (unstructured or N:M): costs, global threshold, correlated update (eqs. 4-5)."""
     plans, costs = [], []
+    factors = _FactorInverter(config)
     for layer in layers:
         W, C = layer.weight(), layer.module.in_features
         entry = raw.pop(layer.name, None)  # frees each raw factor after its last layer
         if config.method == "surgeon":
-            f = _factors(entry, config, slice(None), slice(None))
+            f = factors(entry, slice(None), slice(None))
             e = solver.element_costs_of(W, f)[:, :C]
             f = f.inverses_only()
         else:
@@ -147,7 +164,7 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
         if f is not None:
             W = solver.unstructured_update_of(W, f, _with_bias_col(layer.mask, layer, False),
                                               config.max_correlate or None, config.chunk_semantics,
-                                              config.cg_tol, config.cg_max_iter)
+                                              config.cg_tol, config.cg_max_iter, config.backend)
         layer.store(W)
 
 

@@ -14,6 +14,8 @@ from typing import Literal, Optional
 
 import torch
 
+from surgeon_kernels import ops
+
 Correlation = Literal["joint", "within"]
 ChunkSemantics = Literal["sequential", "independent"]
 
@@ -167,7 +169,8 @@ def row_chunks(rows: torch.Tensor, max_correlate: Optional[int]) -> list[slice]:
 
 
 def solve_chunks(
-    f: Factors, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor, chunks: list[slice], budget: int = 1 << 24
+    f: Factors, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor, chunks: list[slice], budget: int = 1 << 24,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """u_S = M_S⁻¹ w_S for every chunk S, with M_S[i, j] = [G⁻¹]_{r_i r_j} [A⁻¹]_{c_i c_j} (eq. 4).
 
@@ -187,10 +190,7 @@ def solve_chunks(
         offsets = torch.arange(int(lengths.max()), device=r.device)
         valid = offsets.unsqueeze(0) < lengths.unsqueeze(1)  # [B, k]
         idx = torch.where(valid, starts.unsqueeze(1) + offsets.unsqueeze(0), starts.unsqueeze(1))
-        rr, cc = r[idx], c[idx]
-        M = f.G_inv[rr.unsqueeze(2), rr.unsqueeze(1)] * f.A_inv[cc.unsqueeze(2), cc.unsqueeze(1)]
-        eye = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device).expand_as(M)
-        M = torch.where(valid.unsqueeze(2) & valid.unsqueeze(1), M, eye)
+        M = ops.kk_gather(f.G_inv, f.A_inv, r[idx], c[idx], valid, backend)
         rhs = torch.where(valid, w[idx], torch.zeros((), dtype=w.dtype, device=w.device)).unsqueeze(2)
         factor, info = torch.linalg.cholesky_ex(M)
         solution = torch.cholesky_solve(rhs, factor)
@@ -245,6 +245,7 @@ def unstructured_update_of(
     semantics: ChunkSemantics = "sequential",
     tol: float = 1e-4,
     max_iter: int = 200,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """New W with the weights in `mask` removed and the rest corrected (eqs. 4-5, DESIGN.md).
 
@@ -267,7 +268,7 @@ def unstructured_update_of(
         U[r, c] = joint_solve(f, r, c, W[r, c], W.shape, tol, max_iter)
         U = U @ f.A_inv
     elif semantics == "independent":
-        U[r, c] = solve_chunks(f, r, c, W[r, c], chunks)
+        U[r, c] = solve_chunks(f, r, c, W[r, c], chunks, backend=backend)
         U = U @ f.A_inv
     else:
         for chunk in chunks:
@@ -275,7 +276,7 @@ def unstructured_update_of(
             block_rows, local = torch.unique(rb, return_inverse=True)
             w = W[rb, cb] - (f.G_inv[block_rows] @ U)[local, cb]
             V = torch.zeros(block_rows.numel(), W.shape[1], dtype=W.dtype, device=W.device)
-            V[local, cb] = solve_chunks(f, rb, cb, w, [slice(0, rb.numel())])
+            V[local, cb] = solve_chunks(f, rb, cb, w, [slice(0, rb.numel())], backend=backend)
             U[block_rows] += V @ f.A_inv
     out = W - f.G_inv @ U
     out[mask] = 0

@@ -3,20 +3,22 @@
 `auto` picks Triton for CUDA tensors (when Triton imports), the compiled C++ op for CPU tensors
 when `surgeon_kernels._C` was built and has the op, and the PyTorch path otherwise. `triton` on
 CPU tensors is offered only under the interpreter (`TRITON_INTERPRET=1`), which is how the tests
-run it. The environment variable `SURGEON_BACKEND` overrides `auto`; a backend that cannot run
-an op raises one line naming those that can.
+run it. The environment variable `SURGEON_BACKEND` overrides `auto`. `cpp` runs the PyTorch path
+for ops the compiled library does not have; a backend that is not available here raises one line
+naming those that are.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Literal, Optional
 
 import torch
 
 from surgeon_kernels._ext import HAS_CPP_OPS
 from surgeon_kernels._triton import HAS_TRITON, INTERPRET
 from surgeon_kernels.kfac_accumulate import reference as kfac_reference
+from surgeon_kernels.kk_gather import reference as kk_reference
 from surgeon_kernels.kth_smallest import radix
 from surgeon_kernels.nm_select import reference as nm_reference
 
@@ -24,11 +26,11 @@ Backend = Literal["auto", "triton", "cpp", "torch"]
 CPP_OPS = ("kfac_accumulate",)
 
 
-def available_backends(device: torch.device | str = "cpu", op: str = "kfac_accumulate") -> list[str]:
-    """The backends that can run `op` on tensors of `device`."""
+def available_backends(device: torch.device | str = "cpu", op: Optional[str] = "kfac_accumulate") -> list[str]:
+    """The backends that have `op` for tensors of `device` (without `op`: that exist here at all)."""
     device = torch.device(device)
     names = ["torch"]
-    if device.type == "cpu" and HAS_CPP_OPS and op in CPP_OPS:
+    if device.type == "cpu" and HAS_CPP_OPS and (op is None or op in CPP_OPS):
         names.append("cpp")
     if HAS_TRITON and (device.type == "cuda" or (device.type == "cpu" and INTERPRET)):
         names.append("triton")
@@ -46,6 +48,8 @@ def _resolve(backend: Backend, device: torch.device, op: str) -> str:
         return "cpp" if "cpp" in available else "torch"
     if backend not in ("triton", "cpp", "torch"):
         raise ValueError(f"backend={backend!r} is not one of auto, triton, cpp, torch")
+    if backend == "cpp" and "cpp" in available_backends(device, None) and "cpp" not in available:
+        return "torch"  # the compiled library is loaded but has no version of this op
     if backend not in available:
         raise RuntimeError(
             f"backend {backend!r} cannot run {op} on {device.type} tensors here; available: {', '.join(available)}"
@@ -103,3 +107,16 @@ def kth_smallest(values: list[torch.Tensor], k: int, backend: Backend = "auto") 
 
         return kernel.kth_smallest(values, k)
     return radix.kth_smallest(values, k)
+
+
+def kk_gather(G_inv: torch.Tensor, A_inv: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+              valid: torch.Tensor, backend: Backend = "auto") -> torch.Tensor:
+    """M [B, K, K], M[b,i,j] = G⁻¹[r_bi, r_bj]·A⁻¹[c_bi, c_bj] of padded chunks, identity on padding (eq. 4)."""
+    if rows.shape != cols.shape or rows.shape != valid.shape or rows.dim() != 2:
+        raise ValueError(f"rows, cols, valid must share one [B, K] shape; got {tuple(rows.shape)}, "
+                         f"{tuple(cols.shape)}, {tuple(valid.shape)}")
+    if _resolve(backend, G_inv.device, "kk_gather") == "triton":
+        from surgeon_kernels.kk_gather import kernel
+
+        return kernel.kk_gather(G_inv, A_inv, rows, cols, valid)
+    return kk_reference.kk_gather(G_inv, A_inv, rows, cols, valid)

@@ -1,0 +1,49 @@
+"""Microbenchmarks: the K×K gather at K = 2000, and one layer's correlated update at 50% (CPU).
+
+    python -m pytest bench/bench_kk_solve.py --benchmark-only
+
+The gather is memory-bound (fraction of the measured copy bandwidth, counting the bytes of M
+written and of the two factor entries read per element). The whole-layer update compares the exact
+joint solve (conjugate gradients, two GEMMs per iteration) with chunked K×K solves (gather +
+batched Cholesky) at two chunk sizes, by time only (their flop counts differ by construction).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from surgeon import solver
+from surgeon_kernels import ops
+
+
+def _problem(R: int, C: int):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(R, 2 * R, generator=gen)
+    y = torch.randn(C, 2 * C, generator=gen)
+    G = solver.damp(x @ x.T / (2 * R), 0.01)
+    A = solver.damp(y @ y.T / (2 * C), 0.01)
+    W = torch.randn(R, C, generator=gen)
+    f = solver.Factors.of(G, A).inverses_only()
+    costs = solver.element_costs_of(W, solver.Factors.of(G, A))
+    mask = costs <= costs.flatten().kthvalue(W.numel() // 2).values
+    return W, f, mask
+
+
+@pytest.mark.parametrize("max_correlate", [None, 64, 576], ids=lambda m: f"m{m or 'all-cg'}")
+def test_unstructured_update(benchmark, roofline, max_correlate):
+    R, C = 576, 1536
+    W, f, mask = _problem(R, C)
+    semantics = "independent"
+    benchmark.pedantic(solver.unstructured_update_of, args=(W, f, mask, max_correlate, semantics), rounds=3)
+
+
+@pytest.mark.parametrize("chunks", [1, 4])
+def test_kk_gather(benchmark, roofline, chunks):
+    K = 2000
+    W, f, mask = _problem(576, 1536)
+    r, c = mask.nonzero(as_tuple=True)
+    rows, cols = r[: chunks * K].reshape(chunks, K), c[: chunks * K].reshape(chunks, K)
+    valid = torch.ones(chunks, K, dtype=torch.bool)
+    benchmark(ops.kk_gather, f.G_inv, f.A_inv, rows, cols, valid, "torch")
+    roofline(bytes=3 * 4 * chunks * K * K)
