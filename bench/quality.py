@@ -3,8 +3,11 @@
 Protocol (the CPU target protocol of the brief, runs on 2 cores): 8 calibration windows of 512 tokens
 from the packaged WikiText-2 validation split (`wiki.valid.tokens`, seed 0), 4 shots, perplexity on
 the first 8 windows of 2048 tokens of the WikiText-2 test split (dense: 19.134). Damping as DESIGN.md.
-Unstructured and 2:4 LLM Surgeon rows use `max_correlate=64` with independent chunks (batched solves),
-which is what fits a 2-core CPU; SparseGPT and Wanda run in one shot, as published.
+Unstructured and 2:4 LLM Surgeon rows solve all pruned weights of a layer jointly (the default
+`max_correlate=0`: exact eqs. 4-5 by conjugate gradients, at most 40 iterations per layer), with the
+default damping (λ_G = 0.1, λ_A = 0.01); the row `unstructured-0.5-surgeon-m64` is the ablation with
+chunks of 64 solved independently and λ_G = 0.01. SparseGPT and
+Wanda run in one shot, as published.
 Each finished run is saved as JSON under bench/results/quality/ and skipped when rerun, so the table
 can be filled over several sessions; the markdown table is regenerated from all saved runs.
 
@@ -47,24 +50,33 @@ def rows(shots_structured: int, shots_element: int) -> list[tuple[str, PruneConf
     for structure, size in (("unstructured", 0.5), ("2:4", 0.5)):
         for method in ELEMENT:
             shots = 1 if method in ("wanda", "sparsegpt") else shots_element
-            config = PruneConfig(structure=structure, target_size=size, shots=shots, method=method,
-                                 max_correlate=64, chunk_semantics="independent")
+            config = PruneConfig(structure=structure, target_size=size, shots=shots, method=method)
             out.append((f"{structure.replace(':', 'of')}-{size}-{method}", config))
+    ablation = PruneConfig(structure="unstructured", target_size=0.5, shots=shots_element, max_correlate=64, damp_g=0.01,
+                           chunk_semantics="independent")
+    out.append(("unstructured-0.5-surgeon-m64", ablation))
     return out
 
 
 def table() -> str:
     """Markdown table of every saved run."""
-    lines = ["| run | structure | target size | method | shots | sparsity | ppl | seconds |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| run | structure | target size | method | shots | λ_G / λ_A | sparsity | ppl | seconds |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for path in sorted(ROOT.glob("*.json")):
         r = json.loads(path.read_text())
         c = r.get("config", {})
         method = c.get("method", "dense")
         if method == "surgeon" and c.get("structure") == "structured":
             method += "/" + c["correlation"]
+        elif method == "surgeon":
+            method += f"/m={c['max_correlate']} {c['chunk_semantics']}" if c.get("max_correlate") else "/exact"
+        damping = "-"
+        if "damp_a" in c:
+            old_default = 0.1 if c["structure"] == "structured" else 0.01  # runs saved when damp_g defaulted to None
+            damp_g = c["damp_g"] if c.get("damp_g") is not None else old_default
+            damping = f"{damp_g} / {c['damp_a']}"
         lines.append(f"| {path.stem} | {c.get('structure', '-')} | {c.get('target_size', 1.0)} | {method} | "
-                     f"{c.get('shots', 0)} | {r.get('sparsity', 0.0):.4f} | {r['ppl']:.3f} | {r['seconds']:.0f} |")
+                     f"{c.get('shots', 0)} | {damping} | {r.get('sparsity', 0.0):.4f} | {r['ppl']:.3f} | {r['seconds']:.0f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -38,8 +38,11 @@ class PruneConfig:
     correlation: str = _opt(
         "joint", "structured surgeon update: joint rows+columns, or within rows / columns", ("joint", "within")
     )
+    cost_per_weight: bool = _opt(
+        False, "structured: order rows/columns by cost per weight they remove (greedy knapsack), not total cost"
+    )
     max_correlate: Optional[int] = _opt(
-        2000, "unstructured/N:M surgeon: at most this many weights solved jointly (0 = all, exact, by CG)"
+        0, "unstructured/N:M surgeon: at most this many weights solved jointly (0 = all, exact, by CG)"
     )
     chunk_semantics: str = _opt(
         "sequential",
@@ -47,10 +50,10 @@ class PruneConfig:
         ("sequential", "independent"),
     )
     cg_tol: float = _opt(1e-4, "max-correlate 0: relative residual at which conjugate gradients stop")
-    cg_max_iter: int = _opt(100, "max-correlate 0: at most this many conjugate-gradient iterations per layer")
+    cg_max_iter: int = _opt(40, "max-correlate 0: at most this many conjugate-gradient iterations per layer")
     fisher: str = _opt("empirical", "curvature: empirical Fisher (data labels) or sampled", ("empirical", "sampled"))
     damp_a: float = _opt(0.01, "relative damping of A: A + λ·mean(diag A)·I")
-    damp_g: Optional[float] = _opt(None, "relative damping of G (default 0.1 structured, 0.01 otherwise)")
+    damp_g: float = _opt(0.1, "relative damping of G: G + λ·mean(diag G)·I")
     batch_size: int = _opt(1, "calibration windows per forward/backward pass")
     lora_steps: int = _opt(0, "interleaved LoRA steps between shots (0 = off; paper 3.6)")
     lora_rank: int = _opt(8, "rank of the interleaved LoRA adapters")
@@ -87,13 +90,6 @@ class PruneConfig:
     def nm(self) -> Optional[tuple[int, int]]:
         """(N, M) for N:M structure, else None."""
         return parse_nm(self.structure)
-
-    @property
-    def damping_g(self) -> float:
-        """λ_G: the configured value, or 0.1 for structured and 0.01 otherwise (DESIGN.md)."""
-        if self.damp_g is not None:
-            return self.damp_g
-        return 0.1 if self.structure == "structured" else 0.01
 
     @property
     def final_target(self) -> float:

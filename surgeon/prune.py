@@ -71,7 +71,7 @@ def _damped_diag(matrix: Optional[torch.Tensor], size: int, strength: float, dev
 def _diagonal_costs(W: torch.Tensor, entry: Optional[curvature.LayerFactors], config: PruneConfig,
                     rows, cols) -> torch.Tensor:
     """OBD element costs of W[rows, cols] with the method's diagonal curvature (I where not estimated)."""
-    g = _damped_diag(entry.G if entry else None, W.shape[0], config.damping_g, W.device)[rows]
+    g = _damped_diag(entry.G if entry else None, W.shape[0], config.damp_g, W.device)[rows]
     a = _damped_diag(entry.A if entry else None, W.shape[1], config.damp_a, W.device)[cols]
     return baselines.diagonal_costs(W[rows][:, cols], g, a)
 
@@ -94,7 +94,7 @@ class _FactorInverter:
         self._slot: Optional[tuple] = None
 
     def __call__(self, f: curvature.LayerFactors, rows, cols) -> solver.Factors:
-        G = solver.damp(f.G[rows][:, rows], self.config.damping_g)
+        G = solver.damp(f.G[rows][:, rows], self.config.damp_g)
         key = None if isinstance(cols, slice) else cols.tolist()
         if self._slot is None or self._slot[0] is not f.A or self._slot[1] != key:
             A = solver.damp(f.A[cols][:, cols], self.config.damp_a)
@@ -123,6 +123,8 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
             f = None
             e = _diagonal_costs(W, entry, config, keep_r, keep_c)
             rc, cc = e.sum(1), e.sum(0)
+        if config.cost_per_weight:
+            rc, cc = rc / max(keep_c.numel(), 1), cc / max(keep_r.numel(), 1)
         rows[keep_r] = rc
         cols[keep_c[keep_c < C]] = cc[: int((keep_c < C).sum())]
         plans.append((W, keep_r, keep_c, f))

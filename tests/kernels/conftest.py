@@ -22,3 +22,13 @@ def poison_new_outputs(monkeypatch):
         return out
 
     monkeypatch.setattr(torch, "empty", poisoned)
+
+
+@pytest.fixture
+def cuda_device() -> torch.device:
+    """The CUDA device with compiled (not interpreted) Triton kernels; skips where there is none."""
+    import os
+
+    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("needs a CUDA GPU and TRITON_INTERPRET=0")
+    return torch.device("cuda")

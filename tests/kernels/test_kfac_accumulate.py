@@ -79,3 +79,13 @@ def test_fallback_without_compiled_ops():
     )
     env = dict(os.environ, SURGEON_DISABLE_CPP="1", TRITON_INTERPRET="0")
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+@pytest.mark.requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cuda_triton_matches_reference(cuda_device, dtype):
+    x = torch.randn(1000, 577).to(dtype)
+    start = torch.zeros(578, 578)
+    out = start.to(cuda_device)
+    ops.kfac_accumulate(out, x.to(cuda_device), 0.5, True, backend="triton")
+    torch.testing.assert_close(out.cpu().double(), oracle(x, 0.5, True, start), rtol=1e-4, atol=1e-3)

@@ -42,3 +42,14 @@ def test_shape_mismatch_raises():
     with pytest.raises(ValueError, match="one \\[B, K\\] shape"):
         ops.kk_gather(torch.eye(2), torch.eye(2), torch.zeros(1, 2, dtype=torch.long),
                       torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 2, dtype=torch.bool))
+
+
+@pytest.mark.requires_cuda
+def test_cuda_triton_matches_reference(cuda_device):
+    gen = torch.Generator().manual_seed(0)
+    G, A = torch.randn(577, 577, generator=gen), torch.randn(1537, 1537, generator=gen)
+    rows, cols = torch.randint(0, 577, (3, 257), generator=gen), torch.randint(0, 1537, (3, 257), generator=gen)
+    valid = torch.arange(257).unsqueeze(0) < torch.tensor([[257], [100], [1]])
+    M = ops.kk_gather(G.to(cuda_device), A.to(cuda_device), rows.to(cuda_device), cols.to(cuda_device),
+                      valid.to(cuda_device), "triton")
+    assert torch.equal(M.cpu(), reference.kk_gather(G, A, rows, cols, valid))

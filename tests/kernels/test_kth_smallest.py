@@ -32,3 +32,10 @@ def test_matches_kthvalue(sizes, backend):
 def test_k_out_of_range_raises():
     with pytest.raises(ValueError, match="k=4"):
         ops.kth_smallest([torch.rand(3)], 4)
+
+
+@pytest.mark.requires_cuda
+def test_cuda_triton_matches_kthvalue(cuda_device):
+    values = [torch.randn(1537, 576), torch.randn(100_003)]
+    k = 123_457
+    assert ops.kth_smallest([v.to(cuda_device) for v in values], k, "triton") == reference.kth_smallest(values, k)

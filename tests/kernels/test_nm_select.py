@@ -45,3 +45,12 @@ def test_bad_arguments_raise():
         ops.nm_select(torch.rand(2, 6), 2, 4)
     with pytest.raises(ValueError, match="0 < n < m"):
         ops.nm_select(torch.rand(2, 8), 4, 4)
+
+
+@pytest.mark.requires_cuda
+def test_cuda_triton_matches_reference(cuda_device):
+    costs = torch.randn(1537, 576)
+    groups, mask = ops.nm_select(costs.to(cuda_device), 2, 4, "triton")
+    expected_groups, expected_mask = reference.nm_select(costs, 2, 4)
+    assert torch.equal(mask.cpu(), expected_mask)
+    torch.testing.assert_close(groups.cpu(), expected_groups)
