@@ -26,10 +26,23 @@ def spd_inverse(matrix: torch.Tensor) -> torch.Tensor:
     if int(info) == 0:
         inverse = torch.cholesky_inverse(factor)
     else:
-        values, vectors = torch.linalg.eigh(matrix.double())
-        floor = values.abs().max() * torch.finfo(matrix.dtype).eps * matrix.shape[0]
-        inverse = ((vectors / values.clamp_min(floor)) @ vectors.T).to(matrix.dtype)
+        inverse = eigen_solve(matrix.double().unsqueeze(0)).squeeze(0).to(matrix.dtype)
     return (inverse + inverse.T) / 2
+
+
+def eigen_solve(M: torch.Tensor, rhs: Optional[torch.Tensor] = None, backend: str = "auto") -> torch.Tensor:
+    """M⁻¹ rhs (or M⁻¹) for a batch of symmetric M [B, n, n] via Q diag(1/λ) Qᵀ, tiny λ floored.
+
+    The robust path where Cholesky fails: eigenvalues below √eps·max|λ| are raised to that floor,
+    which bounds the condition number by 1/√eps (a floor near eps would let rounding noise in the
+    near-null space reach the result multiplied by 1/eps).
+    """
+    values, vectors = ops.batched_eigh(M, backend=backend)
+    floor = values.abs().amax(1, keepdim=True) * torch.finfo(M.dtype).eps ** 0.5
+    scaled = vectors / values.clamp_min(floor).unsqueeze(1)
+    if rhs is None:
+        return scaled @ vectors.mT
+    return scaled @ (vectors.mT @ rhs)
 
 
 @dataclass(frozen=True)
@@ -175,8 +188,8 @@ def solve_chunks(
     """u_S = M_S⁻¹ w_S for every chunk S, with M_S[i, j] = [G⁻¹]_{r_i r_j} [A⁻¹]_{c_i c_j} (eq. 4).
 
     Chunks are solved in batches (padded to the longest chunk of the batch with identity rows, at
-    most `budget` matrix entries per batch) by batched Cholesky, with least squares for any
-    system Cholesky rejects. Returns u aligned with r, c, w.
+    most `budget` matrix entries per batch) by batched Cholesky, with the eigen path
+    (`eigen_solve`) for any system Cholesky rejects. Returns u aligned with r, c, w.
     """
     u = torch.zeros_like(w)
     if not chunks:
@@ -196,7 +209,7 @@ def solve_chunks(
         solution = torch.cholesky_solve(rhs, factor)
         failed = info != 0
         if failed.any():
-            solution[failed] = torch.linalg.lstsq(M[failed], rhs[failed]).solution
+            solution[failed] = eigen_solve(M[failed], rhs[failed], backend)
         u[idx[valid]] = solution.squeeze(2)[valid]
     return u
 

@@ -17,6 +17,7 @@ import torch
 
 from surgeon_kernels._ext import HAS_CPP_OPS
 from surgeon_kernels._triton import HAS_TRITON, INTERPRET
+from surgeon_kernels.batched_eigh import reference as eigh_reference
 from surgeon_kernels.kfac_accumulate import reference as kfac_reference
 from surgeon_kernels.kk_gather import reference as kk_reference
 from surgeon_kernels.kth_smallest import radix
@@ -24,6 +25,7 @@ from surgeon_kernels.nm_select import reference as nm_reference
 
 Backend = Literal["auto", "triton", "cpp", "torch"]
 CPP_OPS = ("kfac_accumulate",)
+JACOBI_MAX_N = 256  # auto: Triton Jacobi up to this width, torch.linalg.eigh above (crossover not yet measured on a GPU)
 
 
 def available_backends(device: torch.device | str = "cpu", op: Optional[str] = "kfac_accumulate") -> list[str]:
@@ -120,3 +122,22 @@ def kk_gather(G_inv: torch.Tensor, A_inv: torch.Tensor, rows: torch.Tensor, cols
 
         return kernel.kk_gather(G_inv, A_inv, rows, cols, valid)
     return kk_reference.kk_gather(G_inv, A_inv, rows, cols, valid)
+
+
+def batched_eigh(A: torch.Tensor, Q0: Optional[torch.Tensor] = None,
+                 backend: Backend = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenvalues [B, n] (ascending) and eigenvectors [B, n, n] of symmetric A [B, n, n].
+
+    `Q0` [B, n, n] is an optional orthogonal warm start (e.g. the previous shot's eigenvectors).
+    Triton runs a batched cyclic Jacobi solver; with `auto` only up to `JACOBI_MAX_N` rows.
+    """
+    if A.dim() != 3 or A.shape[1] != A.shape[2]:
+        raise ValueError(f"A must be [B, n, n], got {tuple(A.shape)}")
+    if Q0 is not None and Q0.shape != A.shape:
+        raise ValueError(f"Q0 must have A's shape {tuple(A.shape)}, got {tuple(Q0.shape)}")
+    chosen = _resolve(backend, A.device, "batched_eigh")
+    if chosen == "triton" and (backend != "auto" or A.shape[1] <= JACOBI_MAX_N):
+        from surgeon_kernels.batched_eigh import kernel
+
+        return kernel.batched_eigh(A, Q0)
+    return eigh_reference.batched_eigh(A, Q0)

@@ -223,3 +223,19 @@ def test_solve_chunks_singular_system_falls_back_to_least_squares(gen):
     m = f.G_inv[1, 1] * f.A_inv[2, 2]
     torch.testing.assert_close(u, torch.full((2,), 0.5 / m.item(), dtype=torch.float64), **FLOAT64)
     assert solver.solve_chunks(f, r[:0], c[:0], w[:0], []).numel() == 0
+
+
+def test_eigen_solve_equals_solve_on_spd(gen):
+    M = torch.stack([random_spd(6, gen) for _ in range(3)])
+    rhs = torch.randn(3, 6, 1, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(solver.eigen_solve(M, rhs), torch.linalg.solve(M, rhs), **FLOAT64)
+    torch.testing.assert_close(solver.eigen_solve(M), torch.linalg.inv(M), **FLOAT64)
+
+
+def test_spd_inverse_of_singular_matrix_is_finite_pseudo_inverse(gen):
+    x = torch.randn(6, 3, generator=gen, dtype=torch.float64)
+    M = x @ x.T  # rank 3: Cholesky fails
+    assert int(torch.linalg.cholesky_ex(M).info) != 0
+    inverse = solver.spd_inverse(M)
+    assert torch.isfinite(inverse).all()
+    torch.testing.assert_close(M @ inverse @ M, M, rtol=1e-6, atol=1e-6)
