@@ -27,10 +27,6 @@ def _add_fields(parser: argparse.ArgumentParser, cls, only: Optional[Sequence[st
             continue
         kind = hints[f.name]
         base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
-        if base is bool:
-            parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=f.default,
-                                action=argparse.BooleanOptionalAction, help=f.metadata["help"])
-            continue
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
             dest=f.name,

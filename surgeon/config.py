@@ -38,9 +38,6 @@ class PruneConfig:
     correlation: str = _opt(
         "joint", "structured surgeon update: joint rows+columns, or within rows / columns", ("joint", "within")
     )
-    cost_per_weight: bool = _opt(
-        False, "structured: order rows/columns by cost per weight they remove (greedy knapsack), not total cost"
-    )
     max_correlate: Optional[int] = _opt(
         0, "unstructured/N:M surgeon: at most this many weights solved jointly (0 = all, exact, by CG)"
     )

@@ -123,8 +123,6 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
             f = None
             e = _diagonal_costs(W, entry, config, keep_r, keep_c)
             rc, cc = e.sum(1), e.sum(0)
-        if config.cost_per_weight:
-            rc, cc = rc / max(keep_c.numel(), 1), cc / max(keep_r.numel(), 1)
         rows[keep_r] = rc
         cols[keep_c[keep_c < C]] = cc[: int((keep_c < C).sum())]
         plans.append((W, keep_r, keep_c, f))

@@ -144,13 +144,3 @@ def test_backends_give_the_same_pruned_model(structure, max_correlate):
             assert torch.equal(got[name] == 0, W == 0), (backend, name)
             torch.testing.assert_close(got[name], W, rtol=1e-4, atol=1e-5, msg=f"{backend} {name}")
 
-
-def test_cost_per_weight_changes_the_structured_choice():
-    masks = {}
-    for per_weight in (False, True):
-        model = tiny_model("llama")
-        config = PruneConfig(structure="structured", target_size=0.6, shots=1, cost_per_weight=per_weight)
-        report = prune(model, calibration(), config, progress=False)
-        assert abs(report.sparsity - 0.4) <= 0.03
-        masks[per_weight] = {k: w == 0 for k, w in weights(model).items()}
-    assert any(not torch.equal(masks[False][k], masks[True][k]) for k in masks[False])
