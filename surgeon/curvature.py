@@ -104,6 +104,27 @@ def _labels(logits: torch.Tensor, batch: torch.Tensor, fisher: str, generator: t
     return torch.multinomial(probs.cpu(), 1, generator=generator).reshape(logits.shape[:-1]).to(batch.device)
 
 
+class _Stop(Exception):
+    """Raised by a forward hook to end a forward pass once the layers of interest have run."""
+
+
+@contextmanager
+def _stop_after(module: Optional[nn.Module]) -> Iterator[None]:
+    """Abort every forward pass right after `module` has run (no-op when None)."""
+    if module is None:
+        yield
+        return
+
+    def stop(*_) -> None:
+        raise _Stop
+
+    handle = module.register_forward_hook(stop)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def estimate(
     model: nn.Module,
     layers: list[tuple[str, nn.Linear]],
@@ -114,17 +135,27 @@ def estimate(
     seed: int = 0,
     backend: str = "auto",
     desc: str = "curvature",
+    stop_after: Optional[nn.Module] = None,
 ) -> dict[str, LayerFactors]:
-    """Kronecker factors (A, and G when `need_g`) of `layers` over calibration `windows` [n, L] (eq. 6)."""
+    """Kronecker factors (A, and G when `need_g`) of `layers` over calibration `windows` [n, L] (eq. 6).
+
+    `stop_after` (A only): end each forward pass once that module (e.g. the block holding
+    `layers`) has run, so estimating the inputs of an early block does not pay for the rest.
+    """
+    if stop_after is not None and need_g:
+        raise ValueError("stop_after needs need_g=False: G needs the full forward and backward pass")
     device = next(model.parameters()).device
     collector = _Collector(layers, windows.numel(), need_g, backend)
     generator = torch.Generator().manual_seed(seed)
-    with collector.hooks(), _frozen(model):
+    with collector.hooks(), _frozen(model), _stop_after(stop_after):
         for batch in tqdm(windows.split(batch_size), desc=desc, leave=False):
             batch = batch.to(device)
             if not need_g:
                 with torch.no_grad():
-                    model(batch)
+                    try:
+                        model(batch)
+                    except _Stop:
+                        pass
                 continue
             embeds = model.get_input_embeddings()(batch).detach().requires_grad_(True)
             logits = model(inputs_embeds=embeds).logits[:, :-1]

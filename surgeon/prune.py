@@ -20,13 +20,14 @@ from tqdm.auto import tqdm
 from surgeon import baselines, curvature, solver, threshold
 from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
-from surgeon.model import prunable_layers
+from surgeon.model import decoder_blocks, prunable_layers
 from surgeon.report import PruneReport, ShotReport, layer_sparsity, peak_memory_gb
 
 logger = logging.getLogger(__name__)
 
 NEEDS_G = ("surgeon", "kobd")
 NEEDS_A = ("surgeon", "kobd", "lobd", "sparsegpt", "wanda")
+PER_LAYER = ("sparsegpt", "wanda")
 
 
 @dataclass
@@ -168,19 +169,35 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
         layer.store(W)
 
 
-def _per_layer_shot(layers: list[Layer], raw: dict, target_size: float, config: PruneConfig) -> None:
-    """SparseGPT or Wanda: each layer pruned to the same sparsity with its own algorithm."""
-    for layer in layers:
-        W, C = layer.weight(), layer.module.in_features
-        A = raw[layer.name].A[:C, :C]
-        if config.method == "wanda":
-            layer.mask = layer.mask | baselines.per_row_mask(
-                baselines.wanda_scores(W[:, :C], A.diagonal()), 1 - target_size, layer.mask, config.nm)
-        else:
-            pruned, mask = baselines.sparsegpt(W[:, :C], A, 1 - target_size, layer.mask, config.nm)
-            W[:, :C] = pruned
-            layer.mask = mask | layer.mask
-        layer.store(W)
+def _per_layer_shot(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, target_size: float,
+                    config: PruneConfig) -> None:
+    """SparseGPT or Wanda: each layer pruned to the same sparsity with its own algorithm.
+
+    As published, block by block: a block's inputs are recomputed after every earlier block was
+    pruned (each forward stops after the current block).
+    """
+    by_name = {layer.name: layer for layer in layers}
+    blocks = decoder_blocks(model)
+    for index, named in enumerate(prunable_layers(model)):
+        raw = curvature.estimate(model, named, calibration, need_g=False, batch_size=config.batch_size,
+                                 backend=config.backend, stop_after=blocks[index],
+                                 desc=f"block {index + 1}/{len(blocks)} · inputs")
+        for name, _ in named:
+            _prune_one_layer(by_name[name], raw[name].A, target_size, config)
+
+
+def _prune_one_layer(layer: Layer, A: torch.Tensor, target_size: float, config: PruneConfig) -> None:
+    """SparseGPT's lazy-batch OBS or Wanda's |W|·‖a‖ per row on one layer, given its input factor A."""
+    W, C = layer.weight(), layer.module.in_features
+    A = A[:C, :C]
+    if config.method == "wanda":
+        layer.mask = layer.mask | baselines.per_row_mask(
+            baselines.wanda_scores(W[:, :C], A.diagonal()), 1 - target_size, layer.mask, config.nm)
+    else:
+        pruned, mask = baselines.sparsegpt(W[:, :C], A, 1 - target_size, layer.mask, config.nm)
+        W[:, :C] = pruned
+        layer.mask = mask | layer.mask
+    layer.store(W)
 
 
 def prune(model: nn.Module, calibration: torch.Tensor, config: PruneConfig, progress: bool = True) -> PruneReport:
@@ -194,7 +211,7 @@ def prune(model: nn.Module, calibration: torch.Tensor, config: PruneConfig, prog
         device = module.weight.device
         layers.append(Layer(name, module, torch.zeros(R, C, dtype=torch.bool, device=device),
                             torch.zeros(R, dtype=torch.bool, device=device), torch.zeros(C, dtype=torch.bool, device=device)))
-    if config.method in ("sparsegpt", "wanda") and config.nm and config.shots != 1:
+    if config.method in PER_LAYER and config.nm and config.shots != 1:
         raise SurgeonError(f"{config.method} prunes N:M in one shot; use --shots 1")
     total = sum(layer.module.weight.numel() for layer in layers)
     device = next(model.parameters()).device
@@ -205,14 +222,14 @@ def prune(model: nn.Module, calibration: torch.Tensor, config: PruneConfig, prog
         target_zeros = round((1.0 - target_size) * total)
         t0 = time.perf_counter()
         raw = {}
-        if config.method in NEEDS_A:
+        if config.method in NEEDS_A and config.method not in PER_LAYER:
             raw = curvature.estimate(model, named, calibration, need_g=config.method in NEEDS_G, fisher=config.fisher,
                                      batch_size=config.batch_size, seed=config.seed + shot, backend=config.backend,
                                      desc=f"shot {shot}/{config.shots} · curvature")
         t1 = time.perf_counter()
         with torch.no_grad():
-            if config.method in ("sparsegpt", "wanda"):
-                _per_layer_shot(layers, raw, target_size, config)
+            if config.method in PER_LAYER:  # estimates each block's inputs itself ("prune" time includes it)
+                _per_layer_shot(model, layers, calibration, target_size, config)
             elif config.structure == "structured":
                 _structured_shot(layers, raw, target_zeros, config)
             else:

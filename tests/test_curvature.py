@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from surgeon import curvature
-from surgeon.model import prunable_layers
+from surgeon.model import decoder_blocks, prunable_layers
 from tests.conftest import tiny_model
 
 
@@ -53,3 +53,20 @@ def test_layers_reading_the_same_input_share_a():
     assert q is k is v and gate is up
     assert o is not q and down is not gate and gate is not q
     assert all(p.requires_grad for p in model.parameters())  # flags restored
+
+
+def test_stop_after_block_gives_the_same_inputs_and_skips_later_blocks():
+    model = tiny_model("llama")
+    blocks = decoder_blocks(model)
+    first = prunable_layers(model)[0]
+    windows = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(0))
+    full = curvature.estimate(model, first, windows, need_g=False)
+    later_calls = []
+    handle = blocks[1].register_forward_hook(lambda *_: later_calls.append(1))
+    stopped = curvature.estimate(model, first, windows, need_g=False, stop_after=blocks[0])
+    handle.remove()
+    assert not later_calls
+    for name, _ in first:
+        torch.testing.assert_close(stopped[name].A, full[name].A)
+    with pytest.raises(ValueError, match="need_g=False"):
+        curvature.estimate(model, first, windows, stop_after=blocks[0])

@@ -144,3 +144,27 @@ def test_backends_give_the_same_pruned_model(structure, max_correlate):
             assert torch.equal(got[name] == 0, W == 0), (backend, name)
             torch.testing.assert_close(got[name], W, rtol=1e-4, atol=1e-5, msg=f"{backend} {name}")
 
+
+
+@pytest.mark.parametrize("method", ["sparsegpt", "wanda"])
+def test_per_layer_methods_see_inputs_of_pruned_blocks(method, monkeypatch):
+    from surgeon import curvature
+
+    model = tiny_model("llama")
+    blocks = prunable_layers(model)
+    seen = []
+    estimate = curvature.estimate
+
+    def recording(model_, layers, *args, **kwargs):
+        seen.append([float((module.weight == 0).float().mean()) for block in blocks for _, module in block])
+        return estimate(model_, layers, *args, **kwargs)
+
+    monkeypatch.setattr(curvature, "estimate", recording)
+    prune(model, calibration(), PruneConfig(structure="unstructured", target_size=0.5, shots=1, method=method),
+          progress=False)
+    per_block = [len(b) for b in blocks]
+    assert len(seen) == len(blocks)
+    for index, sparsities in enumerate(seen):
+        done = sum(per_block[:index])
+        assert all(abs(s - 0.5) < 0.05 for s in sparsities[:done])  # earlier blocks already pruned
+        assert all(s == 0 for s in sparsities[done:])  # this and later blocks still dense
