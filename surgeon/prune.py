@@ -104,6 +104,29 @@ class _FactorInverter:
         return solver.Factors(G, A, solver.spd_inverse(G), A_inv)
 
 
+RETRIES = 3
+
+
+def _finite_update(name: str, f: solver.Factors, update, config: PruneConfig) -> torch.Tensor:
+    """`update(f)`, retried with 10× stronger damping (up to RETRIES times) while it is not finite.
+
+    The stronger damping is added to G and A recovered from their inverses (the raw factors are
+    freed by then). If every retry fails, the non-finite result goes back and `Layer.store`
+    refuses it with an error naming the layer, so no NaN weight is ever written.
+    """
+    W = update(f)
+    strength = max(config.damp_g, config.damp_a)
+    for _ in range(RETRIES):
+        if torch.isfinite(W).all():
+            break
+        strength *= 10
+        logger.warning("layer %s: non-finite update; retrying with damping %g", name, strength)
+        f = solver.Factors.of(solver.damp(solver.spd_inverse(f.G_inv), strength),
+                              solver.damp(solver.spd_inverse(f.A_inv), strength)).inverses_only()
+        W = update(f)
+    return W
+
+
 def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig) -> None:
     """Rows and columns: costs (eq. 7), global threshold, joint or within update (sec. 3.4)."""
     plans, row_costs, col_costs = [], [], []
@@ -134,8 +157,9 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
         if f is not None:
             p = new_rows[keep_r].nonzero().squeeze(1)
             q = torch.isin(keep_c, new_cols.nonzero().squeeze(1)).nonzero().squeeze(1)
-            W[keep_r.unsqueeze(1), keep_c.unsqueeze(0)] = solver.structured_update_of(
-                W[keep_r][:, keep_c], f, p, q, config.correlation)
+            sub = W[keep_r][:, keep_c]
+            W[keep_r.unsqueeze(1), keep_c.unsqueeze(0)] = _finite_update(
+                layer.name, f, lambda g: solver.structured_update_of(sub, g, p, q, config.correlation), config)
         layer.rows, layer.cols = new_rows, new_cols
         layer.mask = new_rows.unsqueeze(1) | new_cols.unsqueeze(0)
         layer.store(W)
@@ -163,9 +187,10 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
     for layer, (W, f), mask in zip(layers, plans, masks):
         layer.mask = mask | layer.mask
         if f is not None:
-            W = solver.unstructured_update_of(W, f, _with_bias_col(layer.mask, layer, False),
-                                              config.max_correlate or None, config.chunk_semantics,
-                                              config.cg_tol, config.cg_max_iter, config.backend)
+            mask, original = _with_bias_col(layer.mask, layer, False), W
+            W = _finite_update(layer.name, f, lambda g: solver.unstructured_update_of(
+                original, g, mask, config.max_correlate or None, config.chunk_semantics, config.cg_tol,
+                config.cg_max_iter, config.backend), config)
         layer.store(W)
 
 

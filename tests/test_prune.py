@@ -168,3 +168,33 @@ def test_per_layer_methods_see_inputs_of_pruned_blocks(method, monkeypatch):
         done = sum(per_block[:index])
         assert all(abs(s - 0.5) < 0.05 for s in sparsities[:done])  # earlier blocks already pruned
         assert all(s == 0 for s in sparsities[done:])  # this and later blocks still dense
+
+
+@pytest.mark.parametrize("structure,update", [("structured", "structured_update_of"),
+                                              ("unstructured", "unstructured_update_of")])
+def test_non_finite_update_is_retried_with_more_damping(structure, update, monkeypatch, caplog):
+    from surgeon import solver
+
+    real, calls = getattr(solver, update), []
+
+    def first_call_fails(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls.append(1)
+        return torch.full_like(out, float("nan")) if len(calls) == 1 else out
+
+    monkeypatch.setattr(solver, update, first_call_fails)
+    model = tiny_model("llama")
+    report = prune(model, calibration(), PruneConfig(structure=structure, target_size=0.7, shots=1), progress=False)
+    assert "retrying with damping" in caplog.text
+    assert all(torch.isfinite(W).all() for W in weights(model).values())
+    assert report.sparsity > 0.25
+
+
+def test_update_that_stays_non_finite_is_refused(monkeypatch):
+    from surgeon import solver
+
+    monkeypatch.setattr(solver, "unstructured_update_of", lambda W, *a, **k: torch.full_like(W, float("nan")))
+    model = tiny_model("llama")
+    with pytest.raises(SurgeonError, match="non-finite weights computed for layer"):
+        prune(model, calibration(), PruneConfig(structure="unstructured", target_size=0.7, shots=1), progress=False)
+    assert all(torch.isfinite(W).all() for W in weights(model).values())

@@ -17,7 +17,7 @@ def test_order_keys_preserve_order():
 
 
 @pytest.mark.parametrize("sizes", [(1,), (5, 0, 9), (300, 17, 1, 64)], ids=["one", "with-empty", "mixed"])
-@pytest.mark.parametrize("backend", available_backends("cpu", "kth_smallest"))
+@pytest.mark.parametrize("backend", available_backends("cpu", "kth_smallest") + ["radix-torch"])
 def test_matches_kthvalue(sizes, backend):
     gen = torch.Generator().manual_seed(sum(sizes))
     values = [torch.randn(n, generator=gen) * 10 ** torch.randint(-3, 3, (1,), generator=gen).item() for n in sizes]
@@ -26,12 +26,15 @@ def test_matches_kthvalue(sizes, backend):
         values[0][3:6] = 0.25  # ties
     total = sum(sizes)
     for k in sorted({1, min(2, total), total // 3 + 1, max(1, total // 2), total}):
-        assert ops.kth_smallest(values, k, backend) == reference.kth_smallest(values, k)
+        got = radix.kth_smallest(values, k) if backend == "radix-torch" else ops.kth_smallest(values, k, backend)
+        assert got == reference.kth_smallest(values, k)
 
 
 def test_k_out_of_range_raises():
     with pytest.raises(ValueError, match="k=4"):
         ops.kth_smallest([torch.rand(3)], 4)
+    with pytest.raises(ValueError, match="k=0"):
+        radix.kth_smallest([torch.rand(3)], 0)
 
 
 @pytest.mark.requires_cuda
