@@ -13,7 +13,7 @@ import triton.language as tl
 
 from surgeon_kernels._triton import autotune_configs
 
-CONFIGS = autotune_configs([dict(BLOCK=32, num_warps=4), dict(BLOCK=64, num_warps=4)], test=dict(BLOCK=8, num_warps=1))
+CONFIGS = autotune_configs([dict(BLOCK=32, num_warps=4), dict(BLOCK=64, num_warps=4)], test=dict(BLOCK=64, num_warps=1))
 
 
 @triton.autotune(configs=CONFIGS, key=["K"])

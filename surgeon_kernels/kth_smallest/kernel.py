@@ -10,7 +10,7 @@ from surgeon_kernels._triton import autotune_configs
 from surgeon_kernels.kth_smallest import radix
 
 CONFIGS = autotune_configs([dict(BLOCK=4096, num_warps=8), dict(BLOCK=16384, num_warps=16)],
-                           test=dict(BLOCK=64, num_warps=1))
+                           test=dict(BLOCK=1024, num_warps=1))
 
 
 @triton.autotune(configs=CONFIGS, key=[], reset_to_zero=["hist_ptr"])

@@ -14,7 +14,7 @@ import triton.language as tl
 from surgeon_kernels._triton import autotune_configs
 
 CONFIGS = autotune_configs(
-    [dict(BLOCK=128, num_warps=4), dict(BLOCK=256, num_warps=8)], test=dict(BLOCK=8, num_warps=1)
+    [dict(BLOCK=128, num_warps=4), dict(BLOCK=256, num_warps=8)], test=dict(BLOCK=32, num_warps=1)
 )
 
 

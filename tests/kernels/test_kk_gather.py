@@ -11,7 +11,8 @@ from surgeon_kernels.kk_gather import reference
 CASES = [
     pytest.param(1, 1, 3, 4, id="B1-K1"),
     pytest.param(3, 5, 6, 7, id="B3-K5"),
-    pytest.param(4, 19, 11, 13, id="B4-K19-odd-tiles"),
+    pytest.param(4, 19, 11, 13, id="B4-K19-odd"),
+    pytest.param(2, 70, 9, 11, id="B2-K70-two-tiles-ragged"),
     pytest.param(2, 0, 3, 3, id="K0-empty-chunks"),
 ]
 

@@ -16,7 +16,8 @@ def test_order_keys_preserve_order():
     assert [radix.key_to_float(int(k)) for k in keys] == x.tolist()
 
 
-@pytest.mark.parametrize("sizes", [(1,), (5, 0, 9), (300, 17, 1, 64)], ids=["one", "with-empty", "mixed"])
+@pytest.mark.parametrize("sizes", [(1,), (5, 0, 9), (300, 17, 1, 64), (2500, 3)],
+                         ids=["one", "with-empty", "mixed", "several-blocks"])
 @pytest.mark.parametrize("backend", available_backends("cpu", "kth_smallest") + ["radix-torch"])
 def test_matches_kthvalue(sizes, backend):
     gen = torch.Generator().manual_seed(sum(sizes))
