@@ -187,9 +187,9 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
     for layer, (W, f), mask in zip(layers, plans, masks):
         layer.mask = mask | layer.mask
         if f is not None:
-            mask, original = _with_bias_col(layer.mask, layer, False), W
+            pruned, original = _with_bias_col(layer.mask, layer, False), W
             W = _finite_update(layer.name, f, lambda g: solver.unstructured_update_of(
-                original, g, mask, config.max_correlate or None, config.chunk_semantics, config.cg_tol,
+                original, g, pruned, config.max_correlate or None, config.chunk_semantics, config.cg_tol,
                 config.cg_max_iter, config.backend), config)
         layer.store(W)
 

@@ -216,7 +216,7 @@ def solve_chunks(
 
 def joint_solve(
     f: Factors, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor, shape: tuple[int, int],
-    tol: float = 1e-4, max_iter: int = 200,
+    tol: float = 1e-6, max_iter: int = 1000,
 ) -> torch.Tensor:
     """u = M⁻¹ w for all K pruned weights at once, M = (G⁻¹ ⊗ A⁻¹)[S, S] (eqs. 4-5, one chunk).
 
@@ -256,8 +256,8 @@ def unstructured_update_of(
     mask: torch.Tensor,
     max_correlate: Optional[int] = None,
     semantics: ChunkSemantics = "sequential",
-    tol: float = 1e-4,
-    max_iter: int = 200,
+    tol: float = 1e-6,
+    max_iter: int = 1000,
     backend: str = "auto",
 ) -> torch.Tensor:
     """New W with the weights in `mask` removed and the rest corrected (eqs. 4-5, DESIGN.md).
@@ -303,8 +303,8 @@ def unstructured_update(
     mask: torch.Tensor,
     max_correlate: Optional[int] = None,
     semantics: ChunkSemantics = "sequential",
-    tol: float = 1e-4,
-    max_iter: int = 200,
+    tol: float = 1e-6,
+    max_iter: int = 1000,
 ) -> torch.Tensor:
     """Remove the weights in `mask` (True = prune) with correlated updates (eqs. 4-5): new W."""
     return unstructured_update_of(W, Factors.of(G, A), mask, max_correlate, semantics, tol, max_iter)

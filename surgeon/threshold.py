@@ -16,8 +16,8 @@ from surgeon_kernels import ops
 def smallest_k(costs: list[torch.Tensor], k: int, backend: str = "auto") -> list[torch.Tensor]:
     """Masks (same shapes as `costs`) selecting the k smallest costs over all tensors together.
 
-    τ is the k-th smallest cost by radix selection (`surgeon_kernels.ops.kth_smallest`: no
-    concatenation, no sort); every cost below τ is taken, then ties at τ in order until k.
+    τ is the k-th smallest cost by selection, never a full sort (`surgeon_kernels.ops.kth_smallest`);
+    every cost below τ is taken, then ties at τ in order until k.
     """
     total = sum(c.numel() for c in costs)
     if not 0 <= k <= total:
