@@ -27,7 +27,6 @@ from surgeon_kernels.nm_select import reference as nm_reference
 Backend = Literal["auto", "triton", "cpp", "torch"]
 CPP_OPS = ("kfac_accumulate",)
 CONCAT_MAX = 1 << 28  # torch kth_smallest: concatenate and kthvalue up to this many costs (1 GiB of float32)
-JACOBI_MAX_N = 256  # auto: Triton Jacobi up to this width, torch.linalg.eigh above (crossover not yet measured on a GPU)
 
 
 def available_backends(device: torch.device | str = "cpu", op: Optional[str] = "kfac_accumulate") -> list[str]:
@@ -138,14 +137,15 @@ def batched_eigh(A: torch.Tensor, Q0: Optional[torch.Tensor] = None,
     """Eigenvalues [B, n] (ascending) and eigenvectors [B, n, n] of symmetric A [B, n, n].
 
     `Q0` [B, n, n] is an optional orthogonal warm start (e.g. the previous shot's eigenvectors).
-    Triton runs a batched cyclic Jacobi solver; with `auto` only up to `JACOBI_MAX_N` rows.
+    `backend="triton"` runs the batched cyclic Jacobi solver; `auto` keeps `torch.linalg.eigh` until
+    a GPU benchmark (bench/gpu_kernels.py) has measured where Jacobi is faster.
     """
     if A.dim() != 3 or A.shape[1] != A.shape[2]:
         raise ValueError(f"A must be [B, n, n], got {tuple(A.shape)}")
     if Q0 is not None and Q0.shape != A.shape:
         raise ValueError(f"Q0 must have A's shape {tuple(A.shape)}, got {tuple(Q0.shape)}")
     chosen = _resolve(backend, A.device, "batched_eigh")
-    if chosen == "triton" and (backend != "auto" or A.shape[1] <= JACOBI_MAX_N):
+    if chosen == "triton" and backend == "triton":
         from surgeon_kernels.batched_eigh import kernel
 
         return kernel.batched_eigh(A, Q0)
