@@ -26,8 +26,8 @@ from surgeon.report import PruneReport, ShotReport, layer_sparsity, peak_memory_
 logger = logging.getLogger(__name__)
 
 NEEDS_G = ("surgeon", "kobd")
-NEEDS_A = ("surgeon", "kobd", "lobd", "sparsegpt", "wanda")
-PER_LAYER = ("sparsegpt", "wanda")
+NEEDS_A = ("surgeon", "kobd", "lobd")  # from one whole-model pass per shot
+PER_LAYER = ("sparsegpt", "wanda")  # estimate each block's inputs themselves, block by block
 
 
 @dataclass
@@ -247,13 +247,13 @@ def prune(model: nn.Module, calibration: torch.Tensor, config: PruneConfig, prog
         target_zeros = round((1.0 - target_size) * total)
         t0 = time.perf_counter()
         raw = {}
-        if config.method in NEEDS_A and config.method not in PER_LAYER:
+        if config.method in NEEDS_A:
             raw = curvature.estimate(model, named, calibration, need_g=config.method in NEEDS_G, fisher=config.fisher,
                                      batch_size=config.batch_size, seed=config.seed + shot, backend=config.backend,
                                      desc=f"shot {shot}/{config.shots} · curvature")
         t1 = time.perf_counter()
         with torch.no_grad():
-            if config.method in PER_LAYER:  # estimates each block's inputs itself ("prune" time includes it)
+            if config.method in PER_LAYER:  # "prune" time includes their input estimation
                 _per_layer_shot(model, layers, calibration, target_size, config)
             elif config.structure == "structured":
                 _structured_shot(layers, raw, target_zeros, config)

@@ -24,13 +24,14 @@ def smallest_k(costs: list[torch.Tensor], k: int, backend: str = "auto") -> list
         raise SurgeonError(f"cannot select {k} of {total} structures")
     if k == 0:
         return [torch.zeros_like(c, dtype=torch.bool) for c in costs]
-    tau = ops.kth_smallest([c.float() for c in costs], k, backend)
-    masks = [c.float() < tau for c in costs]
+    costs = [c.float() for c in costs]
+    tau = ops.kth_smallest(costs, k, backend)
+    masks = [c < tau for c in costs]
     missing = k - sum(int(m.sum()) for m in masks)
     for c, mask in zip(costs, masks):
         if missing <= 0:
             break
-        ties = (c.float() == tau).reshape(-1).nonzero().squeeze(1)[:missing]
+        ties = (c == tau).reshape(-1).nonzero().squeeze(1)[:missing]
         mask.view(-1)[ties] = True
         missing -= ties.numel()
     return masks

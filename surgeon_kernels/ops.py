@@ -106,15 +106,15 @@ def kth_smallest(values: list[torch.Tensor], k: int, backend: Backend = "auto") 
     selection above, where a concatenated copy of the costs would not fit.
     """
     values = [v for v in values if v.numel()]
-    device = values[0].device if values else torch.device("cpu")
+    total = sum(v.numel() for v in values)
+    if not 1 <= k <= total:
+        raise ValueError(f"k={k}: must be in [1, {total}]")
+    device = values[0].device
     if _resolve(backend, device, "kth_smallest") == "triton":
         from surgeon_kernels.kth_smallest import kernel
 
         return kernel.kth_smallest(values, k)
-    if sum(v.numel() for v in values) <= CONCAT_MAX:
-        total = sum(v.numel() for v in values)
-        if not 1 <= k <= total:
-            raise ValueError(f"k={k}: must be in [1, {total}]")
+    if total <= CONCAT_MAX:
         return kth_reference.kth_smallest(values, k)
     return radix.kth_smallest(values, k)
 
