@@ -1,7 +1,7 @@
 """Measured ceilings for roofline fractions: dense GEMM FLOP/s and copy bandwidth of this machine.
 
-Both are measured, not looked up: the GEMM rate with torch.matmul at 2048³ (float32 on the CPU,
-bfloat16 on a GPU), the bandwidth as a large tensor copy (read + write bytes). Cached per process.
+Both are measured, not looked up: the GEMM rate with torch.matmul at 2048³ in float32 on the CPU,
+8192³ in bfloat16 on a GPU (smaller products do not fill it), the bandwidth as a large tensor copy (read + write bytes). Cached per process.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ def _time(fn, repeat: int = 5) -> float:
 
 @functools.lru_cache(maxsize=None)
 def gemm_flops(device: str = "cpu", dtype: torch.dtype = torch.float32) -> float:
-    """Measured dense GEMM rate (FLOP/s) at 2048×2048×2048."""
-    a = torch.randn(2048, 2048, device=device).to(dtype)
-    return 2 * 2048**3 / _time(lambda: a @ a)
+    """Measured dense GEMM rate (FLOP/s) at n³: n = 2048 on the CPU, 8192 on a GPU."""
+    n = 8192 if torch.device(device).type == "cuda" else 2048
+    a = torch.randn(n, n, device=device).to(dtype)
+    return 2 * n**3 / _time(lambda: a @ a)
 
 
 @functools.lru_cache(maxsize=None)

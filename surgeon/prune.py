@@ -225,6 +225,13 @@ def _prune_one_layer(layer: Layer, A: torch.Tensor, target_size: float, config: 
     layer.store(W)
 
 
+def _clock(device: torch.device) -> float:
+    """`time.perf_counter()` after the device's queued work has finished (GPU work is asynchronous)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def prune(model: nn.Module, calibration: torch.Tensor, config: PruneConfig, progress: bool = True) -> PruneReport:
     """Prune `model` in place to `config.target_size` in `config.shots` shots (Algorithm 1)."""
     named = [pair for block in prunable_layers(model) for pair in block]
@@ -245,13 +252,13 @@ def prune(model: nn.Module, calibration: torch.Tensor, config: PruneConfig, prog
     for shot in tqdm(range(1, config.shots + 1), desc="shots", disable=not progress):
         target_size = config.shot_target(shot)
         target_zeros = round((1.0 - target_size) * total)
-        t0 = time.perf_counter()
+        t0 = _clock(device)
         raw = {}
         if config.method in NEEDS_A:
             raw = curvature.estimate(model, named, calibration, need_g=config.method in NEEDS_G, fisher=config.fisher,
                                      batch_size=config.batch_size, seed=config.seed + shot, backend=config.backend,
                                      desc=f"shot {shot}/{config.shots} · curvature")
-        t1 = time.perf_counter()
+        t1 = _clock(device)
         with torch.no_grad():
             if config.method in PER_LAYER:  # "prune" time includes their input estimation
                 _per_layer_shot(model, layers, calibration, target_size, config)
@@ -259,7 +266,7 @@ def prune(model: nn.Module, calibration: torch.Tensor, config: PruneConfig, prog
                 _structured_shot(layers, raw, target_zeros, config)
             else:
                 _element_shot(layers, raw, target_zeros, config)
-        t2 = time.perf_counter()
+        t2 = _clock(device)
         seconds = {"curvature": t1 - t0, "prune": t2 - t1}
         if config.lora_steps:
             from surgeon.lora import lora_correction
