@@ -27,6 +27,9 @@ from surgeon_kernels.nm_select import reference as nm_reference
 Backend = Literal["auto", "triton", "cpp", "torch"]
 CPP_OPS = ("kfac_accumulate",)
 CONCAT_MAX = 1 << 28  # torch kth_smallest: concatenate and kthvalue up to this many costs (1 GiB of float32)
+# batched_eigh on CUDA: `auto` runs Triton Jacobi for widths in this range (H100, bench/RESULTS.md:
+# 12× faster than torch.linalg.eigh at n = 64, 1.3× slower at 32, 3× slower at 128).
+JACOBI_WIDTHS = range(33, 65)
 
 
 def available_backends(device: torch.device | str = "cpu", op: Optional[str] = "kfac_accumulate") -> list[str]:
@@ -137,15 +140,15 @@ def batched_eigh(A: torch.Tensor, Q0: Optional[torch.Tensor] = None,
     """Eigenvalues [B, n] (ascending) and eigenvectors [B, n, n] of symmetric A [B, n, n].
 
     `Q0` [B, n, n] is an optional orthogonal warm start (e.g. the previous shot's eigenvectors).
-    `backend="triton"` runs the batched cyclic Jacobi solver; `auto` keeps `torch.linalg.eigh` until
-    a GPU benchmark (bench/gpu_kernels.py) has measured where Jacobi is faster.
+    `backend="triton"` runs the batched cyclic Jacobi solver; `auto` runs it on CUDA only for the
+    widths where it measured faster (`JACOBI_WIDTHS`), `torch.linalg.eigh` everywhere else.
     """
     if A.dim() != 3 or A.shape[1] != A.shape[2]:
         raise ValueError(f"A must be [B, n, n], got {tuple(A.shape)}")
     if Q0 is not None and Q0.shape != A.shape:
         raise ValueError(f"Q0 must have A's shape {tuple(A.shape)}, got {tuple(Q0.shape)}")
     chosen = _resolve(backend, A.device, "batched_eigh")
-    if chosen == "triton" and backend == "triton":
+    if chosen == "triton" and (backend == "triton" or A.shape[1] in JACOBI_WIDTHS):
         from surgeon_kernels.batched_eigh import kernel
 
         return kernel.batched_eigh(A, Q0)

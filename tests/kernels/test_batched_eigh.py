@@ -23,12 +23,15 @@ def symmetric(B: int, n: int, dtype, seed: int) -> torch.Tensor:
 
 
 def check(A, values, vectors, dtype):
-    scale = max(1.0, float(A.abs().max())) if A.numel() else 1.0
-    expected = torch.linalg.eigvalsh(A.double()).to(dtype)
-    torch.testing.assert_close(values, expected, rtol=0, atol=TOL[dtype] * scale)
-    eye = torch.eye(A.shape[1], dtype=dtype).expand_as(A)
-    torch.testing.assert_close(vectors.mT @ vectors, eye, rtol=0, atol=TOL[dtype] * 10)
-    torch.testing.assert_close(vectors @ torch.diag_embed(values) @ vectors.mT, A, rtol=0, atol=TOL[dtype] * scale * 10)
+    """Backward-stable accuracy: errors within max(TOL, 4·n·eps)·‖A‖₂ (the O(n·eps·‖A‖) bound)."""
+    expected = torch.linalg.eigvalsh(A.double())
+    n = A.shape[1]
+    norm = max(1.0, float(expected.abs().max())) if A.numel() else 1.0
+    tol = max(TOL[dtype], 4 * n * torch.finfo(dtype).eps)
+    torch.testing.assert_close(values, expected.to(dtype), rtol=0, atol=tol * norm)
+    eye = torch.eye(n, dtype=dtype).expand_as(A)
+    torch.testing.assert_close(vectors.mT @ vectors, eye, rtol=0, atol=tol * 10)
+    torch.testing.assert_close(vectors @ torch.diag_embed(values) @ vectors.mT, A, rtol=0, atol=tol * norm * 10)
 
 
 @pytest.mark.parametrize("B,n", CASES)
