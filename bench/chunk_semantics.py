@@ -32,7 +32,7 @@ def main() -> None:
     raw = curvature.estimate(model, layers, windows)
     print("| layer | λ_G | update | loss | seconds |\n| --- | --- | --- | --- | --- |")
     for name, module in layers:
-        W, G, A = module.weight.detach().double(), raw[name].G.double(), raw[name].A.double()
+        W, G, A = module.weight.detach().double(), raw[name].G.dense().double(), raw[name].A.dense().double()
         for damp_g in args.damp_g:
             f = solver.Factors.of(solver.damp(G, damp_g), solver.damp(A, 0.01))
             costs = solver.element_costs_of(W, f)

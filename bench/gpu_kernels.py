@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import _roofline  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
 from surgeon_kernels import ops  # noqa: E402
+from surgeon_kernels.symmetric import PackedSymmetric  # noqa: E402
 
 WIDTHS = {"smollm2-576": 576, "smollm2-1536": 1536, "llama2-7b-4096": 4096, "llama2-7b-11008": 11008}
 
@@ -33,7 +34,7 @@ def cases():
     for label, width in WIDTHS.items():
         for dtype in (torch.bfloat16, torch.float32):
             x = torch.randn(8192, width, device=dev).to(dtype)
-            out = torch.zeros(width, width, device=dev)
+            out = PackedSymmetric.zeros(width, dev)
             yield ("kfac_accumulate", f"{label} N=8192", dtype, 2 * 8192 * width**2, 0,
                    {p: (lambda p=p: ops.kfac_accumulate(out, x, 1.0, False, p)) for p in ("torch", "triton")})
     costs = torch.rand(11008, 4096, device=dev)

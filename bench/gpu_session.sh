@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything a GPU session measures, in one call (device tool: `bash bench/gpu_session.sh`).
 # Logs and JSON go to $OUT (or out/gpu): the CUDA kernel tests, the kernel microbenchmarks and
-# the end-to-end shot timings given as arguments ("BLOCKS:SHOTS", e.g. 8:4 32:1).
+# the end-to-end shot timings given as arguments ("BLOCKS:SHOTS:BATCH", e.g. 8:4:1 32:4:2; a
+# fourth field "profile" also writes torch.profiler's table).
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
@@ -11,14 +12,17 @@ python3 -c "import torch, triton, transformers; print(torch.__version__, triton.
 if [ -z "${SKIP_TESTS:-}" ]; then
   timeout 300 python3 -m pytest -q -m requires_cuda tests/kernels -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/tests.txt"
 fi
+for spec in "$@"; do
+  IFS=: read -r blocks shots batch profile <<< "$spec"
+  name="llama2-7b-${blocks}blocks-${shots}shots-batch${batch}"
+  extra=()
+  [ "$profile" = profile ] && extra=(--profile "$OUT/profile-$name.txt")
+  timeout 420 python3 bench/shot_time.py --config bench/configs/llama-2-7b.json --layers "$blocks" --device cuda \
+    --dtype bfloat16 --nsamples 128 --seqlen 2048 --shots "$shots" --batch-size "$batch" --target-size 0.8 \
+    --output "$OUT/shot-$name.json" "${extra[@]}" > "$OUT/shot-$name.log" 2>&1
+  echo "shot $spec rc=$?"; grep -v "it/s\]" "$OUT/shot-$name.log" | tail -6
+done
 if [ -z "${SKIP_MICRO:-}" ]; then
   timeout 300 python3 bench/gpu_kernels.py --output "$OUT/micro-gpu.json" > "$OUT/micro.log" 2>&1
   echo "micro rc=$?"; tail -3 "$OUT/micro.log"
 fi
-for spec in "$@"; do
-  blocks=${spec%%:*} shots=${spec##*:}
-  timeout 400 python3 bench/shot_time.py --config bench/configs/llama-2-7b.json --layers "$blocks" --device cuda \
-    --dtype bfloat16 --nsamples 128 --seqlen 2048 --shots "$shots" --target-size 0.8 \
-    --output "$OUT/shot-llama2-7b-${blocks}blocks.json" > "$OUT/shot-${blocks}.log" 2>&1
-  echo "shot $spec rc=$?"; grep -v "it/s\]" "$OUT/shot-${blocks}.log" | tail -8
-done

@@ -58,6 +58,8 @@ def main() -> None:
     parser.add_argument("--shots", type=int, default=4)
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="also write torch.profiler's table of the run's costliest ops to this file")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     start = time.perf_counter()
@@ -66,7 +68,17 @@ def main() -> None:
     windows = torch.randint(0, config.vocab_size, (args.nsamples, args.seqlen), generator=torch.Generator().manual_seed(0))
     prune_config = PruneConfig(structure=args.structure, target_size=args.target_size, shots=args.shots,
                                batch_size=args.batch_size, backend=args.backend)
-    report = prune(model, windows, prune_config)
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        with profile(activities=activities) as trace:
+            report = prune(model, windows, prune_config)
+        sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+        args.profile.write_text(trace.key_averages().table(sort_by=sort, row_limit=40)
+                                + trace.key_averages().table(sort_by="cpu_time_total", row_limit=40))
+    else:
+        report = prune(model, windows, prune_config)
     device = torch.device(args.device)
     result = dict(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),

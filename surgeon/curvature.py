@@ -4,7 +4,8 @@ Forward hooks add each layer's inputs to A, and tensor hooks on the layer output
 gradients to G during the backward pass; A = (1/√N) Σ a aᵀ and G = (1/√N) Σ g gᵀ over the N
 calibration tokens. Only input gradients are computed (weights do not require grad). Layers that
 read the same input tensor (q/k/v, gate/up) share one A. A layer with a bias gets an extra
-constant-1 input column in A.
+constant-1 input column in A. Factors are accumulated in packed symmetric form
+(`surgeon_kernels.symmetric.PackedSymmetric`: upper-triangle tiles, about half the memory).
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ from tqdm.auto import tqdm
 
 from surgeon.errors import SurgeonError
 from surgeon_kernels import ops
+from surgeon_kernels.symmetric import PackedSymmetric
 
 
 @dataclass
 class LayerFactors:
-    """Raw (undamped) Kronecker factors of one layer; `A` may be shared with sibling layers."""
+    """Raw (undamped) Kronecker factors of one layer, packed; `A` may be shared with sibling layers."""
 
-    A: Optional[torch.Tensor]
-    G: Optional[torch.Tensor]
+    A: Optional[PackedSymmetric]
+    G: Optional[PackedSymmetric]
 
 
 class _Collector:
@@ -52,7 +54,7 @@ class _Collector:
             self.owner[name] = self.owner[last[1]] if shares else name
             width = module.in_features + int(bias)
             if not shares:
-                self.factors[name] = LayerFactors(torch.zeros(width, width, device=x.device), None)
+                self.factors[name] = LayerFactors(PackedSymmetric.zeros(width, x.device), None)
             else:
                 self.factors[name] = LayerFactors(self.factors[self.owner[name]].A, None)
         self._last = (x, name)
@@ -65,7 +67,7 @@ class _Collector:
     def _backward(self, name: str, grad: torch.Tensor) -> None:
         entry = self.factors[name]
         if entry.G is None:
-            entry.G = torch.zeros(grad.shape[-1], grad.shape[-1], device=grad.device)
+            entry.G = PackedSymmetric.zeros(grad.shape[-1], grad.device)
         ops.kfac_accumulate(entry.G, grad.reshape(-1, grad.shape[-1]), self.scale, False, self.backend)
 
     @contextmanager
@@ -164,7 +166,7 @@ def estimate(
             loss.backward()
     for name, entry in collector.factors.items():
         for label, factor in (("A", entry.A), ("G", entry.G)):
-            if factor is not None and not torch.isfinite(factor).all():
+            if factor is not None and not factor.isfinite():
                 raise SurgeonError(f"non-finite curvature ({label}) in layer {name}: check the model dtype and data")
         if need_g and entry.G is None:
             raise SurgeonError(f"layer {name} received no gradient: it does not affect the loss")

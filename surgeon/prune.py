@@ -22,6 +22,7 @@ from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
 from surgeon.model import decoder_blocks, prunable_layers
 from surgeon.report import PruneReport, ShotReport, layer_sparsity, peak_memory_gb
+from surgeon_kernels.symmetric import PackedSymmetric
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class Layer:
             self.module.bias.data.copy_(W[:, C])
 
 
-def _damped_diag(matrix: Optional[torch.Tensor], size: int, strength: float, device) -> torch.Tensor:
+def _damped_diag(matrix: Optional[PackedSymmetric], size: int, strength: float, device) -> torch.Tensor:
     """diag(M) + λ·mean(diag M), or ones when the factor is not used (I)."""
     if matrix is None:
         return torch.ones(size, device=device)
@@ -82,26 +83,40 @@ def _with_bias_col(mask: torch.Tensor, layer: Layer, value: bool) -> torch.Tenso
     return torch.cat([mask, mask.new_full((mask.shape[0], 1), value)], 1) if layer.bias else mask
 
 
+@dataclass
+class _Inverses:
+    """Packed G⁻¹ and A⁻¹ of one layer, kept from its costs to its update (A⁻¹ shared by siblings)."""
+
+    G_inv: PackedSymmetric
+    A_inv: PackedSymmetric
+
+    def factors(self) -> solver.Factors:
+        """The dense inverses, all an update needs."""
+        return solver.Factors(None, None, self.G_inv.dense(), self.A_inv.dense())
+
+
 class _FactorInverter:
-    """Damped G[rows, rows], A[cols, cols] of each layer and their inverses.
+    """Damped G[rows, rows], A[cols, cols] of each layer, their inverses, and the packed inverses.
 
     Layers reading the same input (q/k/v, gate/up) come one after another and share the raw A:
-    the damped A and its inverse are reused while the same A tensor is asked for with the same
-    columns (the slot holds a reference, so an identity match cannot be a recycled tensor).
+    the damped A and its inverse are reused while the same A is asked for with the same columns
+    (the slot holds a reference, so an identity match cannot be a recycled object).
     """
 
     def __init__(self, config: PruneConfig):
         self.config = config
         self._slot: Optional[tuple] = None
 
-    def __call__(self, f: curvature.LayerFactors, rows, cols) -> solver.Factors:
-        G = solver.damp(f.G[rows][:, rows], self.config.damp_g)
+    def __call__(self, f: curvature.LayerFactors, rows, cols) -> tuple[solver.Factors, _Inverses]:
+        G = solver.damp(f.G.dense()[rows][:, rows], self.config.damp_g)
         key = None if isinstance(cols, slice) else cols.tolist()
         if self._slot is None or self._slot[0] is not f.A or self._slot[1] != key:
-            A = solver.damp(f.A[cols][:, cols], self.config.damp_a)
-            self._slot = (f.A, key, A, solver.spd_inverse(A))
-        _, _, A, A_inv = self._slot
-        return solver.Factors(G, A, solver.spd_inverse(G), A_inv)
+            A = solver.damp(f.A.dense()[cols][:, cols], self.config.damp_a)
+            A_inv = solver.spd_inverse(A)
+            self._slot = (f.A, key, A, A_inv, PackedSymmetric.pack(A_inv))
+        _, _, A, A_inv, A_inv_packed = self._slot
+        G_inv = solver.spd_inverse(G)
+        return solver.Factors(G, A, G_inv, A_inv), _Inverses(PackedSymmetric.pack(G_inv), A_inv_packed)
 
 
 RETRIES = 3
@@ -127,10 +142,17 @@ def _finite_update(name: str, f: solver.Factors, update, config: PruneConfig) ->
     return W
 
 
-def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig) -> None:
-    """Rows and columns: costs (eq. 7), global threshold, joint or within update (sec. 3.4)."""
+def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig) -> dict[str, float]:
+    """Rows and columns: costs (eq. 7), global threshold, joint or within update (sec. 3.4).
+
+    Between costs and updates each layer keeps only its packed inverses (weights are read again),
+    so a shot never holds more than the factors' packed size plus one layer's dense work.
+    Returns the seconds spent on costs, threshold and updates.
+    """
     plans, row_costs, col_costs = [], [], []
     factors = _FactorInverter(config)
+    device = layers[0].mask.device
+    times = [_clock(device)]
     for layer in layers:
         W, R, C = layer.weight(), layer.module.out_features, layer.module.in_features
         keep_r = (~layer.rows).nonzero().squeeze(1)
@@ -138,60 +160,79 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
         rows = torch.full((R,), float("-inf"), device=W.device)
         cols = torch.full((C,), float("-inf"), device=W.device)
         entry = raw.pop(layer.name, None)  # frees each raw factor after its last layer
+        kept = None
         if config.method == "surgeon":
-            f = factors(entry, keep_r, keep_c)
+            f, kept = factors(entry, keep_r, keep_c)
             sub = W[keep_r][:, keep_c]
             rc, cc = solver.row_costs_of(sub, f), solver.col_costs_of(sub, f)
-            f = f.inverses_only()
         else:
-            f = None
             e = _diagonal_costs(W, entry, config, keep_r, keep_c)
             rc, cc = e.sum(1), e.sum(0)
         rows[keep_r] = rc
         cols[keep_c[keep_c < C]] = cc[: int((keep_c < C).sum())]
-        plans.append((W, keep_r, keep_c, f))
+        plans.append((keep_r, keep_c, kept))
         row_costs.append(rows)
         col_costs.append(cols)
+    times.append(_clock(device))
     row_sel, col_sel = threshold.structured_selection(row_costs, col_costs, target_zeros)
-    for layer, (W, keep_r, keep_c, f), new_rows, new_cols in zip(layers, plans, row_sel, col_sel):
-        if f is not None:
+    times.append(_clock(device))
+    for layer, (keep_r, keep_c, kept), new_rows, new_cols in zip(layers, plans, row_sel, col_sel):
+        W = layer.weight()
+        if kept is not None:
             p = new_rows[keep_r].nonzero().squeeze(1)
             q = torch.isin(keep_c, new_cols.nonzero().squeeze(1)).nonzero().squeeze(1)
             sub = W[keep_r][:, keep_c]
             W[keep_r.unsqueeze(1), keep_c.unsqueeze(0)] = _finite_update(
-                layer.name, f, lambda g: solver.structured_update_of(sub, g, p, q, config.correlation), config)
+                layer.name, kept.factors(), lambda g: solver.structured_update_of(sub, g, p, q, config.correlation),
+                config)
         layer.rows, layer.cols = new_rows, new_cols
         layer.mask = new_rows.unsqueeze(1) | new_cols.unsqueeze(0)
         layer.store(W)
+    times.append(_clock(device))
+    return _phases(times)
 
 
-def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig) -> None:
-    """Elements (unstructured or N:M): costs, global threshold, correlated update (eqs. 4-5)."""
+def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig) -> dict[str, float]:
+    """Elements (unstructured or N:M): costs, global threshold, correlated update (eqs. 4-5).
+
+    Returns the seconds spent on costs, threshold and updates.
+    """
     plans, costs = [], []
     factors = _FactorInverter(config)
+    device = layers[0].mask.device
+    times = [_clock(device)]
     for layer in layers:
         W, C = layer.weight(), layer.module.in_features
         entry = raw.pop(layer.name, None)  # frees each raw factor after its last layer
+        kept = None
         if config.method == "surgeon":
-            f = factors(entry, slice(None), slice(None))
+            f, kept = factors(entry, slice(None), slice(None))
             e = solver.element_costs_of(W, f)[:, :C]
-            f = f.inverses_only()
         else:
-            f = None
             e = _diagonal_costs(W, entry, config, slice(None), slice(None))[:, :C]
-        plans.append((W, f))
+        plans.append(kept)
         costs.append(e.masked_fill(layer.mask, float("-inf")))
+    times.append(_clock(device))
     nm = config.nm
     masks = (threshold.nm_selection(costs, *nm, target_zeros, config.backend) if nm
              else threshold.smallest_k(costs, target_zeros, config.backend))
-    for layer, (W, f), mask in zip(layers, plans, masks):
+    times.append(_clock(device))
+    for layer, kept, mask in zip(layers, plans, masks):
         layer.mask = mask | layer.mask
-        if f is not None:
+        W = layer.weight()
+        if kept is not None:
             pruned, original = _with_bias_col(layer.mask, layer, False), W
-            W = _finite_update(layer.name, f, lambda g: solver.unstructured_update_of(
+            W = _finite_update(layer.name, kept.factors(), lambda g: solver.unstructured_update_of(
                 original, g, pruned, config.max_correlate or None, config.chunk_semantics, config.cg_tol,
                 config.cg_max_iter, config.backend), config)
         layer.store(W)
+    times.append(_clock(device))
+    return _phases(times)
+
+
+def _phases(times: list[float]) -> dict[str, float]:
+    """Seconds of costs, threshold and updates from the four clock readings around them."""
+    return {name: end - start for name, start, end in zip(("costs", "threshold", "update"), times, times[1:])}
 
 
 def _per_layer_shot(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, target_size: float,
@@ -208,7 +249,7 @@ def _per_layer_shot(model: nn.Module, layers: list[Layer], calibration: torch.Te
                                  backend=config.backend, stop_after=blocks[index],
                                  desc=f"block {index + 1}/{len(blocks)} · inputs")
         for name, _ in named:
-            _prune_one_layer(by_name[name], raw[name].A, target_size, config)
+            _prune_one_layer(by_name[name], raw[name].A.dense(), target_size, config)
 
 
 def _prune_one_layer(layer: Layer, A: torch.Tensor, target_size: float, config: PruneConfig) -> None:
@@ -259,15 +300,16 @@ def prune(model: nn.Module, calibration: torch.Tensor, config: PruneConfig, prog
                                      batch_size=config.batch_size, seed=config.seed + shot, backend=config.backend,
                                      desc=f"shot {shot}/{config.shots} · curvature")
         t1 = _clock(device)
+        phases = {}
         with torch.no_grad():
             if config.method in PER_LAYER:  # "prune" time includes their input estimation
                 _per_layer_shot(model, layers, calibration, target_size, config)
             elif config.structure == "structured":
-                _structured_shot(layers, raw, target_zeros, config)
+                phases = _structured_shot(layers, raw, target_zeros, config)
             else:
-                _element_shot(layers, raw, target_zeros, config)
+                phases = _element_shot(layers, raw, target_zeros, config)
         t2 = _clock(device)
-        seconds = {"curvature": t1 - t0, "prune": t2 - t1}
+        seconds = {"curvature": t1 - t0, "prune": t2 - t1, **phases}
         if config.lora_steps:
             from surgeon.lora import lora_correction
 

@@ -7,6 +7,8 @@ exercise the PyTorch fallback of an installed build).
 import logging
 import os
 
+import torch  # loads libc10 and friends, which the compiled library links against
+
 logger = logging.getLogger(__name__)
 
 HAS_CPP_OPS = False
@@ -19,7 +21,6 @@ if os.environ.get("SURGEON_DISABLE_CPP", "0") != "1":
         logger.debug("compiled ops unavailable: %s", error)
 
 if HAS_CPP_OPS:
-    import torch
 
     @torch.library.register_fake("surgeon::kfac_accumulate")
     def _kfac_accumulate_fake(out, x, scale, bias) -> None:

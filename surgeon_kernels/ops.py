@@ -23,6 +23,7 @@ from surgeon_kernels.kk_gather import reference as kk_reference
 from surgeon_kernels.kth_smallest import radix
 from surgeon_kernels.kth_smallest import reference as kth_reference
 from surgeon_kernels.nm_select import reference as nm_reference
+from surgeon_kernels.symmetric import PackedSymmetric
 
 Backend = Literal["auto", "triton", "cpp", "torch"]
 CPP_OPS = ("kfac_accumulate",)
@@ -64,21 +65,22 @@ def _resolve(backend: Backend, device: torch.device, op: str) -> str:
 
 
 def kfac_accumulate(
-    out: torch.Tensor, x: torch.Tensor, scale: float, bias: bool = False, backend: Backend = "auto"
+    out: PackedSymmetric, x: torch.Tensor, scale: float, bias: bool = False, backend: Backend = "auto"
 ) -> None:
-    """Add `scale · [x, 1]ᵀ [x, 1]` to the symmetric factor `out` in place (paper eq. 6).
+    """Add `scale · [x, 1]ᵀ [x, 1]` to the packed symmetric factor `out` in place (paper eq. 6).
 
     float64 accumulators always take the PyTorch path (the kernels accumulate in float32).
     """
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D [tokens, features], got shape {tuple(x.shape)}")
     width = x.shape[1] + int(bias)
-    if out.shape != (width, width):
-        raise ValueError(f"out must have shape {(width, width)}, got {tuple(out.shape)}")
+    if not isinstance(out, PackedSymmetric) or out.n != width:
+        raise ValueError(f"out must be a PackedSymmetric of width {width}, got {out!r:.80}")
     chosen = _resolve(backend, x.device, "kfac_accumulate")
-    if chosen == "cpp" and out.dtype == torch.float32:
-        torch.ops.surgeon.kfac_accumulate(out, x, float(scale), bool(bias))
-    elif chosen == "triton" and out.dtype == torch.float32:
+    dtype = out.tiles.dtype
+    if chosen == "cpp" and dtype == torch.float32:
+        torch.ops.surgeon.kfac_accumulate(out.tiles, x, float(scale), bool(bias))
+    elif chosen == "triton" and dtype == torch.float32:
         from surgeon_kernels.kfac_accumulate import kernel
 
         kernel.kfac_accumulate(out, x, scale, bias)

@@ -1,7 +1,8 @@
 """Triton kernel: symmetric Kronecker-factor accumulation `out += s·[X,1]ᵀ[X,1]` (paper eq. 6).
 
-Each program owns one output tile on or above the diagonal, reduces over the tokens in fp32 and
-writes the tile and its mirror; programs below the diagonal exit at once. The bias column
+The output is packed (`surgeon_kernels.symmetric`): only tiles on or above the diagonal exist, and
+each program owns one of them (a 1-D grid over the stored tiles, so no program is launched for the
+lower triangle), reduces over the tokens in fp32 and adds the tile in place. The bias column
 (constant 1) is generated inside the load, so no wider X is ever built. float32 inputs use IEEE
 fp32 products (no TF32); bf16/fp16 inputs use the tensor cores with fp32 accumulation. Under the
 interpreter low-precision tiles are widened to fp32 before the product (its bf16 `tl.dot` is
@@ -16,28 +17,28 @@ import triton
 import triton.language as tl
 
 from surgeon_kernels._triton import INTERPRET, autotune_configs
+from surgeon_kernels.symmetric import PackedSymmetric
 
 CONFIGS = autotune_configs(
     [
-        dict(BLOCK=64, BLOCK_K=32, num_warps=4, num_stages=3),
-        dict(BLOCK=128, BLOCK_K=32, num_warps=8, num_stages=3),
-        dict(BLOCK=128, BLOCK_K=64, num_warps=8, num_stages=4),
+        dict(BLOCK_K=32, num_warps=4, num_stages=3),
+        dict(BLOCK_K=32, num_warps=8, num_stages=3),
+        dict(BLOCK_K=64, num_warps=8, num_stages=4),
     ],
-    test=dict(BLOCK=16, BLOCK_K=16, num_warps=1, num_stages=1),
+    test=dict(BLOCK_K=16, num_warps=1, num_stages=1),
 )
 
 
-@triton.autotune(configs=CONFIGS, key=["C", "FP32_DOT"], restore_value=["out_ptr"])
+@triton.autotune(configs=CONFIGS, key=["C", "FP32_DOT", "BLOCK"], restore_value=["out_ptr"])
 @triton.jit
 def _kfac_accumulate_kernel(
-    out_ptr, x_ptr, N, C, stride_o, stride_x, scale,
+    out_ptr, tile_i_ptr, tile_j_ptr, x_ptr, N, C, stride_x, scale,
     HAS_BIAS: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Tile (i, j), i ≤ j, of out += scale · Σ_n [x_n, 1][x_n, 1]ᵀ over the N tokens (eq. 6)."""
-    i = tl.program_id(0)
-    j = tl.program_id(1)
-    if i > j:
-        return
+    """Stored tile p = (i, j), i ≤ j, of out += scale · Σ_n [x_n, 1][x_n, 1]ᵀ over the N tokens (eq. 6)."""
+    p = tl.program_id(0)
+    i = tl.load(tile_i_ptr + p)
+    j = tl.load(tile_j_ptr + p)
     rows = i * BLOCK + tl.arange(0, BLOCK)
     cols = j * BLOCK + tl.arange(0, BLOCK)
     acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
@@ -54,31 +55,21 @@ def _kfac_accumulate_kernel(
             acc += tl.dot(tl.trans(a.to(tl.float32)), b.to(tl.float32), input_precision="ieee")
         else:
             acc += tl.dot(tl.trans(a), b)
-    width = C + HAS_BIAS
-    tile_ok = (rows < width)[:, None] & (cols < width)[None, :]
-    upper = out_ptr + rows.to(tl.int64)[:, None] * stride_o + cols[None, :]
-    value = tl.load(upper, mask=tile_ok, other=0.0) + scale * acc
-    tl.store(upper, value, mask=tile_ok)
-    if i != j:
-        lower = out_ptr + cols.to(tl.int64)[None, :] * stride_o + rows[:, None]
-        tl.store(lower, value, mask=tile_ok)
+    local = tl.arange(0, BLOCK)
+    tile = out_ptr + p.to(tl.int64) * BLOCK * BLOCK + local[:, None] * BLOCK + local[None, :]
+    tl.store(tile, tl.load(tile) + scale * acc)  # padding rows/columns add zeros
 
 
-def kfac_accumulate(out: torch.Tensor, x: torch.Tensor, scale: float, bias: bool) -> None:
-    """Add `scale · [x, 1]ᵀ [x, 1]` to the symmetric float32 factor `out` in place (eq. 6)."""
-    if out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError("triton kfac_accumulate needs a contiguous float32 out")
+def kfac_accumulate(out: PackedSymmetric, x: torch.Tensor, scale: float, bias: bool) -> None:
+    """Add `scale · [x, 1]ᵀ [x, 1]` to the packed symmetric float32 factor `out` in place (eq. 6)."""
+    if out.tiles.dtype != torch.float32 or not out.tiles.is_contiguous():
+        raise ValueError("triton kfac_accumulate needs contiguous float32 tiles")
     x = x.contiguous()
     N, C = x.shape
     if N == 0:
         return
-    width = C + int(bias)
-
-    def grid(meta):
-        tiles = triton.cdiv(width, meta["BLOCK"])
-        return (tiles, tiles)
-
-    _kfac_accumulate_kernel[grid](
-        out, x, N, C, out.stride(0), x.stride(0), float(scale),
-        HAS_BIAS=bool(bias), FP32_DOT=x.dtype == torch.float32 or INTERPRET,
+    tile_i, tile_j = out.index(torch.int32)
+    _kfac_accumulate_kernel[(out.tiles.shape[0],)](
+        out.tiles, tile_i, tile_j, x, N, C, x.stride(0), float(scale),
+        HAS_BIAS=bool(bias), FP32_DOT=x.dtype == torch.float32 or INTERPRET, BLOCK=out.tile,
     )

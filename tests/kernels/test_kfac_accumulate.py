@@ -1,4 +1,4 @@
-"""kfac_accumulate: every backend against the reference (float64 oracle), shapes and dtypes."""
+"""kfac_accumulate: every backend against the dense float64 math, shapes, dtypes and tile sizes."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 from surgeon_kernels import HAS_CPP_OPS, available_backends, ops
 from surgeon_kernels.kfac_accumulate import reference
+from surgeon_kernels.symmetric import PackedSymmetric
 
 SHAPES = [
     pytest.param(1, 1, id="N1-C1"),
@@ -23,57 +24,74 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
 def oracle(x: torch.Tensor, scale: float, bias: bool, start: torch.Tensor) -> torch.Tensor:
-    out = start.double().clone()
-    reference.kfac_accumulate(out, x.double(), scale, bias)
-    return out
+    """start + scale·[x, 1]ᵀ[x, 1] in dense float64."""
+    xd = x.double()
+    if bias:
+        xd = torch.cat([xd, torch.ones(xd.shape[0], 1, dtype=torch.float64)], 1)
+    return start.double() + scale * xd.T @ xd
 
 
 @pytest.mark.parametrize("N,C", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("tile", [16, 128])
 @pytest.mark.parametrize("backend", available_backends("cpu"))
-def test_matches_reference(N, C, dtype, bias, backend):
+def test_matches_reference(N, C, dtype, bias, tile, backend):
     gen = torch.Generator().manual_seed(N * 1000 + C)
     x = torch.randn(N, C, generator=gen).to(dtype)
     start = torch.randn(C + bias, C + bias, generator=gen)
     start = start + start.T
-    out = start.clone()
+    out = PackedSymmetric.pack(start, tile)
     ops.kfac_accumulate(out, x, 0.25, bias, backend=backend)
-    expected = oracle(x, 0.25, bias, start)
-    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-4)
-    assert torch.equal(out, out.T)
+    dense = out.dense()
+    torch.testing.assert_close(dense.double(), oracle(x, 0.25, bias, start), rtol=1e-5, atol=1e-4)
+    assert torch.equal(dense, dense.T)
+    i, j = out.index()
+    rows = (i[:, None] * tile + torch.arange(tile))[:, :, None]
+    cols = (j[:, None] * tile + torch.arange(tile))[:, None, :]
+    padding = (rows >= C + bias) | (cols >= C + bias)
+    assert not out.tiles[padding].any(), "padding beyond the matrix must stay zero"
 
 
 def test_reference_hand_computed():
     x = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64)
-    out = torch.zeros(3, 3, dtype=torch.float64)
+    out = PackedSymmetric.zeros(3, dtype=torch.float64, tile=2)
     reference.kfac_accumulate(out, x, 0.5, True)
     expected = 0.5 * torch.tensor([[10.0, 14.0, 4.0], [14.0, 20.0, 6.0], [4.0, 6.0, 2.0]], dtype=torch.float64)
-    assert torch.equal(out, expected)
+    assert torch.equal(out.dense(), expected)
 
 
 def test_bad_shapes_raise():
-    with pytest.raises(ValueError, match="shape"):
-        ops.kfac_accumulate(torch.zeros(3, 3), torch.zeros(4, 2), 1.0, bias=False)
+    with pytest.raises(ValueError, match="width 2"):
+        ops.kfac_accumulate(PackedSymmetric.zeros(3), torch.zeros(4, 2), 1.0, bias=False)
+    with pytest.raises(ValueError, match="PackedSymmetric"):
+        ops.kfac_accumulate(torch.zeros(3, 3), torch.zeros(4, 3), 1.0)
     with pytest.raises(ValueError, match="2-D"):
-        ops.kfac_accumulate(torch.zeros(3, 3), torch.zeros(3), 1.0)
+        ops.kfac_accumulate(PackedSymmetric.zeros(3), torch.zeros(3), 1.0)
     with pytest.raises(ValueError, match="backend"):
-        ops.kfac_accumulate(torch.zeros(3, 3), torch.zeros(4, 3), 1.0, backend="fortran")
+        ops.kfac_accumulate(PackedSymmetric.zeros(3), torch.zeros(4, 3), 1.0, backend="fortran")
 
 
 @pytest.mark.skipif(not HAS_CPP_OPS, reason="compiled ops not built")
 def test_opcheck():
-    out = torch.zeros(6, 6)
+    out = PackedSymmetric.zeros(6, tile=4)
     x = torch.randn(10, 5)
-    torch.library.opcheck(torch.ops.surgeon.kfac_accumulate.default, (out, x, 0.5, True))
+    torch.library.opcheck(torch.ops.surgeon.kfac_accumulate.default, (out.tiles, x, 0.5, True))
+
+
+@pytest.mark.skipif(not HAS_CPP_OPS, reason="compiled ops not built")
+def test_cpp_rejects_tiles_of_another_width():
+    with pytest.raises(RuntimeError, match="do not pack"):
+        torch.ops.surgeon.kfac_accumulate(torch.zeros(3, 4, 4), torch.randn(5, 9), 1.0, False)
 
 
 def test_fallback_without_compiled_ops():
     code = (
         "import torch, surgeon, surgeon_kernels as k\n"
         "assert not k.HAS_CPP_OPS and k.available_backends() == ['torch']\n"
-        "o = torch.zeros(3, 3); k.kfac_accumulate(o, torch.ones(4, 3), 1.0)\n"
-        "assert torch.equal(o, torch.full((3, 3), 4.0))\n"
+        "from surgeon_kernels.symmetric import PackedSymmetric\n"
+        "o = PackedSymmetric.zeros(3); k.kfac_accumulate(o, torch.ones(4, 3), 1.0)\n"
+        "assert torch.equal(o.dense(), torch.full((3, 3), 4.0))\n"
         "try:\n    k.kfac_accumulate(o, torch.ones(4, 3), 1.0, backend='cpp')\nexcept RuntimeError as e:\n"
         "    assert 'available: torch' in str(e)\nelse:\n    raise SystemExit('cpp backend should be unavailable')\n"
     )
@@ -85,7 +103,8 @@ def test_fallback_without_compiled_ops():
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_cuda_triton_matches_reference(cuda_device, dtype):
     x = torch.randn(1000, 577).to(dtype)
-    start = torch.zeros(578, 578)
-    out = start.to(cuda_device)
+    start = torch.randn(578, 578)
+    start = start + start.T
+    out = PackedSymmetric.pack(start.to(cuda_device))
     ops.kfac_accumulate(out, x.to(cuda_device), 0.5, True, backend="triton")
-    torch.testing.assert_close(out.cpu().double(), oracle(x, 0.5, True, start), rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(out.dense().cpu().double(), oracle(x, 0.5, True, start), rtol=1e-4, atol=1e-3)
