@@ -23,6 +23,6 @@ for spec in "$@"; do
   echo "shot $spec rc=$?"; grep -v "it/s\]" "$OUT/shot-$name.log" | tail -6
 done
 if [ -z "${SKIP_MICRO:-}" ]; then
-  timeout 300 python3 bench/gpu_kernels.py --output "$OUT/micro-gpu.json" > "$OUT/micro.log" 2>&1
+  timeout "${MICRO_TIMEOUT:-300}" python3 bench/gpu_kernels.py --output "$OUT/micro-gpu.json" > "$OUT/micro.log" 2>&1
   echo "micro rc=$?"; tail -3 "$OUT/micro.log"
 fi
