@@ -84,45 +84,56 @@ def _with_bias_col(mask: torch.Tensor, layer: Layer, value: bool) -> torch.Tenso
 
 
 @dataclass
-class _Inverses:
-    """Packed G⁻¹ and A⁻¹ of one layer, kept from its costs to its update (A⁻¹ shared by siblings)."""
+class _Kept:
+    """One layer's packed inverses (or inverse roots), kept from its costs to its update.
+
+    Structured shots keep the upper-triangular roots U (U Uᵀ = G⁻¹, `solver.RootFactors`), element
+    shots the full inverses; a root or inverse of A is shared by sibling layers.
+    """
 
     G_inv: PackedSymmetric
     A_inv: PackedSymmetric
+    roots: bool
 
-    def factors(self) -> solver.Factors:
-        """The dense inverses, all an update needs."""
+    def factors(self) -> solver.Factors | solver.RootFactors:
+        """The dense roots or inverses, all an update needs."""
+        if self.roots:
+            return solver.RootFactors(None, None, self.G_inv.upper(), self.A_inv.upper())
         return solver.Factors(None, None, self.G_inv.dense(), self.A_inv.dense())
 
 
 class _FactorInverter:
-    """Damped G[rows, rows], A[cols, cols] of each layer, their inverses, and the packed inverses.
+    """Damped G[rows, rows], A[cols, cols] of each layer, their inverses (or inverse roots), packed.
 
+    `roots`: structured shots need only inverse diagonals and a few rows (`solver.RootFactors`,
+    one triangular solve per factor); element shots need the full inverses (`solver.Factors`).
     Layers reading the same input (q/k/v, gate/up) come one after another and share the raw A:
     the damped A and its inverse are reused while the same A is asked for with the same columns
     (the slot holds a reference, so an identity match cannot be a recycled object).
     """
 
-    def __init__(self, config: PruneConfig):
-        self.config = config
+    def __init__(self, config: PruneConfig, roots: bool):
+        self.config, self.roots = config, roots
+        self._invert = solver.inverse_root if roots else solver.spd_inverse
         self._slot: Optional[tuple] = None
 
-    def __call__(self, f: curvature.LayerFactors, rows, cols) -> tuple[solver.Factors, _Inverses]:
+    def __call__(self, f: curvature.LayerFactors, rows, cols) -> tuple[solver.Factors | solver.RootFactors, _Kept]:
         G = solver.damp(f.G.dense()[rows][:, rows], self.config.damp_g)
         key = None if isinstance(cols, slice) else cols.tolist()
         if self._slot is None or self._slot[0] is not f.A or self._slot[1] != key:
             A = solver.damp(f.A.dense()[cols][:, cols], self.config.damp_a)
-            A_inv = solver.spd_inverse(A)
+            A_inv = self._invert(A)
             self._slot = (f.A, key, A, A_inv, PackedSymmetric.pack(A_inv))
-        _, _, A, A_inv, A_inv_packed = self._slot
-        G_inv = solver.spd_inverse(G)
-        return solver.Factors(G, A, G_inv, A_inv), _Inverses(PackedSymmetric.pack(G_inv), A_inv_packed)
+        _, _, A, A_inv, A_packed = self._slot
+        G_inv = self._invert(G)
+        kind = solver.RootFactors if self.roots else solver.Factors
+        return kind(G, A, G_inv, A_inv), _Kept(PackedSymmetric.pack(G_inv), A_packed, self.roots)
 
 
 RETRIES = 3
 
 
-def _finite_update(name: str, f: solver.Factors, update, config: PruneConfig) -> torch.Tensor:
+def _finite_update(name: str, f: solver.Factors | solver.RootFactors, update, config: PruneConfig) -> torch.Tensor:
     """`update(f)`, retried with 10× stronger damping (up to RETRIES times) while it is not finite.
 
     The stronger damping is added to G and A recovered from their inverses (the raw factors are
@@ -136,8 +147,9 @@ def _finite_update(name: str, f: solver.Factors, update, config: PruneConfig) ->
             break
         strength *= 10
         logger.warning("layer %s: non-finite update; retrying with damping %g", name, strength)
-        f = solver.Factors.of(solver.damp(solver.spd_inverse(f.G_inv), strength),
-                              solver.damp(solver.spd_inverse(f.A_inv), strength)).inverses_only()
+        G_inv, A_inv = f.dense_inverses()
+        f = solver.Factors.of(solver.damp(solver.spd_inverse(G_inv), strength),
+                              solver.damp(solver.spd_inverse(A_inv), strength)).inverses_only()
         W = update(f)
     return W
 
@@ -150,7 +162,7 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
     Returns the seconds spent on costs, threshold and updates.
     """
     plans, row_costs, col_costs = [], [], []
-    factors = _FactorInverter(config)
+    factors = _FactorInverter(config, roots=True)
     device = layers[0].mask.device
     times = [_clock(device)]
     for layer in layers:
@@ -198,7 +210,7 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
     Returns the seconds spent on costs, threshold and updates.
     """
     plans, costs = [], []
-    factors = _FactorInverter(config)
+    factors = _FactorInverter(config, roots=False)
     device = layers[0].mask.device
     times = [_clock(device)]
     for layer in layers:

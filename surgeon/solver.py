@@ -30,16 +30,41 @@ def spd_inverse(matrix: torch.Tensor) -> torch.Tensor:
     return (inverse + inverse.T) / 2
 
 
+def inverse_root(matrix: torch.Tensor) -> torch.Tensor:
+    """Upper-triangular U with U Uᵀ = M⁻¹ (U = L⁻ᵀ for M = L Lᵀ): one triangular solve, no inverse.
+
+    Where Cholesky fails, M's eigenvalues are floored as in `eigen_solve` and the repaired matrix
+    is factored in float64.
+    """
+    factor, info = torch.linalg.cholesky_ex(matrix)
+    if int(info) != 0:
+        values, vectors = floored_eigh(matrix.double().unsqueeze(0))
+        repaired = (vectors * values.unsqueeze(1)) @ vectors.mT
+        factor = torch.linalg.cholesky(repaired.squeeze(0)).to(matrix.dtype)
+    eye = torch.eye(matrix.shape[0], dtype=matrix.dtype, device=matrix.device)
+    return torch.linalg.solve_triangular(factor, eye, upper=False).T
+
+
+def floored_eigh(M: torch.Tensor, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenvalues (tiny ones raised to √eps·max|λ|) and eigenvectors of symmetric M [B, n, n].
+
+    The floor bounds the condition number by 1/√eps (a floor near eps would let rounding noise in
+    the near-null space through, multiplied by 1/eps). An all-zero matrix (a layer the loss does not
+    see) is floored at √eps, as if it were the identity.
+    """
+    values, vectors = ops.batched_eigh(M, backend=backend)
+    scale = values.abs().amax(1, keepdim=True)
+    floor = torch.where(scale > 0, scale, torch.ones_like(scale)) * torch.finfo(M.dtype).eps ** 0.5
+    return values.clamp_min(floor), vectors
+
+
 def eigen_solve(M: torch.Tensor, rhs: Optional[torch.Tensor] = None, backend: str = "auto") -> torch.Tensor:
     """M⁻¹ rhs (or M⁻¹) for a batch of symmetric M [B, n, n] via Q diag(1/λ) Qᵀ, tiny λ floored.
 
-    The robust path where Cholesky fails: eigenvalues below √eps·max|λ| are raised to that floor,
-    which bounds the condition number by 1/√eps (a floor near eps would let rounding noise in the
-    near-null space reach the result multiplied by 1/eps).
+    The robust path where Cholesky fails (`floored_eigh`).
     """
-    values, vectors = ops.batched_eigh(M, backend=backend)
-    floor = values.abs().amax(1, keepdim=True) * torch.finfo(M.dtype).eps ** 0.5
-    scaled = vectors / values.clamp_min(floor).unsqueeze(1)
+    values, vectors = floored_eigh(M, backend)
+    scaled = vectors / values.unsqueeze(1)
     if rhs is None:
         return scaled @ vectors.mT
     return scaled @ (vectors.mT @ rhs)
@@ -66,6 +91,50 @@ class Factors:
         """The same factors without G and A, which updates do not use (halves what is kept)."""
         return Factors(None, None, self.G_inv, self.A_inv)
 
+    def inverse_diagonals(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """diag(G⁻¹), diag(A⁻¹)."""
+        return self.G_inv.diagonal(), self.A_inv.diagonal()
+
+    def inverse_rows(self, rows: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """G⁻¹[rows, :] and A⁻¹[cols, :]."""
+        return self.G_inv[rows], self.A_inv[cols]
+
+    def dense_inverses(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """G⁻¹ and A⁻¹."""
+        return self.G_inv, self.A_inv
+
+
+@dataclass(frozen=True)
+class RootFactors:
+    """Damped G, A and upper-triangular U_G, U_A with U Uᵀ = G⁻¹, A⁻¹ (`inverse_root`).
+
+    Structured pruning needs only the inverses' diagonals (costs) and the rows of the removed
+    rows/columns (updates): from the roots they cost O(n²) and O(|P| n²), where a full inverse
+    (`Factors`) costs a second n³ triangular solve.
+    """
+
+    G: Optional[torch.Tensor]
+    A: Optional[torch.Tensor]
+    U_G: torch.Tensor
+    U_A: torch.Tensor
+
+    @classmethod
+    def of(cls, G: torch.Tensor, A: torch.Tensor) -> "RootFactors":
+        """The inverse roots of the (damped, SPD) factors."""
+        return cls(G, A, inverse_root(G), inverse_root(A))
+
+    def inverse_diagonals(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """diag(G⁻¹), diag(A⁻¹): the squared row norms of the roots."""
+        return self.U_G.square().sum(1), self.U_A.square().sum(1)
+
+    def inverse_rows(self, rows: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """G⁻¹[rows, :] = U_G[rows] U_Gᵀ and A⁻¹[cols, :] = U_A[cols] U_Aᵀ."""
+        return self.U_G[rows] @ self.U_G.T, self.U_A[cols] @ self.U_A.T
+
+    def dense_inverses(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """G⁻¹ and A⁻¹ in full (one product each)."""
+        return self.U_G @ self.U_G.T, self.U_A @ self.U_A.T
+
 
 def damp(matrix: torch.Tensor, strength: float) -> torch.Tensor:
     """`M + λ·mean(diag M)·I` (paper app. "Dampening")."""
@@ -76,34 +145,34 @@ def damp(matrix: torch.Tensor, strength: float) -> torch.Tensor:
 # ---------------------------------------------------------------- costs (eq. 7)
 
 
-def element_costs_of(W: torch.Tensor, f: Factors) -> torch.Tensor:
+def element_costs_of(W: torch.Tensor, f: Factors | RootFactors) -> torch.Tensor:
     """L_rc = ½ W_rc² / ([G⁻¹]_rr [A⁻¹]_cc) (eq. 7, elements)."""
-    return 0.5 * W.square() / torch.outer(f.G_inv.diagonal(), f.A_inv.diagonal())
+    return 0.5 * W.square() / torch.outer(*f.inverse_diagonals())
 
 
-def row_costs_of(W: torch.Tensor, f: Factors) -> torch.Tensor:
+def row_costs_of(W: torch.Tensor, f: Factors | RootFactors) -> torch.Tensor:
     """L_r = ½ w_rᵀ A w_r / [G⁻¹]_rr (eq. 7, rows)."""
-    return 0.5 * ((W @ f.A) * W).sum(1) / f.G_inv.diagonal()
+    return 0.5 * ((W @ f.A) * W).sum(1) / f.inverse_diagonals()[0]
 
 
-def col_costs_of(W: torch.Tensor, f: Factors) -> torch.Tensor:
+def col_costs_of(W: torch.Tensor, f: Factors | RootFactors) -> torch.Tensor:
     """L_c = ½ w_cᵀ G w_c / [A⁻¹]_cc (eq. 7, columns)."""
-    return 0.5 * ((f.G @ W) * W).sum(0) / f.A_inv.diagonal()
+    return 0.5 * ((f.G @ W) * W).sum(0) / f.inverse_diagonals()[1]
 
 
 def element_costs(W: torch.Tensor, G: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
     """Independent OBS cost of removing each weight (eq. 7): [R, C]."""
-    return element_costs_of(W, Factors.of(G, A))
+    return element_costs_of(W, RootFactors.of(G, A))
 
 
 def row_costs(W: torch.Tensor, G: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
     """Independent cost of removing each row (eq. 7): [R]."""
-    return row_costs_of(W, Factors.of(G, A))
+    return row_costs_of(W, RootFactors.of(G, A))
 
 
 def col_costs(W: torch.Tensor, G: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
     """Independent cost of removing each column (eq. 7): [C]."""
-    return col_costs_of(W, Factors.of(G, A))
+    return col_costs_of(W, RootFactors.of(G, A))
 
 
 # ---------------------------------------------------------------- structured updates (sec. 3.4)
@@ -116,7 +185,8 @@ def _complement(index: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def structured_update_of(
-    W: torch.Tensor, f: Factors, rows: torch.Tensor, cols: torch.Tensor, correlation: Correlation = "joint"
+    W: torch.Tensor, f: Factors | RootFactors, rows: torch.Tensor, cols: torch.Tensor,
+    correlation: Correlation = "joint",
 ) -> torch.Tensor:
     """New W with rows P and columns Q removed and the kept block corrected (sec. 3.4, DESIGN.md).
 
@@ -130,7 +200,8 @@ def structured_update_of(
     R, C = W.shape
     rows, cols = rows.to(W.device).long(), cols.to(W.device).long()
     keep_r, keep_c = _complement(rows, R), _complement(cols, C)
-    B = torch.linalg.solve(f.G_inv[rows][:, rows], f.G_inv[rows][:, keep_r]).T  # [|K_r|, |P|]
+    G_inv_P, A_inv_Q = f.inverse_rows(rows, cols)  # G⁻¹[P, :], A⁻¹[Q, :]
+    B = torch.linalg.solve(G_inv_P[:, rows], G_inv_P[:, keep_r]).T  # [|K_r|, |P|]
     row_term = B @ W[rows]  # [|K_r|, C]
     if correlation == "joint":
         M_q = row_term[:, cols] - W[keep_r][:, cols]
@@ -138,7 +209,7 @@ def structured_update_of(
         M_q = -W[keep_r][:, cols]
     else:
         raise ValueError(f"correlation={correlation!r}: use 'joint' or 'within'")
-    col_solve = torch.linalg.solve(f.A_inv[cols][:, cols], f.A_inv[cols][:, keep_c])  # [|Q|, |K_c|]
+    col_solve = torch.linalg.solve(A_inv_Q[:, cols], A_inv_Q[:, keep_c])  # [|Q|, |K_c|]
     Z = -row_term[:, keep_c] + M_q @ col_solve
     out = torch.zeros_like(W)
     out[keep_r.unsqueeze(1), keep_c.unsqueeze(0)] = W[keep_r][:, keep_c] + Z
@@ -149,7 +220,7 @@ def structured_update(
     W: torch.Tensor, G: torch.Tensor, A: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
 ) -> torch.Tensor:
     """Remove rows and columns with the exact joint correlated update (sec. 3.4): new W [R, C]."""
-    return structured_update_of(W, Factors.of(G, A), rows, cols, "joint")
+    return structured_update_of(W, RootFactors.of(G, A), rows, cols, "joint")
 
 
 # ---------------------------------------------------------------- element updates (eqs. 4-5)

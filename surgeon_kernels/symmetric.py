@@ -5,6 +5,8 @@ in row-major order over the upper triangle, as one slice of `tiles` [T, tile, ti
 T = nb(nb+1)/2 and nb = ⌈n/tile⌉. Diagonal tiles are stored whole, padding (beyond n) is zero.
 Kronecker factors are accumulated straight into this layout (`ops.kfac_accumulate`), so a model's
 factors take ≈ half of their dense size while they wait to be used (Llama-2-7B: 32 GB, not 64).
+An upper-triangular matrix packs the same way (its tiles below the diagonal are zero): `upper()`
+gives it back.
 """
 
 from __future__ import annotations
@@ -69,6 +71,10 @@ class PackedSymmetric:
         view[j, i] = self.tiles.transpose(1, 2)
         view[i, j] = self.tiles  # after the mirror, so diagonal tiles keep their own values
         return full[: self.n, : self.n] if nb * t != self.n else full
+
+    def upper(self) -> torch.Tensor:
+        """The upper triangle as a dense matrix: the matrix itself when an upper-triangular one was packed."""
+        return torch.triu(self.dense())
 
     def diagonal(self) -> torch.Tensor:
         """The n diagonal entries."""

@@ -239,3 +239,37 @@ def test_spd_inverse_of_singular_matrix_is_finite_pseudo_inverse(gen):
     inverse = solver.spd_inverse(M)
     assert torch.isfinite(inverse).all()
     torch.testing.assert_close(M @ inverse @ M, M, rtol=1e-6, atol=1e-6)
+
+
+def test_inverse_root_is_upper_triangular_root_of_the_inverse(gen):
+    M = random_spd(7, gen)
+    U = solver.inverse_root(M)
+    assert torch.equal(U, torch.triu(U))
+    torch.testing.assert_close(U @ U.T, torch.linalg.inv(M), **FLOAT64)
+
+
+@pytest.mark.parametrize("rank", [0, 3])
+def test_inverse_root_of_singular_matrix_is_finite(gen, rank):
+    x = torch.randn(6, rank, generator=gen, dtype=torch.float64)
+    M = x @ x.T  # Cholesky fails; rank 0 is the all-zero factor of a layer the loss does not see
+    U = solver.inverse_root(M)
+    assert torch.isfinite(U).all() and torch.equal(U, torch.triu(U))
+    if rank:
+        torch.testing.assert_close(M @ (U @ U.T) @ M, M, rtol=1e-6, atol=1e-6)
+
+
+def test_root_factors_agree_with_full_inverses(gen):
+    W, G, A = problem(9, 11, gen)
+    roots, full = solver.RootFactors.of(G, A), solver.Factors.of(G, A)
+    for got, expected in zip(roots.inverse_diagonals(), full.inverse_diagonals()):
+        torch.testing.assert_close(got, expected, **FLOAT64)
+    rows, cols = torch.tensor([1, 4]), torch.tensor([0, 3, 7])
+    for got, expected in zip(roots.inverse_rows(rows, cols), full.inverse_rows(rows, cols)):
+        torch.testing.assert_close(got, expected, **FLOAT64)
+    for got, expected in zip(roots.dense_inverses(), full.dense_inverses()):
+        torch.testing.assert_close(got, expected, **FLOAT64)
+    for correlation in ("joint", "within"):
+        torch.testing.assert_close(solver.structured_update_of(W, roots, rows, cols, correlation),
+                                   solver.structured_update_of(W, full, rows, cols, correlation), **FLOAT64)
+    torch.testing.assert_close(solver.row_costs_of(W, roots), solver.row_costs_of(W, full), **FLOAT64)
+    torch.testing.assert_close(solver.col_costs_of(W, roots), solver.col_costs_of(W, full), **FLOAT64)

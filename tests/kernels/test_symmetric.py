@@ -55,3 +55,9 @@ def test_isfinite():
     assert packed.isfinite()
     packed.tiles[1, 0, 0] = float("inf")
     assert not packed.isfinite()
+
+
+@pytest.mark.parametrize("n,tile", [(1, 4), (9, 4), (37, 16)])
+def test_upper_triangular_round_trip(n, tile):
+    U = torch.triu(symmetric(n, seed=n + 1))
+    assert torch.equal(PackedSymmetric.pack(U, tile).upper(), U)
