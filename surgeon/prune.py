@@ -102,6 +102,12 @@ class _Kept:
         return solver.Factors(None, None, self.G_inv.dense(), self.A_inv.dense())
 
 
+def _principal(packed: PackedSymmetric, index) -> torch.Tensor:
+    """The principal submatrix M[index, index] of a packed factor (one gather; all of it for a slice)."""
+    dense = packed.dense()
+    return dense if isinstance(index, slice) else dense[index.unsqueeze(1), index]
+
+
 class _FactorInverter:
     """Damped G[rows, rows], A[cols, cols] of each layer, their inverses (or inverse roots), packed.
 
@@ -118,10 +124,10 @@ class _FactorInverter:
         self._slot: Optional[tuple] = None
 
     def __call__(self, f: curvature.LayerFactors, rows, cols) -> tuple[solver.Factors | solver.RootFactors, _Kept]:
-        G = solver.damp(f.G.dense()[rows][:, rows], self.config.damp_g)
+        G = solver.damp(_principal(f.G, rows), self.config.damp_g)
         key = None if isinstance(cols, slice) else cols.tolist()
         if self._slot is None or self._slot[0] is not f.A or self._slot[1] != key:
-            A = solver.damp(f.A.dense()[cols][:, cols], self.config.damp_a)
+            A = solver.damp(_principal(f.A, cols), self.config.damp_a)
             A_inv = self._invert(A)
             self._slot = (f.A, key, A, A_inv, PackedSymmetric.pack(A_inv))
         _, _, A, A_inv, A_packed = self._slot

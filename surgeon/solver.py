@@ -138,8 +138,9 @@ class RootFactors:
 
 def damp(matrix: torch.Tensor, strength: float) -> torch.Tensor:
     """`M + λ·mean(diag M)·I` (paper app. "Dampening")."""
-    shift = strength * matrix.diagonal().mean()
-    return matrix + shift * torch.eye(matrix.shape[0], dtype=matrix.dtype, device=matrix.device)
+    out = matrix.clone()
+    out.diagonal().add_(strength * matrix.diagonal().mean())
+    return out
 
 
 # ---------------------------------------------------------------- costs (eq. 7)
