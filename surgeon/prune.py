@@ -108,11 +108,18 @@ def _principal(packed: PackedSymmetric, index) -> torch.Tensor:
     return dense if isinstance(index, slice) else dense[index.unsqueeze(1), index]
 
 
+# Devices on which structured shots use inverse roots instead of full inverses (bench/RESULTS.md:
+# on an H100 a 7B shot's costs fall from 15-17 s to 11-13 s; on the 2-core CPU the prune phase of a
+# SmolLM2 shot rises from 14.2 to 16.4 s, the packed root round trips costing more than the solve saves).
+ROOTS_ON = ("cuda",)
+
+
 class _FactorInverter:
     """Damped G[rows, rows], A[cols, cols] of each layer, their inverses (or inverse roots), packed.
 
     `roots`: structured shots need only inverse diagonals and a few rows (`solver.RootFactors`,
-    one triangular solve per factor); element shots need the full inverses (`solver.Factors`).
+    one triangular solve per factor, no second one), element shots the full inverses
+    (`solver.Factors`). Which is faster for structured shots was measured per device: `ROOTS_ON`.
     Layers reading the same input (q/k/v, gate/up) come one after another and share the raw A:
     the damped A and its inverse are reused while the same A is asked for with the same columns
     (the slot holds a reference, so an identity match cannot be a recycled object).
@@ -168,8 +175,8 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
     Returns the seconds spent on costs, threshold and updates.
     """
     plans, row_costs, col_costs = [], [], []
-    factors = _FactorInverter(config, roots=True)
     device = layers[0].mask.device
+    factors = _FactorInverter(config, roots=device.type in ROOTS_ON)
     times = [_clock(device)]
     for layer in layers:
         W, R, C = layer.weight(), layer.module.out_features, layer.module.in_features

@@ -1,6 +1,7 @@
 """One dispatcher for every op: `backend="auto"|"triton"|"cpp"|"torch"`.
 
-`auto` picks Triton for CUDA tensors (when Triton imports), the compiled C++ op for CPU tensors
+`auto` picks Triton for CUDA tensors (when Triton imports; except where the GPU benchmark measured
+PyTorch faster: `AUTO_TORCH_ON_CUDA`, `JACOBI_WIDTHS`), the compiled C++ op for CPU tensors
 when `surgeon_kernels._C` was built and has the op, and the PyTorch path otherwise. `triton` on
 CPU tensors is offered only under the interpreter (`TRITON_INTERPRET=1`), which is how the tests
 run it. The environment variable `SURGEON_BACKEND` overrides `auto`. `cpp` runs the PyTorch path
@@ -31,6 +32,9 @@ CONCAT_MAX = 1 << 28  # torch kth_smallest: concatenate and kthvalue up to this 
 # batched_eigh on CUDA: `auto` runs Triton Jacobi for widths in this range (H100, bench/RESULTS.md:
 # 12× faster than torch.linalg.eigh at n = 64, 1.3× slower at 32, 3× slower at 128).
 JACOBI_WIDTHS = range(33, 65)
+# Ops whose Triton kernel measured slower than the PyTorch path on CUDA (H100, bench/RESULTS.md):
+# `auto` keeps PyTorch for them there. kk_gather: 1.82 vs 1.62 ms (random gathers, B=8, K=2000).
+AUTO_TORCH_ON_CUDA = ("kk_gather",)
 
 
 def available_backends(device: torch.device | str = "cpu", op: Optional[str] = "kfac_accumulate") -> list[str]:
@@ -50,7 +54,7 @@ def _resolve(backend: Backend, device: torch.device, op: str) -> str:
         backend = os.environ.get("SURGEON_BACKEND", "auto")  # type: ignore[assignment]
     available = available_backends(device, op)
     if backend == "auto":
-        if device.type == "cuda" and "triton" in available:
+        if device.type == "cuda" and "triton" in available and op not in AUTO_TORCH_ON_CUDA:
             return "triton"
         return "cpp" if "cpp" in available else "torch"
     if backend not in ("triton", "cpp", "torch"):

@@ -198,3 +198,21 @@ def test_update_that_stays_non_finite_is_refused(monkeypatch):
     with pytest.raises(SurgeonError, match="non-finite weights computed for layer"):
         prune(model, calibration(), PruneConfig(structure="unstructured", target_size=0.7, shots=1), progress=False)
     assert all(torch.isfinite(W).all() for W in weights(model).values())
+
+
+@pytest.mark.parametrize("correlation", ["joint", "within"])
+def test_structured_shots_same_with_inverse_roots_or_full_inverses(correlation, monkeypatch):
+    """Inverse roots (the CUDA choice, `ROOTS_ON`) and full inverses (the CPU choice) prune alike."""
+    import sys
+
+    prune_module = sys.modules["surgeon.prune"]
+    results = []
+    for devices in ((), ("cpu",)):
+        monkeypatch.setattr(prune_module, "ROOTS_ON", devices)
+        model = tiny_model("llama")
+        config = PruneConfig(structure="structured", target_size=0.6, shots=2, correlation=correlation)
+        prune(model, calibration(), config, progress=False)
+        results.append(weights(model))
+    for name, W in results[0].items():
+        assert torch.equal(W == 0, results[1][name] == 0), name
+        torch.testing.assert_close(W, results[1][name], rtol=1e-4, atol=1e-5)

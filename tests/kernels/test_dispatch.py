@@ -1,0 +1,35 @@
+"""ops._resolve: which backend `auto` picks per device and op (the measured choices of bench/RESULTS.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from surgeon_kernels import HAS_CPP_OPS, ops
+from surgeon_kernels._triton import HAS_TRITON
+
+CUDA, CPU = torch.device("cuda"), torch.device("cpu")
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
+def test_auto_on_cuda_uses_triton_except_where_pytorch_measured_faster(monkeypatch):
+    monkeypatch.delenv("SURGEON_BACKEND", raising=False)
+    for op in ("kfac_accumulate", "nm_select", "kth_smallest", "batched_eigh"):
+        assert ops._resolve("auto", CUDA, op) == "triton", op
+    assert ops._resolve("auto", CUDA, "kk_gather") == "torch"
+
+
+def test_auto_on_cpu_uses_the_compiled_op_only_where_it_exists(monkeypatch):
+    monkeypatch.delenv("SURGEON_BACKEND", raising=False)
+    assert ops._resolve("auto", CPU, "kfac_accumulate") == ("cpp" if HAS_CPP_OPS else "torch")
+    for op in ("nm_select", "kth_smallest", "kk_gather", "batched_eigh"):
+        assert ops._resolve("auto", CPU, op) == "torch", op
+
+
+def test_environment_overrides_auto(monkeypatch):
+    monkeypatch.setenv("SURGEON_BACKEND", "torch")
+    assert ops._resolve("auto", CPU, "kfac_accumulate") == "torch"
+
+
+def test_jacobi_widths_follow_the_measured_crossover():
+    assert 64 in ops.JACOBI_WIDTHS and 32 not in ops.JACOBI_WIDTHS and 128 not in ops.JACOBI_WIDTHS
