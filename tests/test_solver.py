@@ -214,6 +214,30 @@ def test_solve_chunks_batched_equals_one_by_one(budget, gen):
         torch.testing.assert_close(batched[s], torch.linalg.solve(M, w[s]), **FLOAT64)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_chunk_batches_bound_padding_and_budget(seed):
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 300, (60,), generator=gen).tolist() + [7, 7, 7]
+    budget = 300 * 300 * 4
+    batches = solver.chunk_batches(lengths, budget)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+    padded = 0
+    for batch in batches:
+        top = max(lengths[i] for i in batch)
+        assert all(lengths[i] >= solver.PAD_RATIO * top for i in batch)
+        assert len(batch) == 1 or len(batch) * top * top <= budget
+        padded += sum(top * top - lengths[i] ** 2 for i in batch)
+    assert padded <= (1 - solver.PAD_RATIO**2) * sum(k * k for k in lengths)
+
+
+def test_chunk_batches_in_arrival_order_would_pad_more():
+    """The reason for sorting: long and short chunks alternating would otherwise share batches."""
+    lengths = [200, 10] * 8
+    batches = solver.chunk_batches(lengths, 1 << 30)
+    assert sorted(map(sorted, batches)) == [list(range(0, 16, 2)), list(range(1, 16, 2))]
+    assert solver.chunk_batches([500], 10) == [[0]]  # a chunk over the budget is solved alone
+
+
 def test_solve_chunks_singular_system_falls_back_to_least_squares(gen):
     _, G, A = problem(3, 3, gen)
     f = solver.Factors.of(G, A)

@@ -2,10 +2,11 @@
 //
 // x: [N, C] (float32, bfloat16 or float16). out: the packed symmetric factor of width
 // C(+1) (surgeon_kernels/symmetric.py): its upper-triangle tiles [T, t, t], row-major over the
-// upper triangle, diagonal tiles whole. Each stored tile is one BLAS product of two column slabs
-// of x (converted to float32 once) added in place; tiles are spread over threads with
-// at::parallel_for (OpenMP). The bias column (constant 1) is added from column sums, never
-// materialised.
+// upper triangle, diagonal tiles whole. x is converted once to float32, padded to whole tiles
+// (the bias column, constant 1, lands in that copy, which the conversion makes anyway). The work
+// is cut into strips of up to kStrip consecutive tiles of one tile row: one GEMM
+// x[:, row i]^T x[:, strip] each, added to the strip's tiles (consecutive in storage). Strips
+// are spread over threads with at::parallel_for (OpenMP), each GEMM single-threaded.
 #include <ATen/Parallel.h>
 #include <Python.h>
 #include <torch/library.h>
@@ -14,6 +15,10 @@
 #include <vector>
 
 namespace surgeon {
+
+namespace {
+constexpr int64_t kStrip = 4;  // tiles per GEMM (bench/RESULTS.md: wider GEMMs, yet enough tasks)
+}
 
 void kfac_accumulate_cpu(at::Tensor out, const at::Tensor& x, double scale, bool bias) {
   TORCH_CHECK(x.dim() == 2, "kfac_accumulate: x must be 2-D [tokens, features], got ", x.dim(), "-D");
@@ -29,25 +34,20 @@ void kfac_accumulate_cpu(at::Tensor out, const at::Tensor& x, double scale, bool
   TORCH_CHECK(out.size(0) == nb * (nb + 1) / 2, "kfac_accumulate: ", out.size(0),
               " tiles do not pack a symmetric matrix of width ", width, " in tiles of ", t);
   if (n == 0) return;
-  at::Tensor xf = x.to(at::kFloat).contiguous();
-  at::Tensor sums = bias ? xf.sum(0) : at::Tensor();
-  std::vector<std::pair<int64_t, int64_t>> pairs;
-  for (int64_t i = 0; i < nb; ++i)
-    for (int64_t j = i; j < nb; ++j) pairs.emplace_back(i, j);
-  at::parallel_for(0, static_cast<int64_t>(pairs.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t i0 = pairs[p].first * t, j0 = pairs[p].second * t;
-      const int64_t ni = std::max<int64_t>(0, std::min(t, c - i0)), nj = std::max<int64_t>(0, std::min(t, c - j0));
-      at::Tensor tile = out.select(0, p);
-      if (ni > 0 && nj > 0)
-        tile.narrow(0, 0, ni).narrow(1, 0, nj).addmm_(xf.narrow(1, i0, ni).t(), xf.narrow(1, j0, nj), 1.0, scale);
-      if (bias && c >= j0 && c < j0 + t) {  // the bias column c lies in this tile's columns
-        if (ni > 0) tile.select(1, c - j0).narrow(0, 0, ni).add_(sums.narrow(0, i0, ni), scale);
-        if (i0 == j0) {  // diagonal tile: the bias row and the corner as well
-          if (nj > 0) tile.select(0, c - i0).narrow(0, 0, nj).add_(sums.narrow(0, j0, nj), scale);
-          tile.select(0, c - i0).select(0, c - j0).add_(scale * static_cast<double>(n));
-        }
-      }
+  at::Tensor xf = at::zeros({n, nb * t}, x.options().dtype(at::kFloat));
+  xf.narrow(1, 0, c).copy_(x);
+  if (bias) xf.select(1, c).fill_(1.0);
+  struct Strip {
+    int64_t row, col, count, first;  // tile row, first tile column, tiles, storage index of the first
+  };
+  std::vector<Strip> strips;
+  for (int64_t i = 0, first = 0; i < nb; first += nb - i, ++i)
+    for (int64_t j = i; j < nb; j += kStrip) strips.push_back({i, j, std::min(kStrip, nb - j), first + j - i});
+  at::parallel_for(0, static_cast<int64_t>(strips.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t s = begin; s < end; ++s) {
+      const Strip& strip = strips[s];
+      at::Tensor block = at::mm(xf.narrow(1, strip.row * t, t).t(), xf.narrow(1, strip.col * t, strip.count * t));
+      out.narrow(0, strip.first, strip.count).add_(block.view({t, strip.count, t}).permute({1, 0, 2}), scale);
     }
   });
 }
