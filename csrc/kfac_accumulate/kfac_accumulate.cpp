@@ -34,8 +34,9 @@ void kfac_accumulate_cpu(at::Tensor out, const at::Tensor& x, double scale, bool
   TORCH_CHECK(out.size(0) == nb * (nb + 1) / 2, "kfac_accumulate: ", out.size(0),
               " tiles do not pack a symmetric matrix of width ", width, " in tiles of ", t);
   if (n == 0) return;
-  at::Tensor xf = at::zeros({n, nb * t}, x.options().dtype(at::kFloat));
+  at::Tensor xf = at::empty({n, nb * t}, x.options().dtype(at::kFloat));
   xf.narrow(1, 0, c).copy_(x);
+  xf.narrow(1, c, nb * t - c).zero_();  // the padding (only)
   if (bias) xf.select(1, c).fill_(1.0);
   struct Strip {
     int64_t row, col, count, first;  // tile row, first tile column, tiles, storage index of the first
