@@ -86,11 +86,9 @@ def structured_selection(
 def nm_selection(costs: list[torch.Tensor], n: int, m: int, target_zeros: int, backend: str = "auto") -> list[torch.Tensor]:
     """Element masks pruning the m−n cheapest weights of the cheapest groups over all layers (sec. 3.3, N:M).
 
-    A group's cost is the sum of its m−n cheapest costs; one global τ over group costs.
+    A group's cost is the sum of its m−n cheapest costs; one global τ over group costs. Every
+    layer's columns must be a multiple of m (`prune` checks this up front, naming the layer).
     """
-    for c in costs:
-        if c.shape[1] % m:
-            raise SurgeonError(f"N:M with M={m} does not divide the {c.shape[1]} input columns of a layer")
     grouped = [ops.nm_select(c, n, m, backend) for c in costs]
     groups = smallest_k([g for g, _ in grouped], round(target_zeros / (m - n)), backend)
     return [
