@@ -11,16 +11,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from surgeon_kernels import ops
+from surgeon_kernels import available_backends, ops
 from surgeon_kernels.kth_smallest import reference as kth_reference
 
 LAYERS = {"smollm2-mlp": (1536, 576), "llama2-7b-mlp": (11008, 4096)}
 
 
+@pytest.mark.parametrize("backend", [b for b in available_backends("cpu", "nm_select") if b != "triton"])
 @pytest.mark.parametrize("layer", list(LAYERS), ids=str)
-def test_nm_select(benchmark, roofline, layer):
+def test_nm_select(benchmark, roofline, layer, backend):
     costs = torch.rand(*LAYERS[layer])
-    benchmark(ops.nm_select, costs, 2, 4, "torch")
+    benchmark(ops.nm_select, costs, 2, 4, backend)
     roofline(bytes=costs.numel() * (4 + 1) + costs.numel() // 4 * 4)
 
 

@@ -26,3 +26,9 @@ if HAS_CPP_OPS:
     def _kfac_accumulate_fake(out, x, scale, bias) -> None:
         """Shape-only version for tracing: the op mutates `out` and returns nothing."""
         return None
+
+    @torch.library.register_fake("surgeon::nm_select")
+    def _nm_select_fake(costs, n, m):
+        """Shape-only version for tracing: group costs [R, C/m] and a boolean mask [R, C]."""
+        rows, cols = costs.shape
+        return costs.new_empty(rows, cols // m), costs.new_empty(rows, cols, dtype=torch.bool)

@@ -27,7 +27,7 @@ from surgeon_kernels.nm_select import reference as nm_reference
 from surgeon_kernels.symmetric import PackedSymmetric
 
 Backend = Literal["auto", "triton", "cpp", "torch"]
-CPP_OPS = ("kfac_accumulate",)
+CPP_OPS = ("kfac_accumulate", "nm_select")
 CONCAT_MAX = 1 << 28  # torch kth_smallest: concatenate and kthvalue up to this many costs (1 GiB of float32)
 # batched_eigh on CUDA: `auto` runs Triton Jacobi for widths in this range (H100, bench/RESULTS.md:
 # 12× faster than torch.linalg.eigh at n = 64, 1.3× slower at 32, 3× slower at 128).
@@ -99,10 +99,13 @@ def nm_select(costs: torch.Tensor, n: int, m: int, backend: Backend = "auto") ->
     """
     if costs.dim() != 2 or costs.shape[1] % m or not 0 < n < m:
         raise ValueError(f"nm_select needs [R, C] costs with m | C and 0 < n < m; got {tuple(costs.shape)}, n={n}, m={m}")
-    if _resolve(backend, costs.device, "nm_select") == "triton" and costs.dtype == torch.float32:
+    chosen = _resolve(backend, costs.device, "nm_select")
+    if chosen == "triton" and costs.dtype == torch.float32:
         from surgeon_kernels.nm_select import kernel
 
         return kernel.nm_select(costs, n, m)
+    if chosen == "cpp" and costs.dtype in (torch.float32, torch.float64):
+        return torch.ops.surgeon.nm_select(costs, n, m)
     return nm_reference.nm_select(costs, n, m)
 
 

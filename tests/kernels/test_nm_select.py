@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from surgeon_kernels import available_backends, ops
+from surgeon_kernels import HAS_CPP_OPS, available_backends, ops
 from surgeon_kernels.nm_select import reference
 
 SHAPES = [
@@ -45,6 +45,17 @@ def test_bad_arguments_raise():
         ops.nm_select(torch.rand(2, 6), 2, 4)
     with pytest.raises(ValueError, match="0 < n < m"):
         ops.nm_select(torch.rand(2, 8), 4, 4)
+
+
+@pytest.mark.skipif(not HAS_CPP_OPS, reason="compiled ops not built")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_cpp_opcheck_and_dtypes(dtype):
+    costs = torch.randn(9, 12, dtype=dtype)
+    torch.library.opcheck(torch.ops.surgeon.nm_select.default, (costs, 2, 4))
+    groups, mask = ops.nm_select(costs, 1, 3, "cpp")
+    expected_groups, expected_mask = reference.nm_select(costs, 1, 3)
+    assert groups.dtype == dtype and torch.equal(mask, expected_mask)
+    torch.testing.assert_close(groups, expected_groups)
 
 
 @pytest.mark.requires_cuda
