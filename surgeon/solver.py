@@ -91,9 +91,13 @@ class Factors:
         """The same factors without G and A, which updates do not use (halves what is kept)."""
         return Factors(None, None, self.G_inv, self.A_inv)
 
-    def inverse_diagonals(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """diag(G⁻¹), diag(A⁻¹)."""
-        return self.G_inv.diagonal(), self.A_inv.diagonal()
+    def G_inv_diagonal(self) -> torch.Tensor:
+        """diag(G⁻¹)."""
+        return self.G_inv.diagonal()
+
+    def A_inv_diagonal(self) -> torch.Tensor:
+        """diag(A⁻¹)."""
+        return self.A_inv.diagonal()
 
     def inverse_rows(self, rows: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """G⁻¹[rows, :] and A⁻¹[cols, :]."""
@@ -123,9 +127,13 @@ class RootFactors:
         """The inverse roots of the (damped, SPD) factors."""
         return cls(G, A, inverse_root(G), inverse_root(A))
 
-    def inverse_diagonals(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """diag(G⁻¹), diag(A⁻¹): the squared row norms of the roots."""
-        return self.U_G.square().sum(1), self.U_A.square().sum(1)
+    def G_inv_diagonal(self) -> torch.Tensor:
+        """diag(G⁻¹): the squared row norms of U_G."""
+        return self.U_G.square().sum(1)
+
+    def A_inv_diagonal(self) -> torch.Tensor:
+        """diag(A⁻¹): the squared row norms of U_A."""
+        return self.U_A.square().sum(1)
 
     def inverse_rows(self, rows: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """G⁻¹[rows, :] = U_G[rows] U_Gᵀ and A⁻¹[cols, :] = U_A[cols] U_Aᵀ."""
@@ -148,17 +156,17 @@ def damp(matrix: torch.Tensor, strength: float) -> torch.Tensor:
 
 def element_costs_of(W: torch.Tensor, f: Factors | RootFactors) -> torch.Tensor:
     """L_rc = ½ W_rc² / ([G⁻¹]_rr [A⁻¹]_cc) (eq. 7, elements)."""
-    return 0.5 * W.square() / torch.outer(*f.inverse_diagonals())
+    return 0.5 * W.square() / torch.outer(f.G_inv_diagonal(), f.A_inv_diagonal())
 
 
 def row_costs_of(W: torch.Tensor, f: Factors | RootFactors) -> torch.Tensor:
     """L_r = ½ w_rᵀ A w_r / [G⁻¹]_rr (eq. 7, rows)."""
-    return 0.5 * ((W @ f.A) * W).sum(1) / f.inverse_diagonals()[0]
+    return 0.5 * ((W @ f.A) * W).sum(1) / f.G_inv_diagonal()
 
 
 def col_costs_of(W: torch.Tensor, f: Factors | RootFactors) -> torch.Tensor:
     """L_c = ½ w_cᵀ G w_c / [A⁻¹]_cc (eq. 7, columns)."""
-    return 0.5 * ((f.G @ W) * W).sum(0) / f.inverse_diagonals()[1]
+    return 0.5 * ((f.G @ W) * W).sum(0) / f.A_inv_diagonal()
 
 
 def element_costs(W: torch.Tensor, G: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
