@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from surgeon import baselines, curvature, solver, threshold
+from surgeon import baselines, channels, curvature, solver, threshold
 from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
 from surgeon.model import decoder_blocks, prunable_layers
@@ -75,7 +75,21 @@ def _diagonal_costs(W: torch.Tensor, entry: Optional[curvature.LayerFactors], co
     """OBD element costs of W[rows, cols] with the method's diagonal curvature (I where not estimated)."""
     g = _damped_diag(entry.G if entry else None, W.shape[0], config.damp_g, W.device)[rows]
     a = _damped_diag(entry.A if entry else None, W.shape[1], config.damp_a, W.device)[cols]
-    return baselines.diagonal_costs(W[rows][:, cols], g, a)
+    return baselines.diagonal_costs(solver.submatrix(W, rows, cols), g, a)
+
+
+def _dead(entry: curvature.LayerFactors, rows, cols, R: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which of `rows` (of R) and `cols` have an exactly zero raw curvature diagonal.
+
+    Such a row's output never reaches the loss (G_rr = 0: e.g. a gate row whose down-projection
+    column was removed) or such a column's input is always zero (A_cc = 0: e.g. the down-projection
+    column of a removed gate row). Removing it changes nothing, so its cost is exactly 0 — the
+    damped factors alone would price it like a live structure. Rows are never dead without G.
+    """
+    dead_cols = entry.A.diagonal()[cols] == 0
+    if entry.G is None:
+        return torch.zeros(R, dtype=torch.bool, device=dead_cols.device)[rows], dead_cols
+    return entry.G.diagonal()[rows] == 0, dead_cols
 
 
 def _with_bias_col(mask: torch.Tensor, layer: Layer, value: bool) -> torch.Tensor:
@@ -95,31 +109,38 @@ class _Kept:
     A_inv: PackedSymmetric
     roots: bool
 
-    def factors(self) -> solver.Factors | solver.RootFactors:
-        """The dense roots or inverses, all an update needs."""
-        if self.roots:
-            return solver.RootFactors(None, None, self.G_inv.upper(), self.A_inv.upper())
-        return solver.Factors(None, None, self.G_inv.dense(), self.A_inv.dense())
+
+class _Unpacker:
+    """The dense roots or inverses of each layer's `_Kept`, all an update needs.
+
+    Sibling layers (q/k/v, gate/up) are updated one after another and share one packed A: it is
+    unpacked once for all of them.
+    """
+
+    def __init__(self):
+        self._last: Optional[tuple[PackedSymmetric, torch.Tensor]] = None
+
+    def __call__(self, kept: _Kept) -> solver.Factors | solver.RootFactors:
+        unpack = PackedSymmetric.upper if kept.roots else PackedSymmetric.dense
+        if self._last is None or self._last[0] is not kept.A_inv:
+            self._last = (kept.A_inv, unpack(kept.A_inv))
+        kind = solver.RootFactors if kept.roots else solver.Factors
+        return kind(None, None, unpack(kept.G_inv), self._last[1])
 
 
 def _principal(packed: PackedSymmetric, index) -> torch.Tensor:
     """The principal submatrix M[index, index] of a packed factor (one gather; all of it for a slice)."""
     dense = packed.dense()
-    return dense if isinstance(index, slice) else dense[index.unsqueeze(1), index]
-
-
-# Devices on which structured shots use inverse roots instead of full inverses (bench/RESULTS.md:
-# on an H100 a 7B shot's costs fall from 15-17 s to 11-13 s; on the 2-core CPU the prune phase of a
-# SmolLM2 shot rises from 14.2 to 16.4 s, the packed root round trips costing more than the solve saves).
-ROOTS_ON = ("cuda",)
+    return solver.submatrix(dense, index, index)
 
 
 class _FactorInverter:
     """Damped G[rows, rows], A[cols, cols] of each layer, their inverses (or inverse roots), packed.
 
-    `roots`: structured shots need only inverse diagonals and a few rows (`solver.RootFactors`,
-    one triangular solve per factor, no second one), element shots the full inverses
-    (`solver.Factors`). Which is faster for structured shots was measured per device: `ROOTS_ON`.
+    `roots`: structured shots need only inverse diagonals and a few rows (`solver.RootFactors`:
+    one triangular inverse per factor; on the 2-core CPU a SmolLM2 shot's costs fall from 11.1 to
+    7.5 s, on an H100 a 7B shot's from 15-17 to 11-13 s), element shots the full inverses
+    (`solver.Factors`).
     Layers reading the same input (q/k/v, gate/up) come one after another and share the raw A:
     the damped A and its inverse are reused while the same A is asked for with the same columns
     (the slot holds a reference, so an identity match cannot be a recycled object).
@@ -167,8 +188,12 @@ def _finite_update(name: str, f: solver.Factors | solver.RootFactors, update, co
     return W
 
 
-def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig) -> dict[str, float]:
+def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig,
+                     coupled: list[channels.Coupling]) -> dict[str, float]:
     """Rows and columns: costs (eq. 7), global threshold, joint or within update (sec. 3.4).
+
+    The rows and columns that the chosen ones leave dead (`coupled` channels) are removed too and
+    count toward the target; they take no part in the updates (their inputs or outputs are gone).
 
     Between costs and updates each layer keeps only its packed inverses (weights are read again),
     so a shot never holds more than the factors' packed size plus one layer's dense work.
@@ -176,7 +201,7 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
     """
     plans, row_costs, col_costs = [], [], []
     device = layers[0].mask.device
-    factors = _FactorInverter(config, roots=device.type in ROOTS_ON)
+    factors = _FactorInverter(config, roots=True)
     times = [_clock(device)]
     for layer in layers:
         W, R, C = layer.weight(), layer.module.out_features, layer.module.in_features
@@ -188,30 +213,39 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
         kept = None
         if config.method == "surgeon":
             f, kept = factors(entry, keep_r, keep_c)
-            sub = W[keep_r][:, keep_c]
+            sub = solver.submatrix(W, keep_r, keep_c)
             rc, cc = solver.row_costs_of(sub, f), solver.col_costs_of(sub, f)
         else:
             e = _diagonal_costs(W, entry, config, keep_r, keep_c)
             rc, cc = e.sum(1), e.sum(0)
+        if entry is not None:
+            dead_r, dead_c = _dead(entry, keep_r, keep_c, R)
+            rc, cc = rc.masked_fill(dead_r, 0), cc.masked_fill(dead_c, 0)
         rows[keep_r] = rc
         cols[keep_c[keep_c < C]] = cc[: int((keep_c < C).sum())]
         plans.append((keep_r, keep_c, kept))
         row_costs.append(rows)
         col_costs.append(cols)
     times.append(_clock(device))
-    row_sel, col_sel = threshold.structured_selection(row_costs, col_costs, target_zeros)
+    def with_dead(rows: list[torch.Tensor], cols: list[torch.Tensor]) -> tuple[list, list]:
+        return channels.with_dead(coupled, rows, cols)
+
+    row_sel, col_sel = threshold.structured_selection(row_costs, col_costs, target_zeros, with_dead)
+    removed_rows, removed_cols = with_dead(row_sel, col_sel)
     times.append(_clock(device))
-    for layer, (keep_r, keep_c, kept), new_rows, new_cols in zip(layers, plans, row_sel, col_sel):
+    unpack = _Unpacker()
+    for layer, (keep_r, keep_c, kept), new_rows, new_cols, rows_out, cols_out in zip(
+            layers, plans, row_sel, col_sel, removed_rows, removed_cols):
         W = layer.weight()
         if kept is not None:
             p = new_rows[keep_r].nonzero().squeeze(1)
             q = torch.isin(keep_c, new_cols.nonzero().squeeze(1)).nonzero().squeeze(1)
-            sub = W[keep_r][:, keep_c]
-            W[keep_r.unsqueeze(1), keep_c.unsqueeze(0)] = _finite_update(
-                layer.name, kept.factors(), lambda g: solver.structured_update_of(sub, g, p, q, config.correlation),
-                config)
-        layer.rows, layer.cols = new_rows, new_cols
-        layer.mask = new_rows.unsqueeze(1) | new_cols.unsqueeze(0)
+            sub = solver.submatrix(W, keep_r, keep_c)
+            solver.put_submatrix(W, keep_r, keep_c, _finite_update(
+                layer.name, unpack(kept), lambda g: solver.structured_update_of(sub, g, p, q, config.correlation),
+                config))
+        layer.rows, layer.cols = rows_out, cols_out
+        layer.mask = rows_out.unsqueeze(1) | cols_out.unsqueeze(0)
         layer.store(W)
     times.append(_clock(device))
     return _phases(times)
@@ -235,6 +269,9 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
             e = solver.element_costs_of(W, f)[:, :C]
         else:
             e = _diagonal_costs(W, entry, config, slice(None), slice(None))[:, :C]
+        if entry is not None:
+            dead_r, dead_c = _dead(entry, slice(None), slice(0, C), W.shape[0])
+            e = e.masked_fill(dead_r.unsqueeze(1) | dead_c.unsqueeze(0), 0)
         plans.append(kept)
         costs.append(e.masked_fill(layer.mask, float("-inf")))
     times.append(_clock(device))
@@ -242,12 +279,13 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
     masks = (threshold.nm_selection(costs, *nm, target_zeros, config.backend) if nm
              else threshold.smallest_k(costs, target_zeros, config.backend))
     times.append(_clock(device))
+    unpack = _Unpacker()
     for layer, kept, mask in zip(layers, plans, masks):
         layer.mask = mask | layer.mask
         W = layer.weight()
         if kept is not None:
             pruned, original = _with_bias_col(layer.mask, layer, False), W
-            W = _finite_update(layer.name, kept.factors(), lambda g: solver.unstructured_update_of(
+            W = _finite_update(layer.name, unpack(kept), lambda g: solver.unstructured_update_of(
                 original, g, pruned, config.max_correlate or None, config.chunk_semantics, config.cg_tol,
                 config.cg_max_iter, config.backend), config)
         layer.store(W)
@@ -312,6 +350,7 @@ def prune(model: nn.Module, calibration: torch.Tensor, config: PruneConfig, prog
     if config.method in PER_LAYER and config.nm and config.shots != 1:
         raise SurgeonError(f"{config.method} prunes N:M in one shot; use --shots 1")
     total = sum(layer.module.weight.numel() for layer in layers)
+    coupled = channels.couplings(model, [name for name, _ in named])
     device = next(model.parameters()).device
     report = PruneReport(config=dataclasses.asdict(config))
     start = time.perf_counter()
@@ -330,7 +369,7 @@ def prune(model: nn.Module, calibration: torch.Tensor, config: PruneConfig, prog
             if config.method in PER_LAYER:  # "prune" time includes their input estimation
                 _per_layer_shot(model, layers, calibration, target_size, config)
             elif config.structure == "structured":
-                phases = _structured_shot(layers, raw, target_zeros, config)
+                phases = _structured_shot(layers, raw, target_zeros, config, coupled)
             else:
                 phases = _element_shot(layers, raw, target_zeros, config)
         t2 = _clock(device)

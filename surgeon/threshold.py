@@ -7,6 +7,8 @@ pruned carry cost −inf, so they are always kept pruned and count toward the ta
 
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 import torch
 
 from surgeon.errors import SurgeonError
@@ -37,34 +39,40 @@ def smallest_k(costs: list[torch.Tensor], k: int, backend: str = "auto") -> list
     return masks
 
 
+Masks = list[torch.Tensor]
+
+
 def structured_selection(
-    row_costs: list[torch.Tensor], col_costs: list[torch.Tensor], target_zeros: int
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    row_costs: list[torch.Tensor], col_costs: list[torch.Tensor], target_zeros: int,
+    extend: Optional[Callable[[Masks, Masks], tuple[Masks, Masks]]] = None,
+) -> tuple[Masks, Masks]:
     """Rows and columns to remove so that at least `target_zeros` weights are zero (sec. 3.3).
 
     Structures are taken cheapest first over all layers; a row of a layer with q removed
     columns newly removes C − q weights (and vice versa), so removing p rows and q columns of an
-    R×C layer zeroes RC − (R−p)(C−q). The shortest prefix of the cost order that reaches the
-    target is found by bisection, counting each layer's rows and columns in the prefix.
+    R×C layer zeroes RC − (R−p)(C−q). `extend` adds what a choice removes along with it (dead
+    channels, `surgeon.channels`), counted too. The shortest prefix of the cost order that reaches
+    the target is found by bisection. Returns the chosen structures (without the extension).
     """
     shapes = [(r.numel(), c.numel()) for r, c in zip(row_costs, col_costs)]
     flat = torch.cat([t.reshape(-1).double().cpu() for pair in zip(row_costs, col_costs) for t in pair])
     order = torch.argsort(flat, stable=True)
     rank = torch.empty_like(order)
     rank[order] = torch.arange(order.numel())
-    sorted_ranks, offset = [], 0
+    row_ranks, col_ranks, offset = [], [], 0
     for R, C in shapes:
-        sorted_ranks.append((rank[offset : offset + R].sort().values, rank[offset + R : offset + R + C].sort().values))
+        row_ranks.append(rank[offset : offset + R])
+        col_ranks.append(rank[offset + R : offset + R + C])
         offset += R + C
 
+    def chosen(prefix: int) -> tuple[Masks, Masks]:
+        return [r < prefix for r in row_ranks], [c < prefix for c in col_ranks]
+
     def zeros_after(prefix: int) -> int:
-        bound = torch.tensor([prefix])
-        total = 0
-        for (R, C), (rows, cols) in zip(shapes, sorted_ranks):
-            p = int(torch.searchsorted(rows, bound)) if R else 0
-            q = int(torch.searchsorted(cols, bound)) if C else 0
-            total += R * C - (R - p) * (C - q)
-        return total
+        rows, cols = chosen(prefix)
+        if extend is not None:
+            rows, cols = extend(rows, cols)
+        return sum(R * C - (R - int(r.sum())) * (C - int(c.sum())) for (R, C), r, c in zip(shapes, rows, cols))
 
     if target_zeros > zeros_after(flat.numel()):
         raise SurgeonError(f"cannot zero {target_zeros} weights by removing rows and columns")
@@ -75,12 +83,8 @@ def structured_selection(
             high = mid
         else:
             low = mid + 1
-    row_masks, col_masks, offset = [], [], 0
-    for (R, C), r, c in zip(shapes, row_costs, col_costs):
-        row_masks.append((rank[offset : offset + R] < low).to(r.device))
-        col_masks.append((rank[offset + R : offset + R + C] < low).to(c.device))
-        offset += R + C
-    return row_masks, col_masks
+    rows, cols = chosen(low)
+    return [m.to(r.device) for m, r in zip(rows, row_costs)], [m.to(c.device) for m, c in zip(cols, col_costs)]
 
 
 def nm_selection(costs: list[torch.Tensor], n: int, m: int, target_zeros: int, backend: str = "auto") -> list[torch.Tensor]:

@@ -74,7 +74,11 @@ class PackedSymmetric:
 
     def upper(self) -> torch.Tensor:
         """The upper triangle as a dense matrix: the matrix itself when an upper-triangular one was packed."""
-        return torch.triu(self.dense())
+        nb, t = self.blocks, self.tile
+        full = self.tiles.new_zeros(nb * t, nb * t)
+        i, j = self.index()
+        full.view(nb, t, nb, t).transpose(1, 2)[i, j] = self.tiles
+        return full[: self.n, : self.n].triu_()
 
     def diagonal(self) -> torch.Tensor:
         """The n diagonal entries."""

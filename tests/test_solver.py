@@ -297,3 +297,26 @@ def test_root_factors_agree_with_full_inverses(gen):
                                    solver.structured_update_of(W, full, rows, cols, correlation), **FLOAT64)
     torch.testing.assert_close(solver.row_costs_of(W, roots), solver.row_costs_of(W, full), **FLOAT64)
     torch.testing.assert_close(solver.col_costs_of(W, roots), solver.col_costs_of(W, full), **FLOAT64)
+
+
+@pytest.mark.parametrize("n", [1, 7, 128, 129, 200, 257, 513])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_lower_inverse_matches_triangular_solve(n, dtype, gen):
+    """The recursive halves (n > RECURSION_BASE, odd splits included) give L⁻¹, lower-triangular."""
+    L = torch.linalg.cholesky(random_spd(n, gen)).to(dtype)
+    X = solver.lower_inverse(L)
+    expected = torch.linalg.solve_triangular(L.double(), torch.eye(n, dtype=torch.float64), upper=False)
+    assert torch.equal(X, X.tril())
+    tolerance = dict(rtol=1e-4, atol=1e-4 * expected.abs().max().item()) if dtype == torch.float32 else FLOAT64
+    torch.testing.assert_close(X.double(), expected, **tolerance)
+
+
+def test_submatrix_and_put_submatrix_match_advanced_indexing(gen):
+    M = torch.randn(9, 7, generator=gen)
+    rows, cols = torch.tensor([0, 3, 4, 8]), torch.tensor([1, 2, 6])
+    assert torch.equal(solver.submatrix(M, rows, cols), M[rows.unsqueeze(1), cols])
+    assert torch.equal(solver.submatrix(M, slice(None), cols), M[:, cols])
+    block = torch.randn(4, 3, generator=gen)
+    expected = M.clone()
+    expected[rows.unsqueeze(1), cols] = block
+    assert torch.equal(solver.put_submatrix(M.clone(), rows, cols, block), expected)

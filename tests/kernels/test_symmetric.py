@@ -61,3 +61,5 @@ def test_isfinite():
 def test_upper_triangular_round_trip(n, tile):
     U = torch.triu(symmetric(n, seed=n + 1))
     assert torch.equal(PackedSymmetric.pack(U, tile).upper(), U)
+    M = symmetric(n, seed=n + 2)
+    assert torch.equal(PackedSymmetric.pack(M, tile).upper(), torch.triu(M))
