@@ -1,0 +1,31 @@
+"""Microbenchmarks: the inverse root U = L⁻ᵀ of a damped factor (structured shots), CPU.
+
+    python -m pytest bench/bench_inverse_root.py --benchmark-only
+
+`solver.lower_inverse` recurses on halves (two GEMMs per level) where the plain way is one
+triangular solve against I; `cholesky_inverse` (the full inverse, what element shots use) is
+the third column. Fractions are of the measured GEMM rate, counting n³/3 flops for a triangular
+inverse and 2n³/3 for `cholesky_inverse` (the work they must do at least).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from surgeon import solver
+
+WAYS = {
+    "recursive": solver.lower_inverse,
+    "solve_triangular": lambda L: torch.linalg.solve_triangular(L, torch.eye(L.shape[0]), upper=False),
+    "cholesky_inverse": torch.cholesky_inverse,
+}
+
+
+@pytest.mark.parametrize("way", list(WAYS))
+@pytest.mark.parametrize("n", [576, 1536])
+def test_lower_inverse(benchmark, roofline, n, way):
+    x = torch.randn(n, 2 * n, generator=torch.Generator().manual_seed(0))
+    L = torch.linalg.cholesky(solver.damp(x @ x.T / (2 * n), 0.1))
+    benchmark(WAYS[way], L)
+    roofline(flops=(2 if way == "cholesky_inverse" else 1) * n**3 / 3)
