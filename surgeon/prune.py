@@ -8,6 +8,7 @@ keep every pruned weight exactly zero, and optionally run interleaved LoRA corre
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -138,8 +139,8 @@ class _FactorInverter:
     """Damped G[rows, rows], A[cols, cols] of each layer, their inverses (or inverse roots), packed.
 
     `roots`: structured shots need only inverse diagonals and a few rows (`solver.RootFactors`:
-    one triangular inverse per factor; on the 2-core CPU a SmolLM2 shot's costs fall from 11.1 to
-    7.5 s, on an H100 a 7B shot's from 15-17 to 11-13 s), element shots the full inverses
+    one triangular inverse per factor; bench/RESULTS.md: a SmolLM2 shot's prune phase on the
+    2-core CPU 11.3-13.5 -> 9.0-11.6 s, a 7B shot's costs on an H100 15-17 -> 11-13 s), element shots the full inverses
     (`solver.Factors`).
     Layers reading the same input (q/k/v, gate/up) come one after another and share the raw A:
     the damped A and its inverse are reused while the same A is asked for with the same columns
@@ -227,9 +228,7 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
         row_costs.append(rows)
         col_costs.append(cols)
     times.append(_clock(device))
-    def with_dead(rows: list[torch.Tensor], cols: list[torch.Tensor]) -> tuple[list, list]:
-        return channels.with_dead(coupled, rows, cols)
-
+    with_dead = functools.partial(channels.with_dead, coupled)
     row_sel, col_sel = threshold.structured_selection(row_costs, col_costs, target_zeros, with_dead)
     removed_rows, removed_cols = with_dead(row_sel, col_sel)
     times.append(_clock(device))

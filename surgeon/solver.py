@@ -44,7 +44,8 @@ def inverse_root(matrix: torch.Tensor) -> torch.Tensor:
 
 
 # Devices on which `lower_inverse` recurses on halves (two half-size inverses and two GEMMs): on the
-# 2-core CPU 21.6 ms at n = 1536 against 50 ms for a triangular solve against I (bench/RESULTS.md).
+# 2-core CPU 19.3 ms at n = 1536 against 46.5 ms for a triangular solve against I
+# (bench/bench_inverse_root.py, bench/RESULTS.md).
 # Elsewhere the solve is kept, as measured in the H100 runs.
 RECURSIVE_INVERSE_ON = ("cpu",)
 RECURSION_BASE = 128
