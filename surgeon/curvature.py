@@ -1,11 +1,16 @@
 """Kronecker factors G ⊗ A of every prunable layer from one pass over the calibration data (eq. 6).
 
-Forward hooks add each layer's inputs to A, and tensor hooks on the layer outputs add the output
-gradients to G during the backward pass; A = (1/√N) Σ a aᵀ and G = (1/√N) Σ g gᵀ over the N
-calibration tokens. Only input gradients are computed (weights do not require grad). Layers that
-read the same input tensor (q/k/v, gate/up) share one A. A layer with a bias gets an extra
-constant-1 input column in A. Factors are accumulated in packed symmetric form
-(`surgeon_kernels.symmetric.PackedSymmetric`: upper-triangle tiles, about half the memory).
+Forward hooks add each layer's inputs to A, and full backward hooks add the output gradients to G
+during the backward pass; A = (1/√N) Σ a aᵀ and G = (1/√N) Σ g gᵀ over the N calibration tokens.
+Only input gradients are computed (weights do not require grad). Layers that read the same input
+tensor (q/k/v, gate/up) share one A. A layer with a bias gets an extra constant-1 input column in
+A. Factors are accumulated in packed symmetric form (`surgeon_kernels.symmetric.PackedSymmetric`:
+upper-triangle tiles, about half the memory).
+
+The same pass gives the numerators of the structured costs (eq. 7) without a GEMM: for a row,
+w_rᵀ A w_r = (1/√N) Σ_n y_nr² (the layer's squared outputs, bias included); for a column,
+w_cᵀ G w_c = (1/√N) Σ_n (g_n W)_c² (the squared gradient the layer passes to its input, which
+the backward pass computes anyway).
 """
 
 from __future__ import annotations
@@ -27,10 +32,32 @@ from surgeon_kernels.symmetric import PackedSymmetric
 
 @dataclass
 class LayerFactors:
-    """Raw (undamped) Kronecker factors of one layer, packed; `A` may be shared with sibling layers."""
+    """Raw (undamped) Kronecker factors of one layer, packed; `A` may be shared with sibling layers.
+
+    With G come `row_quadratic` [R] = diag(W A Wᵀ) and `col_quadratic` [C] = diag(Wᵀ G W) (bias
+    column excluded) of the weights the pass ran with.
+    """
 
     A: Optional[PackedSymmetric]
     G: Optional[PackedSymmetric]
+    row_quadratic: Optional[torch.Tensor] = None
+    col_quadratic: Optional[torch.Tensor] = None
+
+
+def _square_sums(t: torch.Tensor) -> torch.Tensor:
+    """Σ over all tokens of t² per feature (last dimension), in float32 at least."""
+    dtype = torch.promote_types(t.dtype, torch.float32)
+    return torch.linalg.vector_norm(t.detach().reshape(-1, t.shape[-1]), dim=0, dtype=dtype).square()
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two live tensors view the same memory the same way.
+
+    Identity cannot be used: full backward hooks hand each layer its own alias of a shared input.
+    Both tensors are alive, so an equal address means the same memory, not a recycled one.
+    """
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype)
 
 
 class _Collector:
@@ -48,9 +75,10 @@ class _Collector:
         x = inputs[0]
         bias = module.bias is not None
         if name not in self.owner:
-            # A layer reading the very tensor object its predecessor read (q/k/v, gate/up) shares A.
+            # A layer reading the very tensor its predecessor read (q/k/v, gate/up) shares A.
             last = self._last
-            shares = last is not None and last[0] is x and (self.layers_by_name[last[1]].bias is not None) == bias
+            shares = (last is not None and _same_tensor(last[0], x)
+                      and (self.layers_by_name[last[1]].bias is not None) == bias)
             self.owner[name] = self.owner[last[1]] if shares else name
             width = module.in_features + int(bias)
             if not shares:
@@ -62,13 +90,17 @@ class _Collector:
             flat = x.detach().reshape(-1, x.shape[-1])
             ops.kfac_accumulate(self.factors[name].A, flat, self.scale, bias, self.backend)
         if self.need_g and output.requires_grad:
-            output.register_hook(lambda g, name=name: self._backward(name, g))
+            entry = self.factors[name]
+            entry.row_quadratic = _accumulate(entry.row_quadratic, self.scale * _square_sums(output))
 
-    def _backward(self, name: str, grad: torch.Tensor) -> None:
-        entry = self.factors[name]
+    def _backward(self, name: str, grad_input: tuple, grad_output: tuple) -> None:
+        entry, grad, passed = self.factors[name], grad_output[0], grad_input[0]
         if entry.G is None:
             entry.G = PackedSymmetric.zeros(grad.shape[-1], grad.device)
         ops.kfac_accumulate(entry.G, grad.reshape(-1, grad.shape[-1]), self.scale, False, self.backend)
+        if passed is None:
+            raise SurgeonError(f"layer {name} passed no gradient to its input: its input does not depend on the embeddings")
+        entry.col_quadratic = _accumulate(entry.col_quadratic, self.scale * _square_sums(passed))
 
     @contextmanager
     def hooks(self) -> Iterator["_Collector"]:
@@ -76,6 +108,9 @@ class _Collector:
         for name, module in self.layers:
             self._handles.append(module.register_forward_hook(
                 lambda mod, inp, out, name=name: self._forward(name, mod, inp, out)))
+            if self.need_g:
+                self._handles.append(module.register_full_backward_hook(
+                    lambda mod, grad_in, grad_out, name=name: self._backward(name, grad_in, grad_out)))
         try:
             yield self
         finally:
@@ -83,6 +118,11 @@ class _Collector:
                 handle.remove()
             self._handles.clear()
             self._last = None
+
+
+def _accumulate(total: Optional[torch.Tensor], term: torch.Tensor) -> torch.Tensor:
+    """total + term, where a missing total counts as zero."""
+    return term if total is None else total.add_(term)
 
 
 @contextmanager

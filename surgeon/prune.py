@@ -79,6 +79,21 @@ def _diagonal_costs(W: torch.Tensor, entry: Optional[curvature.LayerFactors], co
     return baselines.diagonal_costs(solver.submatrix(W, rows, cols), g, a)
 
 
+def _structure_costs(W: torch.Tensor, entry: curvature.LayerFactors, f: solver.RootFactors, keep_r: torch.Tensor,
+                     keep_c: torch.Tensor, real: int, config: PruneConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Costs (eq. 7) of the kept rows and the first `real` kept columns of W, numerators from the curvature pass.
+
+    Removed rows and columns of W are zero, so the pass's diag(W A Wᵀ) and diag(Wᵀ G W) are those
+    of the kept block W[keep_r, keep_c]; damping adds δ‖w‖² (`solver.damped_quadratic`) with the
+    δ of the damped factors in `f`. A bias column (last in `keep_c`) adds to row costs only.
+    """
+    sub = solver.submatrix(W, keep_r, keep_c)
+    row_q = solver.damped_quadratic(entry.row_quadratic[keep_r], sub, entry.A.diagonal()[keep_c], config.damp_a, 1)
+    col_q = solver.damped_quadratic(entry.col_quadratic[keep_c[:real]], sub[:, :real], entry.G.diagonal()[keep_r],
+                                    config.damp_g, 0)
+    return solver.structure_costs(row_q, f.G_inv_diagonal()), solver.structure_costs(col_q, f.A_inv_diagonal()[:real])
+
+
 def _dead(entry: curvature.LayerFactors, rows, cols, R: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Which of `rows` (of R) and `cols` have an exactly zero raw curvature diagonal.
 
@@ -207,23 +222,23 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
     for layer in layers:
         W, R, C = layer.weight(), layer.module.out_features, layer.module.in_features
         keep_r = (~layer.rows).nonzero().squeeze(1)
-        keep_c = (~_with_bias_col(layer.cols.unsqueeze(0), layer, False)[0]).nonzero().squeeze(1)
+        real_c = (~layer.cols).nonzero().squeeze(1)  # kept columns that are structures (not the bias)
+        keep_c = torch.cat([real_c, real_c.new_tensor([C])]) if layer.bias else real_c
         rows = torch.full((R,), float("-inf"), device=W.device)
         cols = torch.full((C,), float("-inf"), device=W.device)
         entry = raw.pop(layer.name, None)  # frees each raw factor after its last layer
         kept = None
         if config.method == "surgeon":
             f, kept = factors(entry, keep_r, keep_c)
-            sub = solver.submatrix(W, keep_r, keep_c)
-            rc, cc = solver.row_costs_of(sub, f), solver.col_costs_of(sub, f)
+            rc, cc = _structure_costs(W, entry, f, keep_r, keep_c, real_c.numel(), config)
         else:
             e = _diagonal_costs(W, entry, config, keep_r, keep_c)
-            rc, cc = e.sum(1), e.sum(0)
+            rc, cc = e.sum(1), e.sum(0)[: real_c.numel()]
         if entry is not None:
-            dead_r, dead_c = _dead(entry, keep_r, keep_c, R)
+            dead_r, dead_c = _dead(entry, keep_r, real_c, R)
             rc, cc = rc.masked_fill(dead_r, 0), cc.masked_fill(dead_c, 0)
         rows[keep_r] = rc
-        cols[keep_c[keep_c < C]] = cc[: int((keep_c < C).sum())]
+        cols[real_c] = cc
         plans.append((keep_r, keep_c, kept))
         row_costs.append(rows)
         col_costs.append(cols)

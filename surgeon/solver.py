@@ -163,11 +163,26 @@ class RootFactors:
         return self.U_G @ self.U_G.T, self.U_A @ self.U_A.T
 
 
+def damping(diagonal: torch.Tensor, strength: float) -> torch.Tensor:
+    """δ = λ·mean(diag M), what `damp` adds to the diagonal of M (paper app. "Dampening")."""
+    return strength * diagonal.mean()
+
+
 def damp(matrix: torch.Tensor, strength: float) -> torch.Tensor:
     """`M + λ·mean(diag M)·I` (paper app. "Dampening")."""
     out = matrix.clone()
-    out.diagonal().add_(strength * matrix.diagonal().mean())
+    out.diagonal().add_(damping(matrix.diagonal(), strength))
     return out
+
+
+def damped_quadratic(raw: torch.Tensor, W: torch.Tensor, diagonal: torch.Tensor, strength: float,
+                     dim: int) -> torch.Tensor:
+    """wᵀ (M + δI) w = wᵀ M w + δ‖w‖² for each row (dim=1) or column (dim=0) w of W, given `raw` = wᵀ M w.
+
+    δ = `damping(diagonal, strength)` with `diagonal` = diag M: the damped numerators of eq. 7
+    from undamped ones (`curvature.LayerFactors.row_quadratic`, `col_quadratic`).
+    """
+    return raw + damping(diagonal, strength) * W.square().sum(dim)
 
 
 # ---------------------------------------------------------------- costs (eq. 7)
@@ -178,14 +193,19 @@ def element_costs_of(W: torch.Tensor, f: Factors | RootFactors) -> torch.Tensor:
     return 0.5 * W.square() / torch.outer(f.G_inv_diagonal(), f.A_inv_diagonal())
 
 
+def structure_costs(quadratic: torch.Tensor, inverse_diagonal: torch.Tensor) -> torch.Tensor:
+    """L_r = ½ w_rᵀ A w_r / [G⁻¹]_rr, L_c = ½ w_cᵀ G w_c / [A⁻¹]_cc (eq. 7, rows and columns) from the numerators."""
+    return 0.5 * quadratic / inverse_diagonal
+
+
 def row_costs_of(W: torch.Tensor, f: Factors | RootFactors) -> torch.Tensor:
     """L_r = ½ w_rᵀ A w_r / [G⁻¹]_rr (eq. 7, rows)."""
-    return 0.5 * ((W @ f.A) * W).sum(1) / f.G_inv_diagonal()
+    return structure_costs(((W @ f.A) * W).sum(1), f.G_inv_diagonal())
 
 
 def col_costs_of(W: torch.Tensor, f: Factors | RootFactors) -> torch.Tensor:
     """L_c = ½ w_cᵀ G w_c / [A⁻¹]_cc (eq. 7, columns)."""
-    return 0.5 * ((f.G @ W) * W).sum(0) / f.A_inv_diagonal()
+    return structure_costs(((f.G @ W) * W).sum(0), f.A_inv_diagonal())
 
 
 def element_costs(W: torch.Tensor, G: torch.Tensor, A: torch.Tensor) -> torch.Tensor:

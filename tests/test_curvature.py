@@ -70,3 +70,32 @@ def test_stop_after_block_gives_the_same_inputs_and_skips_later_blocks():
         torch.testing.assert_close(stopped[name].A.dense(), full[name].A.dense())
     with pytest.raises(ValueError, match="need_g=False"):
         curvature.estimate(model, first, windows, stop_after=blocks[0])
+
+
+@pytest.mark.parametrize("arch", ["llama", "opt"])
+def test_cost_numerators_match_the_factors(arch):
+    """row_quadratic = diag(W A Wᵀ) with the bias column, col_quadratic = diag(Wᵀ G W) (eq. 7 numerators)."""
+    model = tiny_model(arch).double()
+    named = [pair for block in prunable_layers(model) for pair in block]
+    for _, module in named[:3]:  # removed rows and columns are zero in W, as in a pruned model
+        module.weight.data[1] = 0
+        module.weight.data[:, 2] = 0
+    windows = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(1))
+    raw = curvature.estimate(model, named, windows, backend="torch")
+    for name, module in named:
+        W = module.weight.detach()
+        if module.bias is not None:
+            W = torch.cat([W, module.bias.detach().unsqueeze(1)], 1)
+        A, G = raw[name].A.dense().double(), raw[name].G.dense().double()
+        torch.testing.assert_close(raw[name].row_quadratic.double(), ((W @ A) * W).sum(1), rtol=1e-5, atol=1e-7)
+        C = module.in_features
+        torch.testing.assert_close(raw[name].col_quadratic.double(), ((G @ W[:, :C]) * W[:, :C]).sum(0),
+                                   rtol=1e-5, atol=1e-7)
+        assert raw[name].row_quadratic.abs().sum() > 0 and raw[name].col_quadratic.abs().sum() > 0
+
+
+def test_no_cost_numerators_without_g():
+    model = tiny_model("llama")
+    named = [pair for block in prunable_layers(model) for pair in block]
+    raw = curvature.estimate(model, named, torch.randint(0, 96, (1, 8)), need_g=False)
+    assert all(f.row_quadratic is None and f.col_quadratic is None and f.G is None for f in raw.values())

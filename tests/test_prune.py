@@ -217,3 +217,31 @@ def test_structures_with_zero_curvature_go_first(structure, method):
     for layer in (mlp.gate_proj, mlp.up_proj):
         pruned = (layer.weight == 0).all(1).nonzero().squeeze(1)
         assert torch.equal(pruned, dead) and int((layer.weight == 0).sum()) == dead.numel() * layer.weight.shape[1]
+
+
+@pytest.mark.parametrize("arch", ["llama", "opt"])
+def test_structured_costs_from_the_pass_equal_the_costs_from_the_factors(arch):
+    """After a shot (rows and columns removed, OPT biases), the pass's numerators give eq. 7 (float32)."""
+    from surgeon import curvature, solver
+    from surgeon.prune import _FactorInverter, _structure_costs
+
+    model = tiny_model(arch)
+    prune(model, calibration(), PruneConfig(structure="structured", target_size=0.75, shots=1), progress=False)
+    named = [pair for block in prunable_layers(model) for pair in block]
+    raw = curvature.estimate(model, named, calibration(seed=1))
+    config = PruneConfig(structure="structured", damp_a=0.5, damp_g=0.5)  # strong damping: its algebra shows
+    removed = 0
+    for name, module in named:
+        W = module.weight.detach()
+        if module.bias is not None:
+            W = torch.cat([W, module.bias.detach().unsqueeze(1)], 1)
+        keep_r = (W != 0).any(1).nonzero().squeeze(1)
+        keep_c = (W != 0).any(0).nonzero().squeeze(1)
+        removed += (W.shape[0] - keep_r.numel()) + (W.shape[1] - keep_c.numel())
+        f, _ = _FactorInverter(config, roots=True)(raw[name], keep_r, keep_c)
+        real = int((keep_c < module.in_features).sum())
+        rows, cols = _structure_costs(W, raw[name], f, keep_r, keep_c, real, config)
+        sub = solver.submatrix(W, keep_r, keep_c)
+        torch.testing.assert_close(rows, solver.row_costs_of(sub, f), rtol=1e-5, atol=1e-9)
+        torch.testing.assert_close(cols, solver.col_costs_of(sub, f)[:real], rtol=1e-5, atol=1e-9)
+    assert removed > 0

@@ -320,3 +320,15 @@ def test_submatrix_and_put_submatrix_match_advanced_indexing(gen):
     expected = M.clone()
     expected[rows.unsqueeze(1), cols] = block
     assert torch.equal(solver.put_submatrix(M.clone(), rows, cols, block), expected)
+
+
+@pytest.mark.parametrize("R,C", SHAPES)
+def test_damped_quadratic_is_the_quadratic_form_of_the_damped_factor(R, C, gen):
+    W, G, A = problem(R, C, gen)
+    for strength in (0.0, 0.1, 3.0):
+        rows = solver.damped_quadratic(((W @ A) * W).sum(1), W, A.diagonal(), strength, 1)
+        torch.testing.assert_close(rows, ((W @ solver.damp(A, strength)) * W).sum(1), **FLOAT64)
+        cols = solver.damped_quadratic(((G @ W) * W).sum(0), W, G.diagonal(), strength, 0)
+        torch.testing.assert_close(cols, ((solver.damp(G, strength) @ W) * W).sum(0), **FLOAT64)
+    assert not torch.allclose(solver.damped_quadratic(((W @ A) * W).sum(1), W, A.diagonal(), 0.5, 1),
+                              ((W @ A) * W).sum(1))
