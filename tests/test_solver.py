@@ -332,3 +332,17 @@ def test_damped_quadratic_is_the_quadratic_form_of_the_damped_factor(R, C, gen):
         torch.testing.assert_close(cols, ((solver.damp(G, strength) @ W) * W).sum(0), **FLOAT64)
     assert not torch.allclose(solver.damped_quadratic(((W @ A) * W).sum(1), W, A.diagonal(), 0.5, 1),
                               ((W @ A) * W).sum(1))
+
+
+def test_whole_index_reads_and_writes_without_copies_and_permutations_still_gather(gen):
+    M = torch.randn(5, 4, generator=gen)
+    every_row, every_col = torch.arange(5), torch.arange(4)
+    assert solver.submatrix(M, every_row, every_col).data_ptr() == M.data_ptr()  # no copy
+    permuted = torch.tensor([1, 0, 2, 3, 4])  # as many entries as rows, but not the identity
+    assert torch.equal(solver.submatrix(M, permuted, every_col), M[permuted])
+    assert torch.equal(solver.submatrix(M, every_row, torch.tensor([0, 1, 2, 2])), M[:, [0, 1, 2, 2]])
+    block = torch.randn(5, 4, generator=gen)
+    target = torch.zeros(5, 4)
+    assert solver.put_submatrix(target, every_row, every_col, block) is target and torch.equal(target, block)
+    scattered = solver.put_submatrix(torch.zeros(5, 4), permuted, every_col, block)
+    assert torch.equal(scattered[permuted], block)
