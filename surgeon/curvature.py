@@ -1,11 +1,11 @@
 """Kronecker factors G ⊗ A of every prunable layer from one pass over the calibration data (eq. 6).
 
-Forward pre-hooks add each layer's inputs to A, and tensor hooks on the layer outputs add the output
-gradients to G during the backward pass; A = (1/√N) Σ a aᵀ and G = (1/√N) Σ g gᵀ over the N calibration tokens.
-Only input gradients are computed (weights do not require grad). Layers that read the same input
-tensor (q/k/v, gate/up) share one A. A layer with a bias gets an extra constant-1 input column in
-A. Factors are accumulated in packed symmetric form (`surgeon_kernels.symmetric.PackedSymmetric`:
-upper-triangle tiles, about half the memory).
+Forward pre-hooks add each layer's inputs to A, and tensor hooks on the layer outputs add the
+output gradients to G during the backward pass; A = (1/√N) Σ a aᵀ and G = (1/√N) Σ g gᵀ over the N
+calibration tokens. Only input gradients are computed (weights do not require grad). Layers that
+read the same input tensor (q/k/v, gate/up) share one A. A layer with a bias gets an extra
+constant-1 input column in A. Factors are accumulated in packed symmetric form
+(`surgeon_kernels.symmetric.PackedSymmetric`: upper-triangle tiles, about half the memory).
 
 The same pass gives the numerators of the structured costs (eq. 7) without a GEMM: for a row,
 w_rᵀ A w_r = (1/√N) Σ_n y_nr² (the layer's squared outputs, bias included); for a column,
@@ -48,6 +48,11 @@ def _square_sums(t: torch.Tensor) -> torch.Tensor:
     """Σ over all tokens of t² per feature (last dimension), in float32 at least."""
     flat = t.detach().reshape(-1, t.shape[-1])
     return flat.to(torch.promote_types(t.dtype, torch.float32)).square().sum(0)  # 4-7x vector_norm(dim=0) on the CPU
+
+
+def _accumulate(total: Optional[torch.Tensor], term: torch.Tensor) -> torch.Tensor:
+    """total + term, where a missing total counts as zero."""
+    return term if total is None else total.add_(term)
 
 
 class _Collector:
@@ -118,11 +123,6 @@ class _Collector:
                 handle.remove()
             self._handles.clear()
             self._last = None
-
-
-def _accumulate(total: Optional[torch.Tensor], term: torch.Tensor) -> torch.Tensor:
-    """total + term, where a missing total counts as zero."""
-    return term if total is None else total.add_(term)
 
 
 @contextmanager
