@@ -27,3 +27,23 @@ def test_kfac_accumulate(benchmark, roofline, shape, backend):
     out = PackedSymmetric.zeros(width)
     benchmark(ops.kfac_accumulate, out, x, 1.0, False, backend)
     roofline(flops=2 * tokens * width**2)
+
+
+# The factors one SmolLM2 block adds per pass: A of q/k/v, o, gate/up, down; G of every layer.
+BLOCK_WIDTHS = [576, 576, 576, 1536, 576, 192, 192, 576, 1536, 1536, 576]
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["one-call-per-factor", "one-group"])
+@pytest.mark.parametrize("backend", [b for b in available_backends("cpu") if b != "triton"])
+def test_kfac_accumulate_block(benchmark, roofline, backend, grouped):
+    """A SmolLM2 block's eleven factors at 512 tokens: separate calls against one grouped call."""
+    xs = [torch.randn(512, w) for w in BLOCK_WIDTHS]
+    outs = [PackedSymmetric.zeros(w) for w in BLOCK_WIDTHS]
+    biases = [False] * len(xs)
+
+    def separate() -> None:
+        for out, x in zip(outs, xs):
+            ops.kfac_accumulate(out, x, 1.0, False, backend)
+
+    benchmark(lambda: ops.kfac_accumulate_group(outs, xs, 1.0, biases, backend) if grouped else separate())
+    roofline(flops=sum(2 * 512 * w**2 for w in BLOCK_WIDTHS))

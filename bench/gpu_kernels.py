@@ -37,6 +37,20 @@ def cases():
             out = PackedSymmetric.zeros(width, dev)
             yield ("kfac_accumulate", f"{label} N=8192", dtype, 2 * 8192 * width**2, 0,
                    {p: (lambda p=p: ops.kfac_accumulate(out, x, 1.0, False, p)) for p in ("torch", "triton")})
+    # A block's factors: A of q/k/v, o, gate/up, down; G of q, k, v, o, gate, up, down.
+    for label, widths, tokens in (("smollm2 block", [576, 576, 576, 1536, 576, 192, 192, 576, 1536, 1536, 576], 8192),
+                                  ("llama2-7b block", [4096] * 8 + [11008] * 3, 4096)):
+        xs = [torch.randn(tokens, w, device=dev).to(torch.bfloat16) for w in widths]
+        outs = [PackedSymmetric.zeros(w, dev) for w in widths]
+
+        def separate(xs=xs, outs=outs) -> None:
+            for out, x in zip(outs, xs):
+                ops.kfac_accumulate(out, x, 1.0, False, "triton")
+
+        yield ("kfac_accumulate_group", f"{label} N={tokens} ({len(widths)} factors)", torch.bfloat16,
+               sum(2 * tokens * w**2 for w in widths), 0,
+               {"triton one call per factor": separate,
+                "triton grouped": lambda xs=xs, outs=outs: ops.kfac_accumulate_group(outs, xs, 1.0, [False] * len(xs), "triton")})
     costs = torch.rand(11008, 4096, device=dev)
     yield ("nm_select", "llama2-7b-mlp 2:4", torch.float32, 0, costs.numel() * 5 + costs.numel(),
            {p: (lambda p=p: ops.nm_select(costs, 2, 4, p)) for p in ("torch", "triton")})

@@ -6,6 +6,10 @@ calibration tokens. Only input gradients are computed (weights do not require gr
 read the same input tensor (q/k/v, gate/up) share one A. A layer with a bias gets an extra
 constant-1 input column in A. Factors are accumulated in packed symmetric form
 (`surgeon_kernels.symmetric.PackedSymmetric`: upper-triangle tiles, about half the memory).
+On CUDA the hooks queue their tensors and add them in grouped launches (`ops.kfac_accumulate_group`,
+about a block's layers at a time, `GROUP_BYTES`), so narrow factors share the GPU instead of each
+filling a small grid; on the CPU each tensor is added at once (grouping measured no faster there,
+bench/RESULTS.md, and holding activations costs memory).
 
 The same pass gives the numerators of the structured costs (eq. 7) without a GEMM: for a row,
 w_rᵀ A w_r = (1/√N) Σ_n y_nr² (the layer's squared outputs, bias included); for a column,
@@ -28,6 +32,10 @@ from tqdm.auto import tqdm
 from surgeon.errors import SurgeonError
 from surgeon_kernels import ops
 from surgeon_kernels.symmetric import PackedSymmetric
+
+# Bytes of queued activations/gradients after which the hooks launch one grouped accumulation, per
+# device type (0: add each tensor at once). 512 MiB holds about one Llama-2-7B block at 4096 tokens.
+GROUP_BYTES = {"cuda": 1 << 29}
 
 
 @dataclass
@@ -62,13 +70,35 @@ class _Collector:
     alias is what this layer alone passes back (g W), even where siblings read the same x.
     """
 
-    def __init__(self, layers: list[tuple[str, nn.Linear]], tokens: int, need_g: bool, backend: str):
-        self.layers, self.need_g, self.backend = layers, need_g, backend
+    def __init__(self, layers: list[tuple[str, nn.Linear]], tokens: int, need_g: bool, backend: str,
+                 group_bytes: int = 0):
+        self.layers, self.need_g, self.backend, self.group_bytes = layers, need_g, backend, group_bytes
         self.scale = 1.0 / math.sqrt(tokens)
         self.factors: dict[str, LayerFactors] = {}
         self.owner: dict[str, str] = {}
         self._last: Optional[tuple[torch.Tensor, str]] = None
         self._handles: list = []
+        self._queue: list[tuple[str, PackedSymmetric, torch.Tensor, bool, int]] = []
+        self._queued_bytes = 0
+
+    def _add(self, name: str, out: PackedSymmetric, x: torch.Tensor, bias: bool) -> None:
+        """Queue `x` for accumulation into `out`; launch the queue once it holds `group_bytes`."""
+        self._queue.append((name, out, x, bias, x._version))
+        self._queued_bytes += x.numel() * x.element_size()
+        if self._queued_bytes >= self.group_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        """Accumulate every queued tensor in one grouped launch (eq. 6)."""
+        if not self._queue:
+            return
+        for name, _, x, _, version in self._queue:
+            if x._version != version:
+                raise SurgeonError(f"the input or output gradient of layer {name} was modified in place before its "
+                                   f"curvature was accumulated; set curvature.GROUP_BYTES to 0 for this model")
+        _, outs, xs, biases, _ = zip(*self._queue)
+        self._queue, self._queued_bytes = [], 0
+        ops.kfac_accumulate_group(outs, xs, self.scale, biases, self.backend)
 
     def _before(self, name: str, module: nn.Linear, args: tuple) -> Optional[tuple]:
         x = args[0]
@@ -85,8 +115,7 @@ class _Collector:
                 self.factors[name] = LayerFactors(self.factors[self.owner[name]].A, None)
         self._last = (x, name)
         if self.owner[name] == name:
-            flat = x.detach().reshape(-1, x.shape[-1])
-            ops.kfac_accumulate(self.factors[name].A, flat, self.scale, bias, self.backend)
+            self._add(name, self.factors[name].A, x.detach().reshape(-1, x.shape[-1]), bias)
         if not (self.need_g and x.requires_grad):
             return None
         alias = x.view_as(x)
@@ -103,7 +132,7 @@ class _Collector:
         entry = self.factors[name]
         if entry.G is None:
             entry.G = PackedSymmetric.zeros(grad.shape[-1], grad.device)
-        ops.kfac_accumulate(entry.G, grad.reshape(-1, grad.shape[-1]), self.scale, False, self.backend)
+        self._add(name, entry.G, grad.reshape(-1, grad.shape[-1]), False)
 
     def _passed(self, name: str, grad: torch.Tensor) -> None:
         entry = self.factors[name]
@@ -187,7 +216,7 @@ def estimate(
     if stop_after is not None and need_g:
         raise ValueError("stop_after needs need_g=False: G needs the full forward and backward pass")
     device = next(model.parameters()).device
-    collector = _Collector(layers, windows.numel(), need_g, backend)
+    collector = _Collector(layers, windows.numel(), need_g, backend, GROUP_BYTES.get(device.type, 0))
     generator = torch.Generator().manual_seed(seed)
     with collector.hooks(), _frozen(model), _stop_after(stop_after):
         for batch in tqdm(windows.split(batch_size), desc=desc, leave=False):
@@ -198,12 +227,14 @@ def estimate(
                         model(batch)
                     except _Stop:
                         pass
+                collector.flush()
                 continue
             embeds = model.get_input_embeddings()(batch).detach().requires_grad_(True)
             logits = model(inputs_embeds=embeds).logits[:, :-1]
             labels = _labels(logits, batch, fisher, generator)
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum")
             loss.backward()
+            collector.flush()
     for name, entry in collector.factors.items():
         for label, factor in (("A", entry.A), ("G", entry.G)):
             if factor is not None and not factor.isfinite():

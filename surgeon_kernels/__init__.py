@@ -5,6 +5,17 @@
 """
 
 from surgeon_kernels._ext import HAS_CPP_OPS
-from surgeon_kernels.ops import available_backends, batched_eigh, kfac_accumulate, kk_gather, kth_smallest, nm_select
+from surgeon_kernels.ops import (
+    available_backends,
+    batched_eigh,
+    kfac_accumulate,
+    kfac_accumulate_group,
+    kk_gather,
+    kth_smallest,
+    nm_select,
+)
 
-__all__ = ["HAS_CPP_OPS", "available_backends", "batched_eigh", "kfac_accumulate", "kk_gather", "kth_smallest", "nm_select"]
+__all__ = [
+    "HAS_CPP_OPS", "available_backends", "batched_eigh", "kfac_accumulate", "kfac_accumulate_group", "kk_gather",
+    "kth_smallest", "nm_select",
+]

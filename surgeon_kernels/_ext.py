@@ -23,8 +23,8 @@ if os.environ.get("SURGEON_DISABLE_CPP", "0") != "1":
 if HAS_CPP_OPS:
 
     @torch.library.register_fake("surgeon::kfac_accumulate")
-    def _kfac_accumulate_fake(out, x, scale, bias) -> None:
-        """Shape-only version for tracing: the op mutates `out` and returns nothing."""
+    def _kfac_accumulate_fake(outs, xs, scale, bias) -> None:
+        """Shape-only version for tracing: the op mutates `outs` and returns nothing."""
         return None
 
     @torch.library.register_fake("surgeon::nm_select")

@@ -12,7 +12,7 @@ naming those that are.
 from __future__ import annotations
 
 import os
-from typing import Literal, Optional
+from typing import Literal, Optional, Sequence
 
 import torch
 
@@ -71,25 +71,41 @@ def _resolve(backend: Backend, device: torch.device, op: str) -> str:
 def kfac_accumulate(
     out: PackedSymmetric, x: torch.Tensor, scale: float, bias: bool = False, backend: Backend = "auto"
 ) -> None:
-    """Add `scale · [x, 1]ᵀ [x, 1]` to the packed symmetric factor `out` in place (paper eq. 6).
+    """Add `scale · [x, 1]ᵀ [x, 1]` to the packed symmetric factor `out` in place (paper eq. 6)."""
+    kfac_accumulate_group([out], [x], scale, [bias], backend)
 
-    float64 accumulators always take the PyTorch path (the kernels accumulate in float32).
+
+def kfac_accumulate_group(
+    outs: Sequence[PackedSymmetric], xs: Sequence[torch.Tensor], scale: float, biases: Sequence[bool],
+    backend: Backend = "auto",
+) -> None:
+    """`kfac_accumulate` for a group of factors (e.g. a block's layers) in one launch (eq. 6).
+
+    Triton and the compiled op spread the tiles of all factors over one grid / one parallel region,
+    per input dtype. float64 accumulators always take the PyTorch path (the kernels accumulate in
+    float32).
     """
-    if x.dim() != 2:
-        raise ValueError(f"x must be 2-D [tokens, features], got shape {tuple(x.shape)}")
-    width = x.shape[1] + int(bias)
-    if not isinstance(out, PackedSymmetric) or out.n != width:
-        raise ValueError(f"out must be a PackedSymmetric of width {width}, got {out!r:.80}")
-    chosen = _resolve(backend, x.device, "kfac_accumulate")
-    dtype = out.tiles.dtype
-    if chosen == "cpp" and dtype == torch.float32:
-        torch.ops.surgeon.kfac_accumulate(out.tiles, x, float(scale), bool(bias))
-    elif chosen == "triton" and dtype == torch.float32:
+    if not len(outs) == len(xs) == len(biases):
+        raise ValueError(f"{len(outs)} outs, {len(xs)} xs and {len(biases)} biases: need one of each per factor")
+    if not outs:
+        return
+    for out, x, bias in zip(outs, xs, biases):
+        if x.dim() != 2:
+            raise ValueError(f"x must be 2-D [tokens, features], got shape {tuple(x.shape)}")
+        width = x.shape[1] + int(bias)
+        if not isinstance(out, PackedSymmetric) or out.n != width:
+            raise ValueError(f"out must be a PackedSymmetric of width {width}, got {out!r:.80}")
+    chosen = _resolve(backend, xs[0].device, "kfac_accumulate")
+    if chosen == "torch" or any(out.tiles.dtype != torch.float32 for out in outs):
+        kfac_reference.kfac_accumulate_group(outs, xs, scale, biases)
+    elif chosen == "cpp":
+        torch.ops.surgeon.kfac_accumulate([out.tiles for out in outs], list(xs), float(scale), [bool(b) for b in biases])
+    else:
         from surgeon_kernels.kfac_accumulate import kernel
 
-        kernel.kfac_accumulate(out, x, scale, bias)
-    else:
-        kfac_reference.kfac_accumulate(out, x, scale, bias)
+        for dtype in dict.fromkeys(x.dtype for x in xs):
+            group = [i for i, x in enumerate(xs) if x.dtype == dtype]
+            kernel.kfac_accumulate([outs[i] for i in group], [xs[i] for i in group], scale, [biases[i] for i in group])
 
 
 def nm_select(costs: torch.Tensor, n: int, m: int, backend: Backend = "auto") -> tuple[torch.Tensor, torch.Tensor]:

@@ -99,3 +99,45 @@ def test_no_cost_numerators_without_g():
     named = [pair for block in prunable_layers(model) for pair in block]
     raw = curvature.estimate(model, named, torch.randint(0, 96, (1, 8)), need_g=False)
     assert all(f.row_quadratic is None and f.col_quadratic is None and f.G is None for f in raw.values())
+
+
+@pytest.mark.parametrize("group_bytes", [1, 5000, 1 << 40], ids=["each", "few-layers", "whole-pass"])
+@pytest.mark.parametrize("need_g", [True, False])
+def test_grouped_launches_give_the_same_factors(monkeypatch, group_bytes, need_g):
+    """Queued tensors accumulated in groups (as on CUDA) equal accumulating each at once."""
+    model = tiny_model("opt")
+    named = [pair for block in prunable_layers(model) for pair in block]
+    windows = torch.randint(0, 96, (3, 8), generator=torch.Generator().manual_seed(2))
+    monkeypatch.setitem(curvature.GROUP_BYTES, "cpu", 0)
+    each = curvature.estimate(model, named, windows, need_g=need_g)
+    calls = []
+    group = curvature.ops.kfac_accumulate_group
+    monkeypatch.setattr(curvature.ops, "kfac_accumulate_group", lambda outs, *a: calls.append(len(outs)) or group(outs, *a))
+    monkeypatch.setitem(curvature.GROUP_BYTES, "cpu", group_bytes)
+    grouped = curvature.estimate(model, named, windows, need_g=need_g)
+    if group_bytes == 1:
+        assert set(calls) == {1}
+    else:
+        assert max(calls) > 1
+    if group_bytes == 1 << 40:
+        assert len(calls) == len(windows)  # one launch per window: the flush at the end of each pass
+    for name in each:
+        for label in ("A", "G"):
+            a, b = getattr(each[name], label), getattr(grouped[name], label)
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert torch.equal(a.tiles, b.tiles), f"{name}.{label}"
+
+
+def test_input_changed_in_place_before_a_grouped_launch_raises(monkeypatch):
+    model = tiny_model("llama")
+    named = [pair for block in prunable_layers(model) for pair in block]
+    monkeypatch.setitem(curvature.GROUP_BYTES, "cpu", 1 << 40)
+    down = dict(named)["model.layers.0.mlp.down_proj"]
+
+    def scale_input(mod, args, out) -> None:
+        args[0].mul_(2.0)
+
+    down.register_forward_hook(scale_input)
+    with pytest.raises(curvature.SurgeonError, match="model.layers.0.mlp.down_proj.*in place"):
+        curvature.estimate(model, named, torch.randint(0, 96, (1, 8)), need_g=False)

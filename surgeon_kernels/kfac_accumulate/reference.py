@@ -1,5 +1,7 @@
 """Plain-PyTorch reference of the Kronecker-factor accumulation (paper eq. 6)."""
 
+from typing import Sequence
+
 import torch
 
 from surgeon_kernels.symmetric import PackedSymmetric
@@ -19,3 +21,10 @@ def kfac_accumulate(out: PackedSymmetric, x: torch.Tensor, scale: float, bias: b
     if bias:
         xf = torch.cat([xf, xf.new_ones(xf.shape[0], 1)], 1)
     out.tiles += PackedSymmetric.pack(scale * (xf.T @ xf), out.tile).tiles
+
+
+def kfac_accumulate_group(outs: Sequence[PackedSymmetric], xs: Sequence[torch.Tensor], scale: float,
+                          biases: Sequence[bool]) -> None:
+    """`kfac_accumulate` for each (out, x, bias) of a group, one after the other."""
+    for out, x, bias in zip(outs, xs, biases):
+        kfac_accumulate(out, x, scale, bias)

@@ -72,17 +72,80 @@ def test_bad_shapes_raise():
         ops.kfac_accumulate(PackedSymmetric.zeros(3), torch.zeros(4, 3), 1.0, backend="fortran")
 
 
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("backend", available_backends("cpu"))
+def test_group_matches_reference(seed, backend):
+    """A group of factors of different widths, token counts, dtypes and bias flags, one call."""
+    gen = torch.Generator().manual_seed(seed)
+    count = int(torch.randint(1, 6, (), generator=gen))
+    outs, xs, biases, expected = [], [], [], []
+    for _ in range(count):
+        N, C = (int(v) for v in torch.randint(0, 70, (2,), generator=gen))
+        C, bias = max(C, 1), bool(torch.randint(0, 2, (), generator=gen))
+        dtype = DTYPES[int(torch.randint(0, len(DTYPES), (), generator=gen))]
+        x = torch.randn(N, C, generator=gen).to(dtype)
+        start = torch.randn(C + bias, C + bias, generator=gen)
+        start = start + start.T
+        outs.append(PackedSymmetric.pack(start, 16))
+        xs.append(x)
+        biases.append(bias)
+        expected.append(oracle(x, 0.75, bias, start))
+    ops.kfac_accumulate_group(outs, xs, 0.75, biases, backend=backend)
+    for out, want in zip(outs, expected):
+        torch.testing.assert_close(out.dense().double(), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif("triton" not in available_backends("cpu"), reason="needs Triton under TRITON_INTERPRET=1")
+def test_triton_group_is_one_launch(monkeypatch):
+    from surgeon_kernels.kfac_accumulate import kernel
+
+    launches = []
+    run = kernel._kfac_accumulate_kernel.run
+    monkeypatch.setattr(kernel._kfac_accumulate_kernel, "run", lambda *a, **k: launches.append(1) or run(*a, **k))
+    outs = [PackedSymmetric.zeros(w + b, tile=16) for w, b in ((20, 0), (40, 1), (9, 0))]
+    xs = [torch.randn(n, w) for n, w in ((5, 20), (3, 40), (0, 9))]
+    ops.kfac_accumulate_group(outs, xs, 1.0, [False, True, False], backend="triton")
+    assert len(launches) == 1
+    assert torch.equal(outs[2].tiles, torch.zeros_like(outs[2].tiles))
+
+
+@pytest.mark.skipif("triton" not in available_backends("cpu"), reason="needs Triton under TRITON_INTERPRET=1")
+def test_autotune_hooks_restore_outputs():
+    """Trial launches while autotuning must not leave their sums in the factors."""
+    from surgeon_kernels.kfac_accumulate import kernel
+
+    outs = [torch.randn(3, 4, 4), torch.randn(1, 4, 4)]
+    before = [t.clone() for t in outs]
+    table = torch.zeros(2, kernel.FACTOR_FIELDS, dtype=torch.int64)
+    table.outputs = outs
+    kernel.snapshot_outputs({"factor_ptr": table})
+    for t in outs:
+        t.add_(1.0)
+    kernel.restore_outputs({"factor_ptr": table}, None)
+    assert all(torch.equal(t, b) for t, b in zip(outs, before))
+
+
+def test_group_arguments_checked():
+    with pytest.raises(ValueError, match="one of each"):
+        ops.kfac_accumulate_group([PackedSymmetric.zeros(3)], [], 1.0, [False])
+    with pytest.raises(ValueError, match="width 4"):
+        ops.kfac_accumulate_group([PackedSymmetric.zeros(3), PackedSymmetric.zeros(3)],
+                                  [torch.zeros(2, 3), torch.zeros(2, 3)], 1.0, [False, True])
+
+
 @pytest.mark.skipif(not HAS_CPP_OPS, reason="compiled ops not built")
 def test_opcheck():
-    out = PackedSymmetric.zeros(6, tile=4)
-    x = torch.randn(10, 5)
-    torch.library.opcheck(torch.ops.surgeon.kfac_accumulate.default, (out.tiles, x, 0.5, True))
+    outs = [PackedSymmetric.zeros(6, tile=4), PackedSymmetric.zeros(3, tile=2)]
+    xs = [torch.randn(10, 5), torch.randn(7, 3, dtype=torch.bfloat16)]
+    torch.library.opcheck(torch.ops.surgeon.kfac_accumulate.default, ([o.tiles for o in outs], xs, 0.5, [True, False]))
 
 
 @pytest.mark.skipif(not HAS_CPP_OPS, reason="compiled ops not built")
-def test_cpp_rejects_tiles_of_another_width():
+def test_cpp_rejects_bad_groups():
     with pytest.raises(RuntimeError, match="do not pack"):
-        torch.ops.surgeon.kfac_accumulate(torch.zeros(3, 4, 4), torch.randn(5, 9), 1.0, False)
+        torch.ops.surgeon.kfac_accumulate([torch.zeros(3, 4, 4)], [torch.randn(5, 9)], 1.0, [False])
+    with pytest.raises(RuntimeError, match="one of each per factor"):
+        torch.ops.surgeon.kfac_accumulate([torch.zeros(3, 4, 4)], [], 1.0, [False])
 
 
 def test_fallback_without_compiled_ops():
@@ -108,3 +171,16 @@ def test_cuda_triton_matches_reference(cuda_device, dtype):
     out = PackedSymmetric.pack(start.to(cuda_device))
     ops.kfac_accumulate(out, x.to(cuda_device), 0.5, True, backend="triton")
     torch.testing.assert_close(out.dense().cpu().double(), oracle(x, 0.5, True, start), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.requires_cuda
+def test_cuda_triton_group_matches_reference(cuda_device):
+    """A block's worth of factors in one launch, autotuned on CUDA (the hooks restore the outputs)."""
+    shapes = [(1000, 577, True), (1000, 192, False), (999, 1536, False), (1000, 64, True)]
+    xs = [torch.randn(n, c).bfloat16() for n, c, _ in shapes]
+    starts = [torch.randn(c + b, c + b) for _, c, b in shapes]
+    starts = [s + s.T for s in starts]
+    outs = [PackedSymmetric.pack(s.to(cuda_device)) for s in starts]
+    ops.kfac_accumulate_group(outs, [x.to(cuda_device) for x in xs], 0.5, [b for *_, b in shapes], backend="triton")
+    for out, x, start, (_, _, b) in zip(outs, xs, starts, shapes):
+        torch.testing.assert_close(out.dense().cpu().double(), oracle(x, 0.5, b, start), rtol=1e-4, atol=1e-3)
