@@ -52,6 +52,10 @@ class PruneConfig:
     damp_a: float = _opt(0.01, "relative damping of A: A + λ·mean(diag A)·I")
     damp_g: float = _opt(0.1, "relative damping of G: G + λ·mean(diag G)·I")
     batch_size: int = _opt(1, "calibration windows per forward/backward pass")
+    curvature_dtype: Optional[str] = _opt(
+        None, "run the curvature pass's matrix products under autocast in this dtype (default: the model's)",
+        ("bfloat16", "float16"),
+    )
     lora_steps: int = _opt(0, "interleaved LoRA steps between shots (0 = off; paper 3.6)")
     lora_rank: int = _opt(8, "rank of the interleaved LoRA adapters")
     lora_lr: float = _opt(1e-4, "learning rate of the interleaved LoRA adapters")
@@ -82,6 +86,8 @@ class PruneConfig:
                 raise ValueError(f"{name}={value}: must be >= 0")
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size}: must be at least 1")
+        if self.curvature_dtype not in (None, "bfloat16", "float16"):
+            raise ValueError(f"curvature_dtype={self.curvature_dtype!r}: use bfloat16, float16, or None (the model's)")
 
     @property
     def nm(self) -> Optional[tuple[int, int]]:

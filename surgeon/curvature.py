@@ -71,8 +71,9 @@ class _Collector:
     """
 
     def __init__(self, layers: list[tuple[str, nn.Linear]], tokens: int, need_g: bool, backend: str,
-                 group_bytes: int = 0):
+                 group_bytes: int = 0, input_dtype: Optional[torch.dtype] = None):
         self.layers, self.need_g, self.backend, self.group_bytes = layers, need_g, backend, group_bytes
+        self.input_dtype = input_dtype  # under autocast: the dtype the layers' products read their inputs in
         self.scale = 1.0 / math.sqrt(tokens)
         self.factors: dict[str, LayerFactors] = {}
         self.owner: dict[str, str] = {}
@@ -115,7 +116,8 @@ class _Collector:
                 self.factors[name] = LayerFactors(self.factors[self.owner[name]].A, None)
         self._last = (x, name)
         if self.owner[name] == name:
-            self._add(name, self.factors[name].A, x.detach().reshape(-1, x.shape[-1]), bias)
+            flat = x.detach().reshape(-1, x.shape[-1])
+            self._add(name, self.factors[name].A, flat if self.input_dtype is None else flat.to(self.input_dtype), bias)
         if not (self.need_g and x.requires_grad):
             return None
         alias = x.view_as(x)
@@ -207,18 +209,23 @@ def estimate(
     backend: str = "auto",
     desc: str = "curvature",
     stop_after: Optional[nn.Module] = None,
+    autocast: Optional[str] = None,
 ) -> dict[str, LayerFactors]:
     """Kronecker factors (A, and G when `need_g`) of `layers` over calibration `windows` [n, L] (eq. 6).
 
     `stop_after` (A only): end each forward pass once that module (e.g. the block holding
     `layers`) has run, so estimating the inputs of an early block does not pay for the rest.
+    `autocast` ("bfloat16", "float16"): run the pass under `torch.autocast` in that dtype, the
+    layers' inputs cast to it for A as the layers' products see them (factors stay float32).
     """
     if stop_after is not None and need_g:
         raise ValueError("stop_after needs need_g=False: G needs the full forward and backward pass")
     device = next(model.parameters()).device
-    collector = _Collector(layers, windows.numel(), need_g, backend, GROUP_BYTES.get(device.type, 0))
+    low = None if autocast is None else getattr(torch, autocast)
+    collector = _Collector(layers, windows.numel(), need_g, backend, GROUP_BYTES.get(device.type, 0), low)
     generator = torch.Generator().manual_seed(seed)
-    with collector.hooks(), _frozen(model), _stop_after(stop_after):
+    with (collector.hooks(), _frozen(model), _stop_after(stop_after),
+          torch.autocast(device.type, dtype=low, enabled=low is not None)):
         for batch in tqdm(windows.split(batch_size), desc=desc, leave=False):
             batch = batch.to(device)
             if not need_g:

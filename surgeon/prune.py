@@ -323,7 +323,7 @@ def _per_layer_shot(model: nn.Module, layers: list[Layer], calibration: torch.Te
     blocks = decoder_blocks(model)
     for index, named in enumerate(prunable_layers(model)):
         raw = curvature.estimate(model, named, calibration, need_g=False, batch_size=config.batch_size,
-                                 backend=config.backend, stop_after=blocks[index],
+                                 backend=config.backend, autocast=config.curvature_dtype, stop_after=blocks[index],
                                  desc=f"block {index + 1}/{len(blocks)} · inputs")
         for name, _ in named:
             _prune_one_layer(by_name[name], raw[name].A.dense(), target_size, config)
@@ -376,7 +376,7 @@ def prune(model: nn.Module, calibration: torch.Tensor, config: PruneConfig, prog
         if config.method in NEEDS_A:
             raw = curvature.estimate(model, named, calibration, need_g=config.method in NEEDS_G, fisher=config.fisher,
                                      batch_size=config.batch_size, seed=config.seed + shot, backend=config.backend,
-                                     desc=f"shot {shot}/{config.shots} · curvature")
+                                     autocast=config.curvature_dtype, desc=f"shot {shot}/{config.shots} · curvature")
         t1 = _clock(device)
         phases = {}
         with torch.no_grad():

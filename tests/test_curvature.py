@@ -141,3 +141,24 @@ def test_input_changed_in_place_before_a_grouped_launch_raises(monkeypatch):
     down.register_forward_hook(scale_input)
     with pytest.raises(curvature.SurgeonError, match="model.layers.0.mlp.down_proj.*in place"):
         curvature.estimate(model, named, torch.randint(0, 96, (1, 8)), need_g=False)
+
+
+def test_autocast_pass_accumulates_low_precision_inputs_close_to_float32(monkeypatch):
+    """`autocast="bfloat16"`: every tensor reaching the op is bfloat16, factors stay float32 and close."""
+    model = tiny_model("opt")
+    named = [pair for block in prunable_layers(model) for pair in block]
+    windows = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(3))
+    full = curvature.estimate(model, named, windows)
+    seen = []
+    group = curvature.ops.kfac_accumulate_group
+    monkeypatch.setattr(curvature.ops, "kfac_accumulate_group",
+                        lambda outs, xs, *a: seen.extend(x.dtype for x in xs) or group(outs, xs, *a))
+    low = curvature.estimate(model, named, windows, autocast="bfloat16")
+    assert set(seen) == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    for name in full:
+        for label in ("A", "G"):
+            a, b = getattr(full[name], label), getattr(low[name], label)
+            assert b.tiles.dtype == torch.float32
+            error = float(torch.linalg.matrix_norm(a.dense() - b.dense()) / torch.linalg.matrix_norm(a.dense()))
+            assert 0 < error < 0.05, f"{name}.{label}: relative error {error:.3g}"

@@ -102,6 +102,8 @@ def test_bad_configs():
         PruneConfig(structure="blocks")
     with pytest.raises(ValueError, match="method"):
         PruneConfig(structure="structured", method="wanda")
+    with pytest.raises(ValueError, match="curvature_dtype"):
+        PruneConfig(curvature_dtype="float64")
     model = tiny_model("llama")
     with pytest.raises(SurgeonError, match="does not divide"):
         prune(model, calibration(), PruneConfig(structure="2:7", shots=1), progress=False)

@@ -31,6 +31,18 @@ def oracle(x: torch.Tensor, scale: float, bias: bool, start: torch.Tensor) -> to
     return start.double() + scale * xd.T @ xd
 
 
+def assert_accumulated(got: torch.Tensor, x: torch.Tensor, scale: float, bias: bool, start: torch.Tensor,
+                       backend: str) -> None:
+    """got equals the oracle to float32 accuracy; the compiled op rounds each bfloat16 GEMM result
+    once to bfloat16 (unit roundoff 2⁻⁸ of scale·|x|ᵀ|x|, csrc/kfac_accumulate)."""
+    want = oracle(x, scale, bias, start)
+    slack = 1e-4 + 1e-5 * want.abs()
+    if backend == "cpp" and x.dtype == torch.bfloat16:
+        slack = slack + 2.0**-8 * (oracle(x.abs(), abs(scale), bias, torch.zeros_like(start)))
+    excess = (got.double() - want).abs() - slack
+    assert excess.max() <= 0, f"max error beyond the bound: {excess.max():.3g}"
+
+
 @pytest.mark.parametrize("N,C", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("bias", [False, True])
@@ -44,7 +56,7 @@ def test_matches_reference(N, C, dtype, bias, tile, backend):
     out = PackedSymmetric.pack(start, tile)
     ops.kfac_accumulate(out, x, 0.25, bias, backend=backend)
     dense = out.dense()
-    torch.testing.assert_close(dense.double(), oracle(x, 0.25, bias, start), rtol=1e-5, atol=1e-4)
+    assert_accumulated(dense, x, 0.25, bias, start, backend)
     assert torch.equal(dense, dense.T)
     i, j = out.index()
     rows = (i[:, None] * tile + torch.arange(tile))[:, :, None]
@@ -78,7 +90,7 @@ def test_group_matches_reference(seed, backend):
     """A group of factors of different widths, token counts, dtypes and bias flags, one call."""
     gen = torch.Generator().manual_seed(seed)
     count = int(torch.randint(1, 6, (), generator=gen))
-    outs, xs, biases, expected = [], [], [], []
+    outs, xs, biases, starts = [], [], [], []
     for _ in range(count):
         N, C = (int(v) for v in torch.randint(0, 70, (2,), generator=gen))
         C, bias = max(C, 1), bool(torch.randint(0, 2, (), generator=gen))
@@ -89,10 +101,10 @@ def test_group_matches_reference(seed, backend):
         outs.append(PackedSymmetric.pack(start, 16))
         xs.append(x)
         biases.append(bias)
-        expected.append(oracle(x, 0.75, bias, start))
+        starts.append(start)
     ops.kfac_accumulate_group(outs, xs, 0.75, biases, backend=backend)
-    for out, want in zip(outs, expected):
-        torch.testing.assert_close(out.dense().double(), want, rtol=1e-5, atol=1e-4)
+    for out, x, bias, start in zip(outs, xs, biases, starts):
+        assert_accumulated(out.dense(), x, 0.75, bias, start, backend)
 
 
 @pytest.mark.skipif("triton" not in available_backends("cpu"), reason="needs Triton under TRITON_INTERPRET=1")
