@@ -34,10 +34,11 @@ BLOCK_WIDTHS = [576, 576, 576, 1536, 576, 192, 192, 576, 1536, 1536, 576]
 
 
 @pytest.mark.parametrize("grouped", [False, True], ids=["one-call-per-factor", "one-group"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("backend", [b for b in available_backends("cpu") if b != "triton"])
-def test_kfac_accumulate_block(benchmark, roofline, backend, grouped):
+def test_kfac_accumulate_block(benchmark, roofline, backend, dtype, grouped):
     """A SmolLM2 block's eleven factors at 512 tokens: separate calls against one grouped call."""
-    xs = [torch.randn(512, w) for w in BLOCK_WIDTHS]
+    xs = [torch.randn(512, w).to(dtype) for w in BLOCK_WIDTHS]
     outs = [PackedSymmetric.zeros(w) for w in BLOCK_WIDTHS]
     biases = [False] * len(xs)
 

@@ -2,7 +2,8 @@
 # Everything a GPU session measures, in one call (device tool: `bash bench/gpu_session.sh`).
 # Logs and JSON go to $OUT (or out/gpu): the CUDA kernel tests, the kernel microbenchmarks and
 # the end-to-end shot timings given as arguments ("BLOCKS:SHOTS:BATCH", e.g. 8:4:1 32:4:2; a
-# fourth field "profile" also writes torch.profiler's table).
+# fourth field "profile" also writes torch.profiler's table, or a number sets --group-bytes, e.g.
+# 32:4:2:0 for one factor-accumulation launch per factor).
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
@@ -14,9 +15,10 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 fi
 for spec in "$@"; do
   IFS=: read -r blocks shots batch profile <<< "$spec"
-  name="llama2-7b-${blocks}blocks-${shots}shots-batch${batch}"
+  name="llama2-7b-${blocks}blocks-${shots}shots-batch${batch}${profile:+-$profile}"
   extra=()
   [ "$profile" = profile ] && extra=(--profile "$OUT/profile-$name.txt")
+  [[ "$profile" =~ ^[0-9]+$ ]] && extra=(--group-bytes "$profile")
   timeout 420 python3 bench/shot_time.py --config bench/configs/llama-2-7b.json --layers "$blocks" --device cuda \
     --dtype bfloat16 --nsamples 128 --seqlen 2048 --shots "$shots" --batch-size "$batch" --target-size 0.8 \
     --output "$OUT/shot-$name.json" "${extra[@]}" > "$OUT/shot-$name.log" 2>&1

@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from surgeon import PruneConfig, prune  # noqa: E402
+from surgeon import PruneConfig, curvature, prune  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
 from surgeon.model import DTYPES  # noqa: E402
 
@@ -57,11 +57,16 @@ def main() -> None:
     parser.add_argument("--target-size", type=float, default=0.8)
     parser.add_argument("--shots", type=int, default=4)
     parser.add_argument("--backend", default="auto")
+    parser.add_argument("--group-bytes", type=int, default=None,
+                        help="queued bytes per grouped factor accumulation on this device (0: one launch per "
+                             "factor; default: surgeon.curvature.GROUP_BYTES)")
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--profile", type=Path, default=None,
                         help="also write torch.profiler's table of the run's costliest ops to this file")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.group_bytes is not None:
+        curvature.GROUP_BYTES[torch.device(args.device).type] = args.group_bytes
     start = time.perf_counter()
     model, config = build(args.config, args.layers, DTYPES[args.dtype], args.device)
     built = time.perf_counter() - start
@@ -84,7 +89,8 @@ def main() -> None:
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
         torch=torch.__version__, model_config=str(args.config), blocks=config.num_hidden_layers,
         hidden=config.hidden_size, dtype=args.dtype, nsamples=args.nsamples, seqlen=args.seqlen,
-        build_seconds=built, command=" ".join(sys.argv), **report.to_dict(),
+        build_seconds=built, command=" ".join(sys.argv), group_bytes=curvature.GROUP_BYTES.get(device.type, 0),
+        **report.to_dict(),
     )
     result.pop("layers")  # per-layer sparsity of random weights says nothing
     write_json(args.output, result)

@@ -52,6 +52,12 @@ class PruneConfig:
     damp_a: float = _opt(0.01, "relative damping of A: A + λ·mean(diag A)·I")
     damp_g: float = _opt(0.1, "relative damping of G: G + λ·mean(diag G)·I")
     batch_size: int = _opt(1, "calibration windows per forward/backward pass")
+    kronecker_terms: int = _opt(
+        1, "Kronecker terms of the curvature: 1 (G ⊗ A, eq. 6) or 2 (nearest sum of two, power method, paper "
+        "appendix; unstructured/N:M surgeon with max-correlate 0; measured far worse on SmolLM2, bench/RESULTS.md)",
+        (1, 2),
+    )
+    power_iterations: int = _opt(3, "kronecker-terms 2: power-method passes in the first shot (later shots: 1, warm-started)")
     curvature_dtype: Optional[str] = _opt(
         None, "run the curvature pass's matrix products under autocast in this dtype (default: the model's)",
         ("bfloat16", "float16"),
@@ -86,6 +92,14 @@ class PruneConfig:
                 raise ValueError(f"{name}={value}: must be >= 0")
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size}: must be at least 1")
+        if self.kronecker_terms not in (1, 2):
+            raise ValueError(f"kronecker_terms={self.kronecker_terms}: use 1 or 2")
+        if self.kronecker_terms == 2 and (self.structure == "structured" or self.method != "surgeon"
+                                          or self.max_correlate != 0):
+            raise ValueError("kronecker_terms=2 needs method surgeon, unstructured or N:M structure and max_correlate 0 "
+                             "(structured costs of a sum need an inverse per row; the chunked solves need G⁻¹ ⊗ A⁻¹)")
+        if self.power_iterations < 2:
+            raise ValueError(f"power_iterations={self.power_iterations}: at least 2 (term 2 starts on the second pass)")
         if self.curvature_dtype not in (None, "bfloat16", "float16"):
             raise ValueError(f"curvature_dtype={self.curvature_dtype!r}: use bfloat16, float16, or None (the model's)")
 

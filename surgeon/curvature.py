@@ -15,6 +15,10 @@ The same pass gives the numerators of the structured costs (eq. 7) without a GEM
 w_rᵀ A w_r = (1/√N) Σ_n y_nr² (the layer's squared outputs, bias included); for a column,
 w_cᵀ G w_c = (1/√N) Σ_n (g_n W)_c² (the squared gradient the layer passes to its input, which
 the backward pass computes anyway).
+
+`estimate_sum` fits the paper's appendix alternative, the nearest sum of two Kronecker factors
+G ⊗ A + G2 ⊗ A2 of each layer's F = Σ_n (g_n g_nᵀ) ⊗ (a_n a_nᵀ), by the Kronecker power method with
+deflation (one pass over the data per iteration, warm-started across shots).
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ class LayerFactors:
     G: Optional[PackedSymmetric]
     row_quadratic: Optional[torch.Tensor] = None
     col_quadratic: Optional[torch.Tensor] = None
+    G2: Optional[PackedSymmetric] = None  # second term of a sum G ⊗ A + G2 ⊗ A2 (`estimate_sum`)
+    A2: Optional[PackedSymmetric] = None
 
 
 def _square_sums(t: torch.Tensor) -> torch.Tensor:
@@ -96,7 +102,7 @@ class _Collector:
         for name, _, x, _, version in self._queue:
             if x._version != version:
                 raise SurgeonError(f"the input or output gradient of layer {name} was modified in place before its "
-                                   f"curvature was accumulated; set curvature.GROUP_BYTES to 0 for this model")
+                                   f"curvature was accumulated; set curvature.GROUP_BYTES[device type] to 0 for this model")
         _, outs, xs, biases, _ = zip(*self._queue)
         self._queue, self._queued_bytes = [], 0
         ops.kfac_accumulate_group(outs, xs, self.scale, biases, self.backend)
@@ -177,6 +183,14 @@ def _labels(logits: torch.Tensor, batch: torch.Tensor, fisher: str, generator: t
     return torch.multinomial(probs.cpu(), 1, generator=generator).reshape(logits.shape[:-1]).to(batch.device)
 
 
+def _backward(model: nn.Module, batch: torch.Tensor, fisher: str, generator: torch.Generator) -> None:
+    """One forward and input-gradient backward pass of the loss summed over the batch's tokens."""
+    embeds = model.get_input_embeddings()(batch).detach().requires_grad_(True)
+    logits = model(inputs_embeds=embeds).logits[:, :-1]
+    labels = _labels(logits, batch, fisher, generator)
+    F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum").backward()
+
+
 class _Stop(Exception):
     """Raised by a forward hook to end a forward pass once the layers of interest have run."""
 
@@ -236,11 +250,7 @@ def estimate(
                         pass
                 collector.flush()
                 continue
-            embeds = model.get_input_embeddings()(batch).detach().requires_grad_(True)
-            logits = model(inputs_embeds=embeds).logits[:, :-1]
-            labels = _labels(logits, batch, fisher, generator)
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum")
-            loss.backward()
+            _backward(model, batch, fisher, generator)
             collector.flush()
     for name, entry in collector.factors.items():
         for label, factor in (("A", entry.A), ("G", entry.G)):
@@ -251,3 +261,149 @@ def estimate(
         if need_g and entry.col_quadratic is None:
             raise SurgeonError(f"layer {name} passed no gradient to its input: it does not depend on the embeddings")
     return collector.factors
+
+
+# ---------------------------------------------------------------- sum of two Kronecker factors (paper appendix)
+
+
+@dataclass
+class PowerIterate:
+    """One Kronecker term σ Ĝ ⊗ Â of a layer: unit-Frobenius Ĝ [R, R], Â [C, C] and its scale σ."""
+
+    G: torch.Tensor
+    A: torch.Tensor
+    sigma: float
+
+    @classmethod
+    def identity(cls, R: int, C: int, device) -> "PowerIterate":
+        """The start of the power method: Ĝ = I/√R, Â = I/√C, no scale yet."""
+        return cls(torch.eye(R, device=device) / math.sqrt(R), torch.eye(C, device=device) / math.sqrt(C), 0.0)
+
+
+def _quadratic(x: torch.Tensor, M: torch.Tensor) -> torch.Tensor:
+    """x_nᵀ M x_n for every row n of x."""
+    return ((x @ M) * x).sum(1)
+
+
+class _PowerCollector:
+    """Hooks of one pass of the Kronecker power method (paper appendix, "Power method and deflation").
+
+    With F = Σ_n (g_n g_nᵀ) ⊗ (a_n a_nᵀ) over the calibration tokens (what G ⊗ A approximates),
+    R(F) vec(Â) = Σ_n (a_nᵀ Â a_n) g_n g_nᵀ and R(F)ᵀ vec(Ĝ) = Σ_n (g_nᵀ Ĝ g_n) a_n a_nᵀ. The forward
+    hook keeps each layer's a_n (bias column included) and a_nᵀ Â_t a_n for every term t; the
+    backward hook adds both sums. Both use the previous iterates, so one pass is one iteration.
+    """
+
+    def __init__(self, layers: list[tuple[str, nn.Linear]], state: dict[str, list[PowerIterate]]):
+        self.layers, self.state = layers, state
+        self.sums: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._inputs: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+
+    def _before(self, name: str, module: nn.Linear, args: tuple) -> None:
+        a = args[0].detach().reshape(-1, args[0].shape[-1]).float()
+        if module.bias is not None:
+            a = torch.cat([a, a.new_ones(a.shape[0], 1)], 1)
+        self._inputs[name] = (a, [_quadratic(a, term.A) for term in self.state[name]])
+
+    def _after(self, name: str, output: torch.Tensor) -> None:
+        if output.requires_grad:
+            output.register_hook(lambda g, name=name: self._backward(name, g))
+
+    def _backward(self, name: str, grad: torch.Tensor) -> None:
+        g = grad.reshape(-1, grad.shape[-1]).float()
+        a, weights = self._inputs.pop(name)
+        terms = self.state[name]
+        if name not in self.sums:
+            self.sums[name] = [(g.new_zeros(g.shape[1], g.shape[1]), a.new_zeros(a.shape[1], a.shape[1])) for _ in terms]
+        for (G_sum, A_sum), w, term in zip(self.sums[name], weights, terms):
+            G_sum.addmm_((g * w.unsqueeze(1)).T, g)
+            A_sum.addmm_((a * _quadratic(g, term.G).unsqueeze(1)).T, a)
+
+    @contextmanager
+    def hooks(self) -> Iterator["_PowerCollector"]:
+        handles = []
+        for name, module in self.layers:
+            handles.append(module.register_forward_pre_hook(lambda mod, args, name=name: self._before(name, mod, args)))
+            handles.append(module.register_forward_hook(lambda mod, args, out, name=name: self._after(name, out)))
+        try:
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
+def power_step(terms: list[PowerIterate], sums: list[tuple[torch.Tensor, torch.Tensor]]) -> list[PowerIterate]:
+    """The next iterates from one pass's sums R(F) vec(Â_t), R(F)ᵀ vec(Ĝ_t) (paper appendix, power method).
+
+    Term 2 is deflated by term 1: R(F − σ₁ Ĝ₁ ⊗ Â₁) vec(Â₂) = R(F) vec(Â₂) − σ₁ Ĝ₁ ⟨Â₁, Â₂⟩ (and
+    likewise for Ĝ₂). Ĝ' = R Â/‖R Â‖; Â' = ±Rᵀ Ĝ/‖Rᵀ Ĝ‖, its sign kept along the previous Â (so the
+    term's sign follows R Â = σ Ĝ'); σ' = (‖R Â‖ ‖Rᵀ Ĝ‖)^½.
+    """
+    new = []
+    for index, (term, (G_sum, A_sum)) in enumerate(zip(terms, sums)):
+        if index == 1:
+            first = terms[0]
+            G_sum = G_sum - first.sigma * (first.A * term.A).sum() * first.G
+            A_sum = A_sum - first.sigma * (first.G * term.G).sum() * first.A
+        G_sum, A_sum = (G_sum + G_sum.T) / 2, (A_sum + A_sum.T) / 2
+        g_norm, a_norm = float(torch.linalg.matrix_norm(G_sum)), float(torch.linalg.matrix_norm(A_sum))
+        if g_norm == 0 or a_norm == 0:  # the layer does not reach the loss: no term
+            new.append(PowerIterate(term.G, term.A, 0.0))
+            continue
+        A_new = A_sum / a_norm
+        if (A_new * term.A).sum() < 0:
+            A_new = -A_new
+        new.append(PowerIterate(G_sum / g_norm, A_new, math.sqrt(g_norm * a_norm)))
+    return new
+
+
+def estimate_sum(
+    model: nn.Module,
+    layers: list[tuple[str, nn.Linear]],
+    windows: torch.Tensor,
+    state: dict[str, list[PowerIterate]],
+    iterations: int,
+    fisher: str = "empirical",
+    batch_size: int = 1,
+    seed: int = 0,
+    desc: str = "curvature",
+) -> dict[str, LayerFactors]:
+    """The nearest sum of two Kronecker factors G ⊗ A + G2 ⊗ A2 of each layer's F (paper appendix).
+
+    `iterations` passes of the power method over `windows`, warm-started from `state` (name →
+    iterates, updated in place: pass it again at the next shot, where one pass suffices). A layer's
+    first pass starts term 1 from the identity; term 2 (deflated) joins once term 1 has a scale.
+    Returns raw (undamped) factors: G, A = √σ₁ Ĝ₁, √σ₁ Â₁ and G2, A2 = √σ₂ Ĝ₂, √σ₂ Â₂.
+    """
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
+    for iteration in range(iterations):
+        for name, module in layers:
+            if name not in state:
+                state[name] = [PowerIterate.identity(module.out_features,
+                                                     module.in_features + int(module.bias is not None), device)]
+            terms = state[name]
+            if len(terms) == 1 and terms[0].sigma > 0:
+                terms.append(PowerIterate.identity(terms[0].G.shape[0], terms[0].A.shape[0], device))
+        collector = _PowerCollector(layers, state)
+        with collector.hooks(), _frozen(model):
+            for batch in tqdm(windows.split(batch_size), desc=f"{desc} (power {iteration + 1}/{iterations})",
+                              leave=False):
+                _backward(model, batch.to(device), fisher, generator)
+        for name, _ in layers:
+            if name not in collector.sums:
+                raise SurgeonError(f"layer {name} received no gradient: it does not affect the loss")
+            state[name] = power_step(state[name], collector.sums[name])
+    factors = {}
+    for name, _ in layers:
+        root = [math.sqrt(term.sigma) for term in state[name]]
+        first = state[name][0]
+        entry = LayerFactors(PackedSymmetric.pack(root[0] * first.A), PackedSymmetric.pack(root[0] * first.G))
+        if len(root) == 2 and root[1] > 0:
+            entry.G2 = PackedSymmetric.pack(root[1] * state[name][1].G)
+            entry.A2 = PackedSymmetric.pack(root[1] * state[name][1].A)
+        for label, factor in (("A", entry.A), ("G", entry.G), ("A2", entry.A2), ("G2", entry.G2)):
+            if factor is not None and not factor.isfinite():
+                raise SurgeonError(f"non-finite curvature ({label}) in layer {name}: check the model dtype and data")
+        factors[name] = entry
+    return factors

@@ -183,7 +183,8 @@ class _FactorInverter:
 RETRIES = 3
 
 
-def _finite_update(name: str, f: solver.Factors | solver.RootFactors, update, config: PruneConfig) -> torch.Tensor:
+def _finite_update(name: str, f: solver.Factors | solver.RootFactors | solver.KroneckerSum, update,
+                   config: PruneConfig) -> torch.Tensor:
     """`update(f)`, retried with 10× stronger damping (up to RETRIES times) while it is not finite.
 
     The stronger damping is added to G and A recovered from their inverses (the raw factors are
@@ -191,6 +192,8 @@ def _finite_update(name: str, f: solver.Factors | solver.RootFactors, update, co
     refuses it with an error naming the layer, so no NaN weight is ever written.
     """
     W = update(f)
+    if isinstance(f, solver.KroneckerSum):
+        return W  # no single G⁻¹, A⁻¹ to re-damp: a non-finite result is refused by `Layer.store`
     strength = max(config.damp_g, config.damp_a)
     for _ in range(RETRIES):
         if torch.isfinite(W).all():
@@ -278,7 +281,12 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
         W, C = layer.weight(), layer.module.in_features
         entry = raw.pop(layer.name, None)  # frees each raw factor after its last layer
         kept = None
-        if config.method == "surgeon":
+        if config.method == "surgeon" and entry.G2 is not None:
+            kept = solver.KroneckerSum.of(solver.damp(entry.G.dense(), config.damp_g),
+                                          solver.damp(entry.A.dense(), config.damp_a), entry.G2.dense(),
+                                          entry.A2.dense(), config.backend)
+            e = solver.element_costs_of(W, kept)[:, :C]
+        elif config.method == "surgeon":
             f, kept = factors(entry, slice(None), slice(None))
             e = solver.element_costs_of(W, f)[:, :C]
         else:
@@ -299,7 +307,8 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
         W = layer.weight()
         if kept is not None:
             pruned, original = _with_bias_col(layer.mask, layer, False), W
-            W = _finite_update(layer.name, unpack(kept), lambda g: solver.unstructured_update_of(
+            f = kept if isinstance(kept, solver.KroneckerSum) else unpack(kept)
+            W = _finite_update(layer.name, f, lambda g: solver.unstructured_update_of(
                 original, g, pruned, config.max_correlate or None, config.chunk_semantics, config.cg_tol,
                 config.cg_max_iter, config.backend), config)
         layer.store(W)
@@ -367,13 +376,19 @@ def prune(model: nn.Module, calibration: torch.Tensor, config: PruneConfig, prog
     coupled = channels.couplings(model, [name for name, _ in named])
     device = next(model.parameters()).device
     report = PruneReport(config=dataclasses.asdict(config))
+    power_state: dict[str, list[curvature.PowerIterate]] = {}  # kronecker_terms=2: warm start across shots
     start = time.perf_counter()
     for shot in tqdm(range(1, config.shots + 1), desc="shots", disable=not progress):
         target_size = config.shot_target(shot)
         target_zeros = round((1.0 - target_size) * total)
         t0 = _clock(device)
         raw = {}
-        if config.method in NEEDS_A:
+        if config.kronecker_terms == 2:
+            raw = curvature.estimate_sum(model, named, calibration, power_state,
+                                         config.power_iterations if shot == 1 else 1, fisher=config.fisher,
+                                         batch_size=config.batch_size, seed=config.seed + shot,
+                                         desc=f"shot {shot}/{config.shots} · curvature")
+        elif config.method in NEEDS_A:
             raw = curvature.estimate(model, named, calibration, need_g=config.method in NEEDS_G, fisher=config.fisher,
                                      batch_size=config.batch_size, seed=config.seed + shot, backend=config.backend,
                                      autocast=config.curvature_dtype, desc=f"shot {shot}/{config.shots} · curvature")

@@ -89,8 +89,21 @@ def eigen_solve(M: torch.Tensor, rhs: Optional[torch.Tensor] = None, backend: st
     return scaled @ (vectors.mT @ rhs)
 
 
+class _KroneckerInverse:
+    """What element costs and the joint update read of F⁻¹ = G⁻¹ ⊗ A⁻¹ (shared with `KroneckerSum`)."""
+
+    def element_inverse_diagonal(self) -> torch.Tensor:
+        """[F⁻¹]_(rc),(rc) = [G⁻¹]_rr [A⁻¹]_cc as an [R, C] matrix."""
+        return torch.outer(self.G_inv_diagonal(), self.A_inv_diagonal())
+
+    def inverse_apply(self, V: torch.Tensor) -> torch.Tensor:
+        """F⁻¹ vec(V) as a matrix: G⁻¹ V A⁻¹."""
+        G_inv, A_inv = self.dense_inverses()
+        return G_inv @ V @ A_inv
+
+
 @dataclass(frozen=True)
-class Factors:
+class Factors(_KroneckerInverse):
     """Damped Kronecker factors G [R, R], A [C, C] of one layer and their inverses.
 
     Costs need all four; updates need only the inverses (see `inverses_only`).
@@ -128,7 +141,7 @@ class Factors:
 
 
 @dataclass(frozen=True)
-class RootFactors:
+class RootFactors(_KroneckerInverse):
     """Damped G, A and upper-triangular U_G, U_A with U Uᵀ = G⁻¹, A⁻¹ (`inverse_root`).
 
     Structured pruning needs only the inverses' diagonals (costs) and the rows of the removed
@@ -163,6 +176,52 @@ class RootFactors:
         return self.U_G @ self.U_G.T, self.U_A @ self.U_A.T
 
 
+SUM_FLOOR = 1e-2  # KroneckerSum: 1 + s_G s_A floored here, so F̃ keeps ≥ 1% of its first term in every direction
+
+
+def simultaneous_diagonalisation(M1: torch.Tensor, M2: torch.Tensor, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """K and s with Kᵀ M1 K = I and Kᵀ M2 K = diag(s), for SPD M1 and symmetric M2.
+
+    K = L⁻ᵀ E with M1 = L Lᵀ and L⁻¹ M2 L⁻ᵀ = E diag(s) Eᵀ (`ops.batched_eigh`).
+    """
+    root = inverse_root(M1)  # U = L⁻ᵀ
+    inner = root.T @ M2 @ root
+    values, vectors = ops.batched_eigh(((inner + inner.T) / 2).unsqueeze(0), backend=backend)
+    return root @ vectors.squeeze(0), values.squeeze(0)
+
+
+@dataclass(frozen=True)
+class KroneckerSum:
+    """F̃⁻¹ for the sum of two Kronecker factors F̃ = G₁ ⊗ A₁ + G₂ ⊗ A₂ (paper app. "Extending curvature").
+
+    With K_G, s_G from `simultaneous_diagonalisation(G₁, G₂)` (K_A, s_A likewise),
+    F̃ = (K_G ⊗ K_A)⁻ᵀ (I ⊗ I + S_G ⊗ S_A) (K_G ⊗ K_A)⁻¹, so
+    F̃⁻¹ vec(V) = vec(K_G [(K_Gᵀ V K_A) ⊙ D] K_Aᵀ) with D = 1 / (1 + s_G s_Aᵀ) [R, C], and
+    [F̃⁻¹]_(rc),(rc) = [(K_G ∘ K_G) D (K_A ∘ K_A)ᵀ]_rc. G₁, A₁ are damped (SPD); 1 + s_G s_A is
+    floored at `SUM_FLOOR` where the second term would cancel the first.
+    """
+
+    K_G: torch.Tensor
+    K_A: torch.Tensor
+    D: torch.Tensor
+
+    @classmethod
+    def of(cls, G1: torch.Tensor, A1: torch.Tensor, G2: torch.Tensor, A2: torch.Tensor,
+           backend: str = "auto") -> "KroneckerSum":
+        """Diagonalise both pairs once for all costs and updates of a layer."""
+        K_G, s_G = simultaneous_diagonalisation(G1, G2, backend)
+        K_A, s_A = simultaneous_diagonalisation(A1, A2, backend)
+        return cls(K_G, K_A, 1.0 / (1.0 + torch.outer(s_G, s_A)).clamp_min(SUM_FLOOR))
+
+    def element_inverse_diagonal(self) -> torch.Tensor:
+        """[F̃⁻¹]_(rc),(rc) as an [R, C] matrix."""
+        return self.K_G.square() @ self.D @ self.K_A.square().T
+
+    def inverse_apply(self, V: torch.Tensor) -> torch.Tensor:
+        """F̃⁻¹ vec(V) as a matrix (four GEMMs)."""
+        return self.K_G @ ((self.K_G.T @ V @ self.K_A) * self.D) @ self.K_A.T
+
+
 def damping(diagonal: torch.Tensor, strength: float) -> torch.Tensor:
     """δ = λ·mean(diag M), what `damp` adds to the diagonal of M (paper app. "Dampening")."""
     return strength * diagonal.mean()
@@ -188,9 +247,9 @@ def damped_quadratic(raw: torch.Tensor, W: torch.Tensor, diagonal: torch.Tensor,
 # ---------------------------------------------------------------- costs (eq. 7)
 
 
-def element_costs_of(W: torch.Tensor, f: Factors | RootFactors) -> torch.Tensor:
-    """L_rc = ½ W_rc² / ([G⁻¹]_rr [A⁻¹]_cc) (eq. 7, elements)."""
-    return 0.5 * W.square() / torch.outer(f.G_inv_diagonal(), f.A_inv_diagonal())
+def element_costs_of(W: torch.Tensor, f: Factors | RootFactors | KroneckerSum) -> torch.Tensor:
+    """L_rc = ½ W_rc² / [F⁻¹]_(rc),(rc) = ½ W_rc² / ([G⁻¹]_rr [A⁻¹]_cc) for one Kronecker factor (eq. 7, elements)."""
+    return 0.5 * W.square() / f.element_inverse_diagonal()
 
 
 def structure_costs(quadratic: torch.Tensor, inverse_diagonal: torch.Tensor) -> torch.Tensor:
@@ -371,13 +430,14 @@ def solve_chunks(
 
 
 def joint_solve(
-    f: Factors, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor, shape: tuple[int, int],
+    f: Factors | KroneckerSum, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor, shape: tuple[int, int],
     tol: float = 1e-6, max_iter: int = 1000,
 ) -> torch.Tensor:
-    """u = M⁻¹ w for all K pruned weights at once, M = (G⁻¹ ⊗ A⁻¹)[S, S] (eqs. 4-5, one chunk).
+    """u = M⁻¹ w for all K pruned weights at once, M = F⁻¹[S, S] (eqs. 4-5, one chunk).
 
-    Jacobi-preconditioned conjugate gradients: M never exists; M u = (G⁻¹ V A⁻¹)[S] with V the
-    scatter of u into an R×C matrix, two GEMMs per iteration. Stops when ‖w − M u‖ ≤ tol·‖w‖.
+    Jacobi-preconditioned conjugate gradients: M never exists; M u = (F⁻¹ vec(V))[S] with V the
+    scatter of u into an R×C matrix (G⁻¹ V A⁻¹: two GEMMs per iteration; four for a
+    `KroneckerSum`). Stops when ‖w − M u‖ ≤ tol·‖w‖.
     """
     u = torch.zeros_like(w)
     bound = tol * torch.linalg.vector_norm(w)
@@ -387,9 +447,9 @@ def joint_solve(
 
     def apply(x: torch.Tensor) -> torch.Tensor:
         V[r, c] = x
-        return (f.G_inv @ V @ f.A_inv)[r, c]
+        return f.inverse_apply(V)[r, c]
 
-    inv_diag = 1.0 / (f.G_inv.diagonal()[r] * f.A_inv.diagonal()[c])
+    inv_diag = 1.0 / f.element_inverse_diagonal()[r, c]
     residual = w.clone()
     z = residual * inv_diag
     direction, rz = z.clone(), residual @ z
@@ -408,7 +468,7 @@ def joint_solve(
 
 def unstructured_update_of(
     W: torch.Tensor,
-    f: Factors,
+    f: Factors | KroneckerSum,
     mask: torch.Tensor,
     max_correlate: Optional[int] = None,
     semantics: ChunkSemantics = "sequential",
@@ -427,27 +487,32 @@ def unstructured_update_of(
     sequential: chunk b's w includes the updates of chunks before it (the reference's
     "addupdate"), kept as U = V A⁻¹ accumulated row-block by row-block, so the correction at
     chunk b is (G⁻¹[rows_b, :] U)[entries] — O(R²C + RC²) per layer in all.
+    A `KroneckerSum` takes the joint solve only: ΔW = −F̃⁻¹ vec(V).
     """
     if semantics not in ("sequential", "independent"):
         raise ValueError(f"semantics={semantics!r}: use 'sequential' or 'independent'")
     r, c = mask.nonzero(as_tuple=True)
-    chunks = row_chunks(r, max_correlate)
     U = torch.zeros_like(W)
     if max_correlate is None:
         U[r, c] = joint_solve(f, r, c, W[r, c], W.shape, tol, max_iter)
-        U = U @ f.A_inv
-    elif semantics == "independent":
-        U[r, c] = solve_chunks(f, r, c, W[r, c], chunks, backend=backend)
-        U = U @ f.A_inv
+        delta = f.inverse_apply(U)
+    elif isinstance(f, KroneckerSum):
+        raise ValueError("a sum of Kronecker factors needs the joint solve (max_correlate=None)")
     else:
-        for chunk in chunks:
-            rb, cb = r[chunk], c[chunk]
-            block_rows, local = torch.unique(rb, return_inverse=True)
-            w = W[rb, cb] - (f.G_inv[block_rows] @ U)[local, cb]
-            V = torch.zeros(block_rows.numel(), W.shape[1], dtype=W.dtype, device=W.device)
-            V[local, cb] = solve_chunks(f, rb, cb, w, [slice(0, rb.numel())], backend=backend)
-            U[block_rows] += V @ f.A_inv
-    out = W - f.G_inv @ U
+        chunks = row_chunks(r, max_correlate)
+        if semantics == "independent":
+            U[r, c] = solve_chunks(f, r, c, W[r, c], chunks, backend=backend)
+            U = U @ f.A_inv
+        else:
+            for chunk in chunks:
+                rb, cb = r[chunk], c[chunk]
+                block_rows, local = torch.unique(rb, return_inverse=True)
+                w = W[rb, cb] - (f.G_inv[block_rows] @ U)[local, cb]
+                V = torch.zeros(block_rows.numel(), W.shape[1], dtype=W.dtype, device=W.device)
+                V[local, cb] = solve_chunks(f, rb, cb, w, [slice(0, rb.numel())], backend=backend)
+                U[block_rows] += V @ f.A_inv
+        delta = f.G_inv @ U
+    out = W - delta
     out[mask] = 0
     return out
 

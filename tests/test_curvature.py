@@ -13,19 +13,15 @@ from surgeon.model import decoder_blocks, prunable_layers
 from tests.conftest import tiny_model
 
 
-@pytest.mark.parametrize("arch", ["llama", "opt"])
-def test_factors_match_direct_computation(arch):
-    model = tiny_model(arch).double()
-    named = [pair for block in prunable_layers(model) for pair in block]
-    windows = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(0))
-    raw = curvature.estimate(model, named, windows, backend="torch")
-    assert all(p.grad is None for p in model.parameters())  # no weight gradients were computed
-    # direct: record inputs and output gradients with plain hooks, sum loss per window
-    inputs, grads = {}, {}
-    handles = []
+def _per_token_inputs_and_gradients(model, named, windows):
+    """Each layer's inputs (bias column included) and output gradients per token, by plain hooks."""
+    inputs, grads, handles = {}, {}, []
     for name, module in named:
         def fwd(mod, inp, out, name=name):
-            inputs.setdefault(name, []).append(inp[0].detach().reshape(-1, inp[0].shape[-1]))
+            a = inp[0].detach().reshape(-1, inp[0].shape[-1])
+            if mod.bias is not None:
+                a = torch.cat([a, torch.ones(a.shape[0], 1, dtype=a.dtype)], 1)
+            inputs.setdefault(name, []).append(a)
             out.register_hook(lambda g: grads.setdefault(name, []).append(g.reshape(-1, g.shape[-1])))
         handles.append(module.register_forward_hook(fwd))
     for window in windows.split(1):
@@ -33,12 +29,20 @@ def test_factors_match_direct_computation(arch):
         F.cross_entropy(logits.reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1), reduction="sum").backward()
     for h in handles:
         h.remove()
+    return {name: (torch.cat(inputs[name]), torch.cat(grads[name])) for name, _ in named}
+
+
+@pytest.mark.parametrize("arch", ["llama", "opt"])
+def test_factors_match_direct_computation(arch):
+    model = tiny_model(arch).double()
+    named = [pair for block in prunable_layers(model) for pair in block]
+    windows = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(0))
+    raw = curvature.estimate(model, named, windows, backend="torch")
+    assert all(p.grad is None for p in model.parameters())  # no weight gradients were computed
+    direct = _per_token_inputs_and_gradients(model, named, windows)
     scale = 1 / math.sqrt(windows.numel())
-    for name, module in named:
-        a = torch.cat(inputs[name])
-        if module.bias is not None:
-            a = torch.cat([a, torch.ones(a.shape[0], 1, dtype=a.dtype)], 1)
-        g = torch.cat(grads[name])
+    for name, _ in named:
+        a, g = direct[name]
         torch.testing.assert_close(raw[name].A.dense().double(), scale * a.T @ a, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(raw[name].G.dense().double(), scale * g.T @ g, rtol=1e-5, atol=1e-6)
 
@@ -162,3 +166,29 @@ def test_autocast_pass_accumulates_low_precision_inputs_close_to_float32(monkeyp
             assert b.tiles.dtype == torch.float32
             error = float(torch.linalg.matrix_norm(a.dense() - b.dense()) / torch.linalg.matrix_norm(a.dense()))
             assert 0 < error < 0.05, f"{name}.{label}: relative error {error:.3g}"
+
+
+def test_power_method_finds_the_nearest_sum_of_two_kronecker_factors():
+    """G ⊗ A and G2 ⊗ A2 are the first two singular terms of the rearranged Fisher R(F) = Σ vec(ggᵀ) vec(aaᵀ)ᵀ."""
+    model = tiny_model("opt").double()
+    named = [pair for block in prunable_layers(model) for pair in block][:4]
+    windows = torch.randint(0, 96, (2, 6), generator=torch.Generator().manual_seed(4))
+    state = {}
+    raw = curvature.estimate_sum(model, named, windows, state, iterations=60)
+    warm = curvature.estimate_sum(model, named, windows, state, iterations=1)  # a later shot: one pass
+    direct = _per_token_inputs_and_gradients(model, named, windows)
+    checked = 0
+    for name, _ in named:
+        a, g = direct[name]
+        rearranged = torch.einsum("ni,nj,nk,nl->ijkl", g, g, a, a).reshape(g.shape[1] ** 2, a.shape[1] ** 2)
+        U, S, Vh = torch.linalg.svd(rearranged, full_matrices=False)
+        for index, (G, A) in enumerate(((raw[name].G, raw[name].A), (raw[name].G2, raw[name].A2))):
+            if S[index + 1] > 0.8 * S[index]:
+                continue  # power iteration converges as (S[i+1]/S[i])^k: too slow to check here
+            want = S[index] * torch.outer(U[:, index], Vh[index])
+            for factors in (raw, warm):
+                G, A = (factors[name].G, factors[name].A) if index == 0 else (factors[name].G2, factors[name].A2)
+                got = torch.outer(G.dense().reshape(-1), A.dense().reshape(-1)).double()
+                assert torch.linalg.matrix_norm(got - want) < 1e-5 * torch.linalg.matrix_norm(want), (name, index)
+            checked += 1
+    assert checked >= 6

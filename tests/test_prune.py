@@ -247,3 +247,40 @@ def test_structured_costs_from_the_pass_equal_the_costs_from_the_factors(arch):
         torch.testing.assert_close(rows, solver.row_costs_of(sub, f), rtol=1e-5, atol=1e-9)
         torch.testing.assert_close(cols, solver.col_costs_of(sub, f)[:real], rtol=1e-5, atol=1e-9)
     assert removed > 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "opt"])
+@pytest.mark.parametrize("structure", ["unstructured", "2:4"])
+def test_sum_of_two_kronecker_factors_prunes_with_its_own_update(monkeypatch, arch, structure):
+    """kronecker_terms=2: power passes (power_iterations in shot 1, then one), target reached, a different model."""
+    from surgeon import curvature
+
+    passes = []
+    backward = curvature._backward
+    monkeypatch.setattr(curvature, "_backward", lambda *a: passes.append(1) or backward(*a))
+    config = dict(structure=structure, target_size=0.6, shots=2)
+    one, two = tiny_model(arch), tiny_model(arch)
+    prune(one, calibration(), PruneConfig(**config), progress=False)
+    passes.clear()
+    report = prune(two, calibration(), PruneConfig(**config, kronecker_terms=2, power_iterations=3), progress=False)
+    assert len(passes) == (3 + 1) * len(calibration())
+    target = 0.5 if structure == "2:4" else 0.4
+    assert abs(report.sparsity - target) <= 1e-3
+    a, b = weights(one), weights(two)
+    assert all(torch.isfinite(w).all() for w in b.values())
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+    if structure == "2:4":
+        assert all(((W.reshape(W.shape[0], -1, 4) != 0).sum(2) <= 2).all() for W in b.values())
+
+
+def test_sum_of_two_kronecker_factors_rejects_what_it_cannot_do():
+    with pytest.raises(ValueError, match="kronecker_terms=2"):
+        PruneConfig(structure="structured", kronecker_terms=2)
+    with pytest.raises(ValueError, match="kronecker_terms=2"):
+        PruneConfig(structure="unstructured", kronecker_terms=2, max_correlate=64)
+    with pytest.raises(ValueError, match="kronecker_terms=2"):
+        PruneConfig(structure="unstructured", kronecker_terms=2, method="kobd")
+    with pytest.raises(ValueError, match="kronecker_terms=3"):
+        PruneConfig(structure="unstructured", kronecker_terms=3)
+    with pytest.raises(ValueError, match="power_iterations"):
+        PruneConfig(structure="unstructured", kronecker_terms=2, power_iterations=1)

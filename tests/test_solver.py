@@ -13,8 +13,12 @@ SHAPES = [pytest.param(5, 7, id="R5-C7"), pytest.param(8, 3, id="R8-C3"), pytest
 
 
 def closed_form(W, G, A, pruned: torch.Tensor):
-    """Eq. (4)-(5): Δθ = −F⁻¹Eᵀ(EF⁻¹Eᵀ)⁻¹Eθ and L = ½ θᵀEᵀ(EF⁻¹Eᵀ)⁻¹Eθ with F = G ⊗ A."""
-    F_inv = torch.kron(torch.linalg.inv(G), torch.linalg.inv(A))
+    """Eq. (4)-(5) with F = G ⊗ A (`closed_form_of`)."""
+    return closed_form_of(W, torch.kron(torch.linalg.inv(G), torch.linalg.inv(A)), pruned)
+
+
+def closed_form_of(W, F_inv, pruned: torch.Tensor):
+    """Eq. (4)-(5): Δθ = −F⁻¹Eᵀ(EF⁻¹Eᵀ)⁻¹Eθ and L = ½ θᵀEᵀ(EF⁻¹Eᵀ)⁻¹Eθ for a dense F⁻¹."""
     theta = W.reshape(-1)
     k = pruned.reshape(-1).nonzero().squeeze(1)
     inner = torch.linalg.inv(F_inv[k][:, k])
@@ -346,3 +350,56 @@ def test_whole_index_reads_and_writes_without_copies_and_permutations_still_gath
     assert solver.put_submatrix(target, every_row, every_col, block) is target and torch.equal(target, block)
     scattered = solver.put_submatrix(torch.zeros(5, 4), permuted, every_col, block)
     assert torch.equal(scattered[permuted], block)
+
+
+def sum_problem(R: int, C: int, gen: torch.Generator, size: float = 0.3):
+    """G₁, A₁ SPD and small symmetric (indefinite) G₂, A₂."""
+    def small(n):
+        x = torch.randn(n, n, generator=gen, dtype=torch.float64)
+        return size * (x + x.T) / (2 * n**0.5)
+    return random_spd(R, gen), random_spd(C, gen), small(R), small(C)
+
+
+def test_simultaneous_diagonalisation(gen):
+    M1, _, M2, _ = sum_problem(9, 2, gen, size=2.0)
+    K, s = solver.simultaneous_diagonalisation(M1, M2, backend="torch")
+    torch.testing.assert_close(K.T @ M1 @ K, torch.eye(9, dtype=torch.float64), **FLOAT64)
+    torch.testing.assert_close(K.T @ M2 @ K, torch.diag(s), **FLOAT64)
+
+
+@pytest.mark.parametrize("R,C", SHAPES)
+def test_kronecker_sum_inverse_matches_dense(R, C, gen):
+    G1, A1, G2, A2 = sum_problem(R, C, gen)
+    f = solver.KroneckerSum.of(G1, A1, G2, A2, backend="torch")
+    assert f.D.max() < 1 / solver.SUM_FLOOR  # no floor needed here: this is the exact inverse
+    F_inv = torch.linalg.inv(torch.kron(G1, A1) + torch.kron(G2, A2))
+    V = torch.randn(R, C, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(f.inverse_apply(V).reshape(-1), F_inv @ V.reshape(-1), **FLOAT64)
+    torch.testing.assert_close(f.element_inverse_diagonal().reshape(-1), F_inv.diagonal(), **FLOAT64)
+    W = torch.randn(R, C, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(solver.element_costs_of(W, f), 0.5 * W.square() / F_inv.diagonal().reshape(R, C),
+                               **FLOAT64)
+
+
+@pytest.mark.parametrize("R,C", SHAPES + [pytest.param(4, 6, id="R4-C6")])
+def test_kronecker_sum_joint_update_equals_closed_form(R, C, gen):
+    G1, A1, G2, A2 = sum_problem(R, C, gen)
+    W = torch.randn(R, C, generator=gen, dtype=torch.float64)
+    mask = torch.rand(R, C, generator=gen) < 0.4
+    mask[0, 0] = True
+    expected, _ = closed_form_of(W, torch.linalg.inv(torch.kron(G1, A1) + torch.kron(G2, A2)), mask)
+    f = solver.KroneckerSum.of(G1, A1, G2, A2, backend="torch")
+    new = solver.unstructured_update_of(W, f, mask, None, tol=1e-14, max_iter=10 * R * C)
+    torch.testing.assert_close(new, expected.masked_fill(mask, 0.0), **FLOAT64)
+    with pytest.raises(ValueError, match="joint solve"):
+        solver.unstructured_update_of(W, f, mask, 4)
+
+
+def test_kronecker_sum_floor_keeps_the_inverse_positive_definite(gen):
+    """A second term that cancels the first (F̃ = G₁⊗A₁ − 2 G₁⊗A₁) is floored to SUM_FLOOR of the first."""
+    G1, A1, _, _ = sum_problem(4, 3, gen)
+    f = solver.KroneckerSum.of(G1, A1, -2 * G1, A1, backend="torch")
+    torch.testing.assert_close(f.D, torch.full((4, 3), 1 / solver.SUM_FLOOR, dtype=torch.float64), **FLOAT64)
+    expected = torch.kron(torch.linalg.inv(G1), torch.linalg.inv(A1)) / solver.SUM_FLOOR
+    V = torch.randn(4, 3, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(f.inverse_apply(V).reshape(-1), expected @ V.reshape(-1), **FLOAT64)
