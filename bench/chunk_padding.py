@@ -1,11 +1,12 @@
-"""Padding of the batched K×K solves, and whether padding-free batches would be faster (CPU).
+"""Padding of the batched K×K solves, and the padding-free alternatives (CPU).
 
     python bench/chunk_padding.py
 
 One 576×1536 layer at 50% (the problem of `bench/bench_kk_solve.py`), pruned weights cut into row
-chunks of at most 64 and 576: the fraction of padded matrix entries with `solver.PAD_RATIO` as
-shipped, against batches of equal-length chunks only (PAD_RATIO = 1: no padding, more batches),
-and `solver.solve_chunks` seconds for both (best of 3, interleaved).
+chunks of at most 64 and 576: the fraction of padded matrix entries of the PyTorch path's batches
+(`kk_solve.reference.PAD_RATIO` as shipped), against batches of equal-length chunks only (PAD_RATIO
+= 1: no padding, more batches); and `solver.solve_chunks` seconds (best of 3, interleaved) for
+those two and for the compiled op (each chunk gathered at its own size and solved, no padding).
 """
 
 from __future__ import annotations
@@ -18,31 +19,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_kk_solve import _problem  # noqa: E402
 from surgeon import solver  # noqa: E402
+from surgeon_kernels import available_backends  # noqa: E402
+from surgeon_kernels.kk_solve import reference  # noqa: E402
 
 
 def main() -> None:
     W, f, mask = _problem(576, 1536)
     r, c = mask.nonzero(as_tuple=True)
-    shipped = solver.PAD_RATIO
+    shipped = reference.PAD_RATIO
     for max_correlate in (64, 576):
         chunks = solver.row_chunks(r, max_correlate)
         lengths = [chunk.stop - chunk.start for chunk in chunks]
         best = {}
         for ratio in (shipped, 1.0):
-            solver.PAD_RATIO = ratio
-            batches = solver.chunk_batches(lengths)
+            reference.PAD_RATIO = ratio
+            batches = reference.chunk_batches(lengths)
             padded = sum(len(b) * max(lengths[i] for i in b) ** 2 for b in batches)
             waste = 1 - sum(k * k for k in lengths) / padded
             print(f"chunks of <= {max_correlate}: {len(chunks)} chunks, PAD_RATIO {ratio}: {len(batches)} batches, "
                   f"{waste:.2%} of matrix entries are padding")
+        variants = {f"torch, PAD_RATIO {shipped}": (shipped, "torch"), "torch, PAD_RATIO 1.0": (1.0, "torch")}
+        if "cpp" in available_backends("cpu", "kk_solve"):
+            variants["cpp, each chunk at its size"] = (shipped, "cpp")
         for _ in range(3):
-            for ratio in (shipped, 1.0):
-                solver.PAD_RATIO = ratio
+            for label, (ratio, backend) in variants.items():
+                reference.PAD_RATIO = ratio
                 start = time.perf_counter()
-                solver.solve_chunks(f, r, c, W[r, c], chunks, backend="torch")
-                best[ratio] = min(best.get(ratio, float("inf")), time.perf_counter() - start)
-        print("  solve_chunks seconds (best of 3): " + ", ".join(f"PAD_RATIO {k}: {v:.3f}" for k, v in best.items()))
-    solver.PAD_RATIO = shipped
+                solver.solve_chunks(f, r, c, W[r, c], chunks, backend=backend)
+                best[label] = min(best.get(label, float("inf")), time.perf_counter() - start)
+        print("  solve_chunks seconds (best of 3): " + ", ".join(f"{k}: {v:.3f}" for k, v in best.items()))
+    reference.PAD_RATIO = shipped
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ class PruneConfig:
         if self.kronecker_terms not in (1, 2):
             raise ValueError(f"kronecker_terms={self.kronecker_terms}: use 1 or 2")
         if self.kronecker_terms == 2 and (self.structure == "structured" or self.method != "surgeon"
-                                          or self.max_correlate != 0):
+                                          or self.max_correlate not in (0, None)):
             raise ValueError("kronecker_terms=2 needs method surgeon, unstructured or N:M structure and max_correlate 0 "
                              "(structured costs of a sum need an inverse per row; the chunked solves need G⁻¹ ⊗ A⁻¹)")
         if self.power_iterations < 2:

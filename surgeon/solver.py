@@ -379,53 +379,26 @@ def row_chunks(rows: torch.Tensor, max_correlate: Optional[int]) -> list[slice]:
     return chunks
 
 
-PAD_RATIO = 0.875  # a batch of K×K solves holds chunks at least this fraction of its longest
-
-
-def chunk_batches(lengths: list[int], budget: int = 1 << 24) -> list[list[int]]:
-    """Group chunks (by index) for batched K×K solves, longest first, so little is padding.
-
-    A batch holds chunks no shorter than `PAD_RATIO` of its longest (so at most 1 − PAD_RATIO² of
-    any matrix in it is padding) and at most `budget` padded matrix entries.
-    """
-    batches: list[list[int]] = []
-    top = 0
-    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        k = lengths[index]
-        current = batches[-1] if batches else None
-        if current is None or k < PAD_RATIO * top or (len(current) + 1) * top * top > budget:
-            batches.append([])
-            top = k
-        batches[-1].append(index)
-    return batches
-
-
 def solve_chunks(
     f: Factors, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor, chunks: list[slice], budget: int = 1 << 24,
     backend: str = "auto",
 ) -> torch.Tensor:
     """u_S = M_S⁻¹ w_S for every chunk S, with M_S[i, j] = [G⁻¹]_{r_i r_j} [A⁻¹]_{c_i c_j} (eq. 4).
 
-    Ragged chunks are solved in batches of similar length (`chunk_batches`: each padded to its
-    longest with identity rows, at most `budget` matrix entries) by batched Cholesky, with the
-    eigen path (`eigen_solve`) for any system Cholesky rejects. Returns u aligned with r, c, w.
+    `chunks` tile the pruned weights in order. `ops.kk_solve` gathers and solves them by Cholesky
+    (compiled: each at its own size; PyTorch: padded batches of similar length, at most `budget`
+    entries); a system Cholesky rejects takes the eigen path (`eigen_solve`). Returns u aligned with r, c, w.
     """
-    u = torch.zeros_like(w)
-    lengths = [chunk.stop - chunk.start for chunk in chunks]
-    for members in chunk_batches(lengths, budget):
-        starts = torch.tensor([chunks[i].start for i in members], device=r.device)
-        sizes = torch.tensor([lengths[i] for i in members], device=r.device)
-        offsets = torch.arange(int(sizes.max()), device=r.device)
-        valid = offsets.unsqueeze(0) < sizes.unsqueeze(1)  # [B, k]
-        idx = torch.where(valid, starts.unsqueeze(1) + offsets.unsqueeze(0), starts.unsqueeze(1))
-        M = ops.kk_gather(f.G_inv, f.A_inv, r[idx], c[idx], valid, backend)
-        rhs = torch.where(valid, w[idx], torch.zeros((), dtype=w.dtype, device=w.device)).unsqueeze(2)
-        factor, info = torch.linalg.cholesky_ex(M)
-        solution = torch.cholesky_solve(rhs, factor)
-        failed = info != 0
-        if failed.any():
-            solution[failed] = eigen_solve(M[failed], rhs[failed], backend)
-        u[idx[valid]] = solution.squeeze(2)[valid]
+    if [chunk.start for chunk in chunks[1:]] != [chunk.stop for chunk in chunks[:-1]] or (
+            chunks and (chunks[0].start != 0 or chunks[-1].stop != w.numel())):
+        raise ValueError("chunks must tile the pruned weights in order")
+    offsets = torch.tensor([0] + [chunk.stop for chunk in chunks], dtype=torch.int64, device=w.device)
+    u, failed = ops.kk_solve(f.G_inv, f.A_inv, r, c, w, offsets, budget, backend)
+    for b in failed.nonzero().squeeze(1).tolist():
+        chunk = chunks[b]
+        valid = torch.ones(1, chunk.stop - chunk.start, dtype=torch.bool, device=w.device)
+        M = ops.kk_gather(f.G_inv, f.A_inv, r[chunk].unsqueeze(0), c[chunk].unsqueeze(0), valid, backend)
+        u[chunk] = eigen_solve(M, w[chunk].reshape(1, -1, 1), backend).reshape(-1)
     return u
 
 

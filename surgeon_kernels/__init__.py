@@ -11,11 +11,12 @@ from surgeon_kernels.ops import (
     kfac_accumulate,
     kfac_accumulate_group,
     kk_gather,
+    kk_solve,
     kth_smallest,
     nm_select,
 )
 
 __all__ = [
     "HAS_CPP_OPS", "available_backends", "batched_eigh", "kfac_accumulate", "kfac_accumulate_group", "kk_gather",
-    "kth_smallest", "nm_select",
+    "kk_solve", "kth_smallest", "nm_select",
 ]

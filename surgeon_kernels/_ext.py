@@ -32,3 +32,8 @@ if HAS_CPP_OPS:
         """Shape-only version for tracing: group costs [R, C/m] and a boolean mask [R, C]."""
         rows, cols = costs.shape
         return costs.new_empty(rows, cols // m), costs.new_empty(rows, cols, dtype=torch.bool)
+
+    @torch.library.register_fake("surgeon::kk_solve")
+    def _kk_solve_fake(G_inv, A_inv, rows, cols, w, offsets):
+        """Shape-only version for tracing: u like w and one failure flag per chunk."""
+        return torch.empty_like(w), w.new_empty(offsets.shape[0] - 1, dtype=torch.bool)

@@ -21,20 +21,22 @@ from surgeon_kernels._triton import HAS_TRITON, INTERPRET
 from surgeon_kernels.batched_eigh import reference as eigh_reference
 from surgeon_kernels.kfac_accumulate import reference as kfac_reference
 from surgeon_kernels.kk_gather import reference as kk_reference
+from surgeon_kernels.kk_solve import reference as kk_solve_reference
 from surgeon_kernels.kth_smallest import radix
 from surgeon_kernels.kth_smallest import reference as kth_reference
 from surgeon_kernels.nm_select import reference as nm_reference
 from surgeon_kernels.symmetric import PackedSymmetric
 
 Backend = Literal["auto", "triton", "cpp", "torch"]
-CPP_OPS = ("kfac_accumulate", "nm_select")
+CPP_OPS = ("kfac_accumulate", "nm_select", "kk_solve")
 CONCAT_MAX = 1 << 28  # torch kth_smallest: concatenate and kthvalue up to this many costs (1 GiB of float32)
 # batched_eigh on CUDA: `auto` runs Triton Jacobi for widths in this range (H100, bench/RESULTS.md:
 # 12× faster than torch.linalg.eigh at n = 64, 1.3× slower at 32, 3× slower at 128).
 JACOBI_WIDTHS = range(33, 65)
 # Ops whose Triton kernel measured slower than the PyTorch path on CUDA (H100, bench/RESULTS.md):
-# `auto` keeps PyTorch for them there. kk_gather: 1.82 vs 1.62 ms (random gathers, B=8, K=2000).
-AUTO_TORCH_ON_CUDA = ("kk_gather",)
+# `auto` keeps PyTorch for them there. kk_gather: 1.82 vs 1.62 ms (random gathers, B=8, K=2000);
+# kk_solve's Triton path is its PyTorch path with that gather.
+AUTO_TORCH_ON_CUDA = ("kk_gather", "kk_solve")
 
 
 def available_backends(device: torch.device | str = "cpu", op: Optional[str] = "kfac_accumulate") -> list[str]:
@@ -158,6 +160,28 @@ def kk_gather(G_inv: torch.Tensor, A_inv: torch.Tensor, rows: torch.Tensor, cols
 
         return kernel.kk_gather(G_inv, A_inv, rows, cols, valid)
     return kk_reference.kk_gather(G_inv, A_inv, rows, cols, valid)
+
+
+def kk_solve(G_inv: torch.Tensor, A_inv: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, w: torch.Tensor,
+             offsets: torch.Tensor, budget: int = kk_solve_reference.BUDGET,
+             backend: Backend = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """(u, failed): u_S = M_S⁻¹ w_S by Cholesky for every chunk S = [offsets[b], offsets[b+1]) of the flat
+    (rows, cols, w), M_S[i,j] = G⁻¹[r_i, r_j]·A⁻¹[c_i, c_j] (eq. 4); u_S = 0 and failed[b] where M_S is
+    not positive definite.
+
+    cpp: each chunk gathered at its own size and solved in one pass, chunks over threads (no padding).
+    torch / triton: batches of similar length padded to their longest (at most `budget` entries),
+    the gather by `kk_gather` of that backend.
+    """
+    if not rows.shape == cols.shape == w.shape or rows.dim() != 1 or offsets.dim() != 1:
+        raise ValueError(f"rows, cols, w must be 1-D of one length and offsets 1-D; got {tuple(rows.shape)}, "
+                         f"{tuple(cols.shape)}, {tuple(w.shape)}, {tuple(offsets.shape)}")
+    chosen = _resolve(backend, G_inv.device, "kk_solve")
+    if chosen == "cpp" and G_inv.dtype in (torch.float32, torch.float64):
+        return torch.ops.surgeon.kk_solve(G_inv, A_inv, rows, cols, w, offsets.to(torch.int64))
+    gather_backend = "triton" if chosen == "triton" else "torch"
+    return kk_solve_reference.kk_solve(G_inv, A_inv, rows, cols, w, offsets, budget,
+                                       lambda *args: kk_gather(*args, backend=gather_backend))
 
 
 def batched_eigh(A: torch.Tensor, Q0: Optional[torch.Tensor] = None,

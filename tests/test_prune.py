@@ -284,3 +284,4 @@ def test_sum_of_two_kronecker_factors_rejects_what_it_cannot_do():
         PruneConfig(structure="unstructured", kronecker_terms=3)
     with pytest.raises(ValueError, match="power_iterations"):
         PruneConfig(structure="unstructured", kronecker_terms=2, power_iterations=1)
+    PruneConfig(structure="unstructured", kronecker_terms=2, max_correlate=None)  # None and 0 both mean "all"

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from surgeon import solver
+from surgeon_kernels import available_backends
 from tests._tolerances import FLOAT64
 from tests.conftest import random_spd
 
@@ -205,52 +206,33 @@ def test_update_changes_kept_weights(gen):
 
 
 @pytest.mark.parametrize("budget", [1, 40, 1 << 20], ids=["one-per-batch", "small-batches", "one-batch"])
-def test_solve_chunks_batched_equals_one_by_one(budget, gen):
+@pytest.mark.parametrize("backend", [b for b in available_backends("cpu", "kk_solve") if b != "triton"])
+def test_solve_chunks_batched_equals_one_by_one(budget, backend, gen):
     W, G, A = problem(7, 9, gen)
     f = solver.Factors.of(G, A)
     r, c = (torch.rand(7, 9, generator=gen) < 0.6).nonzero(as_tuple=True)
     w = W[r, c]
     chunks = solver.row_chunks(r, 6)
     assert len({s.stop - s.start for s in chunks}) > 1  # ragged chunks
-    batched = solver.solve_chunks(f, r, c, w, chunks, budget=budget)
+    batched = solver.solve_chunks(f, r, c, w, chunks, budget=budget, backend=backend)
     for s in chunks:
         M = f.G_inv[r[s]][:, r[s]] * f.A_inv[c[s]][:, c[s]]
         torch.testing.assert_close(batched[s], torch.linalg.solve(M, w[s]), **FLOAT64)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_chunk_batches_bound_padding_and_budget(seed):
-    gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, 300, (60,), generator=gen).tolist() + [7, 7, 7]
-    budget = 300 * 300 * 4
-    batches = solver.chunk_batches(lengths, budget)
-    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
-    padded = 0
-    for batch in batches:
-        top = max(lengths[i] for i in batch)
-        assert all(lengths[i] >= solver.PAD_RATIO * top for i in batch)
-        assert len(batch) == 1 or len(batch) * top * top <= budget
-        padded += sum(top * top - lengths[i] ** 2 for i in batch)
-    assert padded <= (1 - solver.PAD_RATIO**2) * sum(k * k for k in lengths)
-
-
-def test_chunk_batches_in_arrival_order_would_pad_more():
-    """The reason for sorting: long and short chunks alternating would otherwise share batches."""
-    lengths = [200, 10] * 8
-    batches = solver.chunk_batches(lengths, 1 << 30)
-    assert sorted(map(sorted, batches)) == [list(range(0, 16, 2)), list(range(1, 16, 2))]
-    assert solver.chunk_batches([500], 10) == [[0]]  # a chunk over the budget is solved alone
-
-
-def test_solve_chunks_singular_system_falls_back_to_least_squares(gen):
+@pytest.mark.parametrize("backend", [b for b in available_backends("cpu", "kk_solve") if b != "triton"])
+def test_solve_chunks_singular_system_falls_back_to_least_squares(backend, gen):
     _, G, A = problem(3, 3, gen)
     f = solver.Factors.of(G, A)
-    r, c = torch.tensor([1, 1]), torch.tensor([2, 2])  # the same weight twice: M is singular
-    w = torch.tensor([1.0, 1.0], dtype=torch.float64)
-    u = solver.solve_chunks(f, r, c, w, [slice(0, 2)])
+    r, c = torch.tensor([0, 1, 1]), torch.tensor([0, 2, 2])  # the same weight twice: the second M is singular
+    w = torch.tensor([3.0, 1.0, 1.0], dtype=torch.float64)
+    u = solver.solve_chunks(f, r, c, w, [slice(0, 1), slice(1, 3)], backend=backend)
     m = f.G_inv[1, 1] * f.A_inv[2, 2]
-    torch.testing.assert_close(u, torch.full((2,), 0.5 / m.item(), dtype=torch.float64), **FLOAT64)
-    assert solver.solve_chunks(f, r[:0], c[:0], w[:0], []).numel() == 0
+    torch.testing.assert_close(u[1:], torch.full((2,), 0.5 / m.item(), dtype=torch.float64), **FLOAT64)
+    torch.testing.assert_close(u[0], 3.0 / (f.G_inv[0, 0] * f.A_inv[0, 0]), **FLOAT64)
+    assert solver.solve_chunks(f, r[:0], c[:0], w[:0], [], backend=backend).numel() == 0
+    with pytest.raises(ValueError, match="tile"):
+        solver.solve_chunks(f, r, c, w, [slice(0, 1), slice(2, 3)], backend=backend)
 
 
 def test_eigen_solve_equals_solve_on_spd(gen):
