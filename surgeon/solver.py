@@ -179,7 +179,8 @@ class RootFactors(_KroneckerInverse):
 SUM_FLOOR = 1e-2  # KroneckerSum: 1 + s_G s_A floored here, so F̃ keeps ≥ 1% of its first term in every direction
 
 
-def simultaneous_diagonalisation(M1: torch.Tensor, M2: torch.Tensor, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+def simultaneous_diagonalisation(M1: torch.Tensor, M2: torch.Tensor,
+                                 backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """K and s with Kᵀ M1 K = I and Kᵀ M2 K = diag(s), for SPD M1 and symmetric M2.
 
     K = L⁻ᵀ E with M1 = L Lᵀ and L⁻¹ M2 L⁻ᵀ = E diag(s) Eᵀ (`ops.batched_eigh`).
@@ -380,14 +381,15 @@ def row_chunks(rows: torch.Tensor, max_correlate: Optional[int]) -> list[slice]:
 
 
 def solve_chunks(
-    f: Factors, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor, chunks: list[slice], budget: int = 1 << 24,
-    backend: str = "auto",
+    f: Factors, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor, chunks: list[slice],
+    budget: Optional[int] = None, backend: str = "auto",
 ) -> torch.Tensor:
     """u_S = M_S⁻¹ w_S for every chunk S, with M_S[i, j] = [G⁻¹]_{r_i r_j} [A⁻¹]_{c_i c_j} (eq. 4).
 
     `chunks` tile the pruned weights in order. `ops.kk_solve` gathers and solves them by Cholesky
     (compiled: each at its own size; PyTorch: padded batches of similar length, at most `budget`
-    entries); a system Cholesky rejects takes the eigen path (`eigen_solve`). Returns u aligned with r, c, w.
+    entries, default `kk_solve.reference.BUDGET`); a system Cholesky rejects takes the eigen path
+    (`eigen_solve`). Returns u aligned with r, c, w.
     """
     if [chunk.start for chunk in chunks[1:]] != [chunk.stop for chunk in chunks[:-1]] or (
             chunks and (chunks[0].start != 0 or chunks[-1].stop != w.numel())):

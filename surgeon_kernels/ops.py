@@ -84,8 +84,8 @@ def kfac_accumulate_group(
     """`kfac_accumulate` for a group of factors (e.g. a block's layers) in one launch (eq. 6).
 
     Triton and the compiled op spread the tiles of all factors over one grid / one parallel region,
-    per input dtype. float64 accumulators always take the PyTorch path (the kernels accumulate in
-    float32).
+    per input dtype. float64 accumulators or inputs take the PyTorch path (the kernels read
+    float32/bfloat16/float16 and accumulate in float32).
     """
     if not len(outs) == len(xs) == len(biases):
         raise ValueError(f"{len(outs)} outs, {len(xs)} xs and {len(biases)} biases: need one of each per factor")
@@ -98,7 +98,8 @@ def kfac_accumulate_group(
         if not isinstance(out, PackedSymmetric) or out.n != width:
             raise ValueError(f"out must be a PackedSymmetric of width {width}, got {out!r:.80}")
     chosen = _resolve(backend, xs[0].device, "kfac_accumulate")
-    if chosen == "torch" or any(out.tiles.dtype != torch.float32 for out in outs):
+    if (chosen == "torch" or any(out.tiles.dtype != torch.float32 for out in outs)
+            or any(x.dtype not in (torch.float32, torch.bfloat16, torch.float16) for x in xs)):
         kfac_reference.kfac_accumulate_group(outs, xs, scale, biases)
     elif chosen == "cpp":
         torch.ops.surgeon.kfac_accumulate([out.tiles for out in outs], list(xs), float(scale), [bool(b) for b in biases])
@@ -163,15 +164,15 @@ def kk_gather(G_inv: torch.Tensor, A_inv: torch.Tensor, rows: torch.Tensor, cols
 
 
 def kk_solve(G_inv: torch.Tensor, A_inv: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, w: torch.Tensor,
-             offsets: torch.Tensor, budget: int = kk_solve_reference.BUDGET,
+             offsets: torch.Tensor, budget: Optional[int] = None,
              backend: Backend = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """(u, failed): u_S = M_S⁻¹ w_S by Cholesky for every chunk S = [offsets[b], offsets[b+1]) of the flat
     (rows, cols, w), M_S[i,j] = G⁻¹[r_i, r_j]·A⁻¹[c_i, c_j] (eq. 4); u_S = 0 and failed[b] where M_S is
     not positive definite.
 
     cpp: each chunk gathered at its own size and solved in one pass, chunks over threads (no padding).
-    torch / triton: batches of similar length padded to their longest (at most `budget` entries),
-    the gather by `kk_gather` of that backend.
+    torch / triton: batches of similar length padded to their longest (at most `budget` entries,
+    default `kk_solve.reference.BUDGET`), the gather by `kk_gather` of that backend.
     """
     if not rows.shape == cols.shape == w.shape or rows.dim() != 1 or offsets.dim() != 1:
         raise ValueError(f"rows, cols, w must be 1-D of one length and offsets 1-D; got {tuple(rows.shape)}, "
@@ -180,7 +181,7 @@ def kk_solve(G_inv: torch.Tensor, A_inv: torch.Tensor, rows: torch.Tensor, cols:
     if chosen == "cpp" and G_inv.dtype in (torch.float32, torch.float64):
         return torch.ops.surgeon.kk_solve(G_inv, A_inv, rows, cols, w, offsets.to(torch.int64))
     gather_backend = "triton" if chosen == "triton" else "torch"
-    return kk_solve_reference.kk_solve(G_inv, A_inv, rows, cols, w, offsets, budget,
+    return kk_solve_reference.kk_solve(G_inv, A_inv, rows, cols, w, offsets, budget or kk_solve_reference.BUDGET,
                                        lambda *args: kk_gather(*args, backend=gather_backend))
 
 

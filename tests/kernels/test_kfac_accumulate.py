@@ -137,6 +137,14 @@ def test_autotune_hooks_restore_outputs():
     assert all(torch.equal(t, b) for t, b in zip(outs, before))
 
 
+@pytest.mark.parametrize("backend", available_backends("cpu"))
+def test_float64_inputs_take_the_reference_path(backend):
+    x = torch.randn(6, 5, dtype=torch.float64)
+    out = PackedSymmetric.zeros(5)
+    ops.kfac_accumulate(out, x, 1.0, False, backend=backend)
+    torch.testing.assert_close(out.dense().double(), x.T @ x, rtol=1e-6, atol=1e-6)
+
+
 def test_group_arguments_checked():
     with pytest.raises(ValueError, match="one of each"):
         ops.kfac_accumulate_group([PackedSymmetric.zeros(3)], [], 1.0, [False])
