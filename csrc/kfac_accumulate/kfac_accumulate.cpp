@@ -3,11 +3,10 @@
 //
 // xs[g]: [N_g, C_g] (float32, bfloat16 or float16). outs[g]: the packed symmetric factor of width
 // C_g(+1) (surgeon_kernels/symmetric.py): its upper-triangle tiles [T, t, t], row-major over the
-// upper triangle, diagonal tiles whole. Each x is copied once, padded to whole tiles (the bias
-// column, constant 1, lands in that copy): bfloat16 stays bfloat16 and its GEMMs run in bfloat16
-// (oneDNN, ≈ 2× the float32 rate where the CPU has AVX512-BF16, bench/RESULTS.md; products exact,
-// sums in float32, each strip's sum over the call's tokens rounded once to bfloat16 before it is
-// added to the float32 factor); float16 and float32 are converted to float32. The work
+// upper triangle, diagonal tiles whole. Each x is converted once to float32, padded to whole tiles
+// (the bias column, constant 1, lands in that copy, which the conversion makes anyway), so every
+// product and sum is float32 (bfloat16 GEMMs through oneDNN measured 1.9× faster here but return
+// bfloat16 sums: bench/RESULTS.md, session 6). The work
 // is cut into strips of up to kStrip consecutive tiles of one tile row: one GEMM
 // x[:, row i]^T x[:, strip] each, added to the strip's tiles (consecutive in storage). The strips
 // of all factors of the group are spread over threads together with at::parallel_for (OpenMP),
@@ -29,12 +28,10 @@ struct Strip {
   int64_t group, row, col, count, first;  // factor, tile row, first tile column, tiles, storage index of the first
 };
 
-// x as [n, nb * t] in the GEMM dtype (bfloat16 for bfloat16, else float32): zero padding beyond
-// its columns, and the constant-1 bias column.
-at::Tensor padded(const at::Tensor& x, int64_t nb, int64_t t, bool bias) {
+// x as float32 [n, nb * t]: zero padding beyond its columns, and the constant-1 bias column.
+at::Tensor padded_float(const at::Tensor& x, int64_t nb, int64_t t, bool bias) {
   const int64_t n = x.size(0), c = x.size(1);
-  const auto dtype = x.scalar_type() == at::kBFloat16 ? at::kBFloat16 : at::kFloat;
-  at::Tensor xf = at::empty({n, nb * t}, x.options().dtype(dtype));
+  at::Tensor xf = at::empty({n, nb * t}, x.options().dtype(at::kFloat));
   xf.narrow(1, 0, c).copy_(x);
   xf.narrow(1, c, nb * t - c).zero_();  // the padding (only)
   if (bias) xf.select(1, c).fill_(1.0);
@@ -61,7 +58,7 @@ void kfac_accumulate_cpu(at::TensorList outs, at::TensorList xs, double scale, c
     TORCH_CHECK(out.size(0) == nb * (nb + 1) / 2, "kfac_accumulate: ", out.size(0),
                 " tiles do not pack a symmetric matrix of width ", width, " in tiles of ", t);
     if (x.size(0) == 0) continue;
-    padded_xs[g] = padded(x, nb, t, bias[g]);
+    padded_xs[g] = padded_float(x, nb, t, bias[g]);
     for (int64_t i = 0, first = 0; i < nb; first += nb - i, ++i)
       for (int64_t j = i; j < nb; j += kStrip)
         strips.push_back({static_cast<int64_t>(g), i, j, std::min(kStrip, nb - j), first + j - i});
