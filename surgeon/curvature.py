@@ -69,6 +69,29 @@ def _accumulate(total: Optional[torch.Tensor], term: torch.Tensor) -> torch.Tens
     return term if total is None else total.add_(term)
 
 
+@contextmanager
+def _layer_hooks(layers: list[tuple[str, nn.Linear]], before, after) -> Iterator[None]:
+    """`before(name, module, args)` as each layer's forward pre-hook (its return value replaces the
+    args when not None) and `after(name, output)` as its forward hook, removed on exit."""
+    handles = []
+    for name, module in layers:
+        handles.append(module.register_forward_pre_hook(lambda mod, args, name=name: before(name, mod, args)))
+        handles.append(module.register_forward_hook(lambda mod, args, out, name=name: after(name, out)))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _check_finite(name: str, entry: LayerFactors) -> None:
+    """Raise naming the layer and factor if any factor of `entry` holds a NaN or an infinity."""
+    for label in ("A", "G", "A2", "G2"):
+        factor = getattr(entry, label)
+        if factor is not None and not factor.isfinite():
+            raise SurgeonError(f"non-finite curvature ({label}) in layer {name}: check the model dtype and data")
+
+
 class _Collector:
     """Hooks that accumulate A (before each layer runs) and G (backward) for a list of linear layers.
 
@@ -84,7 +107,6 @@ class _Collector:
         self.factors: dict[str, LayerFactors] = {}
         self.owner: dict[str, str] = {}
         self._last: Optional[tuple[torch.Tensor, str]] = None
-        self._handles: list = []
         self._queue: list[tuple[str, PackedSymmetric, torch.Tensor, bool, int]] = []
         self._queued_bytes = 0
 
@@ -149,16 +171,10 @@ class _Collector:
     @contextmanager
     def hooks(self) -> Iterator["_Collector"]:
         self.layers_by_name = dict(self.layers)
-        for name, module in self.layers:
-            self._handles.append(module.register_forward_pre_hook(
-                lambda mod, args, name=name: self._before(name, mod, args)))
-            self._handles.append(module.register_forward_hook(lambda mod, args, out, name=name: self._after(name, out)))
         try:
-            yield self
+            with _layer_hooks(self.layers, self._before, self._after):
+                yield self
         finally:
-            for handle in self._handles:
-                handle.remove()
-            self._handles.clear()
             self._last = None
 
 
@@ -253,9 +269,7 @@ def estimate(
             _backward(model, batch, fisher, generator)
             collector.flush()
     for name, entry in collector.factors.items():
-        for label, factor in (("A", entry.A), ("G", entry.G)):
-            if factor is not None and not factor.isfinite():
-                raise SurgeonError(f"non-finite curvature ({label}) in layer {name}: check the model dtype and data")
+        _check_finite(name, entry)
         if need_g and entry.G is None:
             raise SurgeonError(f"layer {name} received no gradient: it does not affect the loss")
         if need_g and entry.col_quadratic is None:
@@ -321,15 +335,8 @@ class _PowerCollector:
 
     @contextmanager
     def hooks(self) -> Iterator["_PowerCollector"]:
-        handles = []
-        for name, module in self.layers:
-            handles.append(module.register_forward_pre_hook(lambda mod, args, name=name: self._before(name, mod, args)))
-            handles.append(module.register_forward_hook(lambda mod, args, out, name=name: self._after(name, out)))
-        try:
+        with _layer_hooks(self.layers, self._before, self._after):
             yield self
-        finally:
-            for handle in handles:
-                handle.remove()
 
 
 def power_step(terms: list[PowerIterate], sums: list[tuple[torch.Tensor, torch.Tensor]]) -> list[PowerIterate]:
@@ -402,8 +409,6 @@ def estimate_sum(
         if len(root) == 2 and root[1] > 0:
             entry.G2 = PackedSymmetric.pack(root[1] * state[name][1].G)
             entry.A2 = PackedSymmetric.pack(root[1] * state[name][1].A)
-        for label, factor in (("A", entry.A), ("G", entry.G), ("A2", entry.A2), ("G2", entry.G2)):
-            if factor is not None and not factor.isfinite():
-                raise SurgeonError(f"non-finite curvature ({label}) in layer {name}: check the model dtype and data")
+        _check_finite(name, entry)
         factors[name] = entry
     return factors

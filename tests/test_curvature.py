@@ -192,3 +192,17 @@ def test_power_method_finds_the_nearest_sum_of_two_kronecker_factors():
                 assert torch.linalg.matrix_norm(got - want) < 1e-5 * torch.linalg.matrix_norm(want), (name, index)
             checked += 1
     assert checked >= 6
+
+
+@pytest.mark.parametrize("kind", ["kronecker", "sum"])
+def test_nan_curvature_is_refused_with_the_layer_named(kind):
+    model = tiny_model("llama")
+    named = [pair for block in prunable_layers(model) for pair in block]
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight[0, 0] = float("nan")
+    windows = torch.randint(0, 96, (1, 8), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(curvature.SurgeonError, match=r"non-finite curvature \(\w+\) in layer model\.layers\.\d"):
+        if kind == "kronecker":
+            curvature.estimate(model, named, windows)
+        else:
+            curvature.estimate_sum(model, named, windows, {}, 2)
