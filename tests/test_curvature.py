@@ -206,3 +206,17 @@ def test_nan_curvature_is_refused_with_the_layer_named(kind):
             curvature.estimate(model, named, windows)
         else:
             curvature.estimate_sum(model, named, windows, {}, 2)
+
+
+@pytest.mark.parametrize("fisher", ["empirical", "sampled"])
+def test_labels_skip_the_last_position(fisher):
+    """Labels are the next tokens (or samples from the model's own next-token distribution) and the
+    last position, which has no next token, is ignored by the loss."""
+    batch = torch.randint(0, 8, (2, 6), generator=torch.Generator().manual_seed(1))
+    logits = torch.full((2, 6, 8), -1e4)
+    logits[..., 3] = 0.0  # the model is sure the next token is 3
+    labels = curvature._labels(logits, batch, fisher, torch.Generator().manual_seed(0))
+    assert labels.shape == batch.shape
+    assert (labels[:, -1] == curvature.IGNORE).all()
+    expected = batch[:, 1:] if fisher == "empirical" else torch.full((2, 5), 3)
+    assert torch.equal(labels[:, :-1], expected)

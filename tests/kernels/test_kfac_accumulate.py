@@ -18,6 +18,7 @@ SHAPES = [
     pytest.param(7, 5, id="N7-C5"),
     pytest.param(33, 127, id="N33-C127-below-tile"),
     pytest.param(65, 257, id="N65-C257-odd-tiles"),
+    pytest.param(19, 128, id="N19-C128-whole-tiles"),  # the bias column alone in its own tile
     pytest.param(0, 9, id="N0-empty"),
 ]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -75,6 +76,18 @@ def test_bad_shapes_raise():
         ops.kfac_accumulate(PackedSymmetric.zeros(3), torch.zeros(3), 1.0)
     with pytest.raises(ValueError, match="backend"):
         ops.kfac_accumulate(PackedSymmetric.zeros(3), torch.zeros(4, 3), 1.0, backend="fortran")
+
+
+@pytest.mark.parametrize("layout", ["transposed", "column-slice"])
+@pytest.mark.parametrize("backend", available_backends("cpu"))
+def test_strided_inputs(layout, backend):
+    """Inputs that are views with strides (read in place by the compiled op) give the same factor."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(40, 37, generator=gen).T if layout == "transposed" else torch.randn(37, 90, generator=gen)[:, 3:43]
+    start = torch.zeros(41, 41)
+    out = PackedSymmetric.zeros(41, tile=16)
+    ops.kfac_accumulate(out, x, 0.5, True, backend=backend)
+    assert_accumulated(out.dense(), x, 0.5, True, start)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -50,10 +50,11 @@ def test_about_half_the_dense_memory():
     assert packed.tiles.numel() / 4096**2 == pytest.approx(33 / 64)
 
 
-def test_isfinite():
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_isfinite(bad):
     packed = PackedSymmetric.pack(symmetric(5, seed=3), 4)
     assert packed.isfinite()
-    packed.tiles[1, 0, 0] = float("inf")
+    packed.tiles[1, 0, 0] = bad
     assert not packed.isfinite()
 
 
