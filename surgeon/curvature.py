@@ -209,7 +209,7 @@ def _backward(model: nn.Module, batch: torch.Tensor, fisher: str, generator: tor
     """One forward and input-gradient backward pass of the loss summed over the batch's tokens.
 
     The last position is skipped through its label (`IGNORE`), not by slicing the logits, whose
-    backward would zero-fill and copy a [L, vocabulary] gradient (≈ 45 ms per 512-token SmolLM2 window).
+    backward would zero-fill and copy a [L, vocabulary] gradient (≈ 25 ms per 512-token SmolLM2 window).
     """
     embeds = model.get_input_embeddings()(batch).detach().requires_grad_(True)
     logits = model(inputs_embeds=embeds).logits
