@@ -191,6 +191,9 @@ def _frozen(model: nn.Module) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
+IGNORE = -100  # the label `F.cross_entropy` skips
+
+
 def _labels(logits: torch.Tensor, batch: torch.Tensor, fisher: str, generator: torch.Generator) -> torch.Tensor:
     """Next-token labels of every position but the last: the data (empirical Fisher) or samples from
     the model (sampled Fisher); the last position gets `IGNORE` (it has no next token)."""
@@ -200,9 +203,6 @@ def _labels(logits: torch.Tensor, batch: torch.Tensor, fisher: str, generator: t
         probs = torch.softmax(logits[:, :-1].detach().float(), dim=-1).reshape(-1, logits.shape[-1])
         labels = torch.multinomial(probs.cpu(), 1, generator=generator).reshape(batch[:, 1:].shape).to(batch.device)
     return F.pad(labels, (0, 1), value=IGNORE)
-
-
-IGNORE = -100  # the label `F.cross_entropy` skips
 
 
 def _backward(model: nn.Module, batch: torch.Tensor, fisher: str, generator: torch.Generator) -> None:

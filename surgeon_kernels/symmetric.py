@@ -84,7 +84,7 @@ class PackedSymmetric:
             band = full[i * t:(i + 1) * t, i * t:]
             band.unflatten(1, (count, t)).copy_(self.tiles[first:first + count].transpose(0, 1))
             below = full[(i + 1) * t:, i * t:(i + 1) * t]
-            if mirror:  # tile by tile: each transpose stays in cache (2× one strided transpose of the band)
+            if mirror:  # tile by tile: each transpose stays in cache (faster than one strided transpose)
                 below.unflatten(0, (count - 1, t)).copy_(self.tiles[first + 1:first + count].transpose(1, 2))
             else:
                 below.zero_()
