@@ -34,9 +34,7 @@ def main() -> None:
     windows = calibration_windows(tokenize(tokenizer, calibration_text("wikitext2-valid")), args.windows, 512, 0)
     named = [pair for block in prunable_layers(model) for pair in block]
     config = PruneConfig(structure="structured", target_size=0.8, shots=4)
-    layers = [Layer(name, module, torch.zeros(module.weight.shape, dtype=torch.bool),
-                    torch.zeros(module.out_features, dtype=torch.bool), torch.zeros(module.in_features, dtype=torch.bool))
-              for name, module in named]
+    layers = [Layer.unpruned(name, module) for name, module in named]
     coupled = channels.couplings(model, [name for name, _ in named])
     target_zeros = round((1 - config.shot_target(1)) * sum(layer.module.weight.numel() for layer in layers))
     raw = curvature.estimate(model, named, windows)

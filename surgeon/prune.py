@@ -42,6 +42,14 @@ class Layer:
     rows: torch.Tensor
     cols: torch.Tensor
 
+    @classmethod
+    def unpruned(cls, name: str, module: nn.Linear) -> "Layer":
+        """The layer before any shot: nothing removed."""
+        R, C = module.weight.shape
+        device = module.weight.device
+        return cls(name, module, torch.zeros(R, C, dtype=torch.bool, device=device),
+                   torch.zeros(R, dtype=torch.bool, device=device), torch.zeros(C, dtype=torch.bool, device=device))
+
     @property
     def bias(self) -> bool:
         return self.module.bias is not None
@@ -364,12 +372,10 @@ def prune(model: nn.Module, calibration: torch.Tensor, config: PruneConfig, prog
     named = [pair for block in prunable_layers(model) for pair in block]
     layers = []
     for name, module in named:
-        R, C = module.weight.shape
+        C = module.in_features
         if config.nm and C % config.nm[1]:
             raise SurgeonError(f"{config.structure}: M={config.nm[1]} does not divide the {C} columns of {name}")
-        device = module.weight.device
-        layers.append(Layer(name, module, torch.zeros(R, C, dtype=torch.bool, device=device),
-                            torch.zeros(R, dtype=torch.bool, device=device), torch.zeros(C, dtype=torch.bool, device=device)))
+        layers.append(Layer.unpruned(name, module))
     if config.method in PER_LAYER and config.nm and config.shots != 1:
         raise SurgeonError(f"{config.method} prunes N:M in one shot; use --shots 1")
     total = sum(layer.module.weight.numel() for layer in layers)
