@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -191,31 +190,33 @@ def _frozen(model: nn.Module) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
-IGNORE = -100  # the label `F.cross_entropy` skips
+def _logit_gradient(logits: torch.Tensor, batch: torch.Tensor, fisher: str,
+                    generator: torch.Generator) -> torch.Tensor:
+    """∂/∂z of the summed next-token loss −Σ_n log softmax(z_n)[y_n]: softmax(z_n) − e_{y_n}, zero at the last
+    position (it has no next token).
 
-
-def _labels(logits: torch.Tensor, batch: torch.Tensor, fisher: str, generator: torch.Generator) -> torch.Tensor:
-    """Next-token labels of every position but the last: the data (empirical Fisher) or samples from
-    the model (sampled Fisher); the last position gets `IGNORE` (it has no next token)."""
+    Labels y are the data's next tokens (empirical Fisher) or samples from softmax(z_n) (sampled
+    Fisher), drawn from the same probabilities. Written out rather than by autograd through
+    `F.cross_entropy`, whose log-softmax output, zero-filled NLL gradient and log-softmax backward
+    are three more [L, vocabulary] passes (≈ 0.3 s per 512-token SmolLM2 window on the CPU,
+    bench/RESULTS.md).
+    """
+    probs = torch.softmax(logits.detach(), dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
     if fisher == "empirical":
         labels = batch[:, 1:]
     else:
-        probs = torch.softmax(logits[:, :-1].detach().float(), dim=-1).reshape(-1, logits.shape[-1])
-        labels = torch.multinomial(probs.cpu(), 1, generator=generator).reshape(batch[:, 1:].shape).to(batch.device)
-    return F.pad(labels, (0, 1), value=IGNORE)
+        flat = probs[:, :-1].reshape(-1, probs.shape[-1])
+        labels = torch.multinomial(flat.cpu(), 1, generator=generator).reshape(batch[:, 1:].shape).to(batch.device)
+    probs[:, -1] = 0
+    probs[:, :-1].scatter_add_(-1, labels.unsqueeze(-1), probs.new_full(labels.shape, -1.0).unsqueeze(-1))
+    return probs.to(logits.dtype)
 
 
 def _backward(model: nn.Module, batch: torch.Tensor, fisher: str, generator: torch.Generator) -> None:
-    """One forward and input-gradient backward pass of the loss summed over the batch's tokens.
-
-    The last position is skipped through its label (`IGNORE`), not by slicing the logits, whose
-    backward would zero-fill and copy a [L, vocabulary] gradient (≈ 25 ms per 512-token SmolLM2 window).
-    """
+    """One forward and input-gradient backward pass of the loss summed over the batch's tokens."""
     embeds = model.get_input_embeddings()(batch).detach().requires_grad_(True)
     logits = model(inputs_embeds=embeds).logits
-    labels = _labels(logits, batch, fisher, generator)
-    F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE,
-                    reduction="sum").backward()
+    logits.backward(_logit_gradient(logits, batch, fisher, generator))
 
 
 class _Stop(Exception):

@@ -209,14 +209,18 @@ def test_nan_curvature_is_refused_with_the_layer_named(kind):
 
 
 @pytest.mark.parametrize("fisher", ["empirical", "sampled"])
-def test_labels_skip_the_last_position(fisher):
-    """Labels are the next tokens (or samples from the model's own next-token distribution) and the
-    last position, which has no next token, is ignored by the loss."""
+def test_logit_gradient_is_that_of_the_summed_next_token_loss(fisher):
+    """softmax − one-hot of the next tokens (or of samples from the model's own next-token
+    distribution), as autograd gives for the summed cross-entropy; the last position, which has no
+    next token, gets none."""
     batch = torch.randint(0, 8, (2, 6), generator=torch.Generator().manual_seed(1))
-    logits = torch.full((2, 6, 8), -1e4)
-    logits[..., 3] = 0.0  # the model is sure the next token is 3
-    labels = curvature._labels(logits, batch, fisher, torch.Generator().manual_seed(0))
-    assert labels.shape == batch.shape
-    assert (labels[:, -1] == curvature.IGNORE).all()
-    expected = batch[:, 1:] if fisher == "empirical" else torch.full((2, 5), 3)
-    assert torch.equal(labels[:, :-1], expected)
+    logits = torch.randn(2, 6, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    if fisher == "sampled":
+        logits[..., 3] += 50.0  # the model is sure the next token is 3
+    grad = curvature._logit_gradient(logits, batch, fisher, torch.Generator().manual_seed(0))
+    labels = batch[:, 1:] if fisher == "empirical" else torch.full((2, 5), 3)
+    z = logits.clone().requires_grad_(True)
+    F.cross_entropy(z[:, :-1].reshape(-1, 8), labels.reshape(-1), reduction="sum").backward()
+    assert grad.dtype == logits.dtype
+    torch.testing.assert_close(grad, z.grad, rtol=1e-12, atol=1e-12)
+    assert (grad[:, -1] == 0).all()
