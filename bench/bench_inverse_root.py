@@ -2,8 +2,8 @@
 
     python -m pytest bench/bench_inverse_root.py --benchmark-only
 
-`solver.lower_inverse` recurses on halves (two GEMMs per level) where the plain way is one
-triangular solve against I; `cholesky_inverse` (the full inverse, what element shots use) is
+`solver.lower_inverse` works by row blocks of GEMMs that skip the zero triangle, where the plain
+way is one triangular solve against I; `cholesky_inverse` (the full inverse, what element shots use) is
 the third column. Fractions are of the measured GEMM rate, counting n³/3 flops for a triangular
 inverse and 2n³/3 for `cholesky_inverse` (the work they must do at least).
 """
@@ -16,7 +16,7 @@ import torch
 from surgeon import solver
 
 WAYS = {
-    "recursive": solver.lower_inverse,
+    "row_blocks": solver.lower_inverse,
     "solve_triangular": lambda L: torch.linalg.solve_triangular(L, torch.eye(L.shape[0]), upper=False),
     "cholesky_inverse": torch.cholesky_inverse,
 }

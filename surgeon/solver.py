@@ -43,25 +43,34 @@ def inverse_root(matrix: torch.Tensor) -> torch.Tensor:
     return lower_inverse(factor).T
 
 
-# Devices on which `lower_inverse` recurses on halves (two half-size inverses and two GEMMs): on the
-# 2-core CPU 19.3 ms at n = 1536 against 46.5 ms for a triangular solve against I
-# (bench/bench_inverse_root.py, bench/RESULTS.md).
-# Elsewhere the solve is kept, as measured in the H100 runs.
-RECURSIVE_INVERSE_ON = ("cpu",)
-RECURSION_BASE = 128
+# Devices on which `lower_inverse` works by row blocks of GEMMs; elsewhere one triangular solve
+# against I, as measured in the H100 runs. On the 2-core CPU at n = 1536 (bench/bench_inverse_root.py,
+# bench/RESULTS.md): row blocks 12.0 ms, recursive halves (two full GEMMs a level, twice the flops)
+# 21.3 ms, a triangular solve against I 46.5 ms.
+BLOCKED_INVERSE_ON = ("cpu",)
+INVERSE_BLOCK = 128
 
 
 def lower_inverse(L: torch.Tensor) -> torch.Tensor:
-    """L⁻¹ of a lower-triangular L: [[L₁₁, 0], [L₂₁, L₂₂]]⁻¹ = [[X₁₁, 0], [−X₂₂ L₂₁ X₁₁, X₂₂]], X = L⁻¹ of each half."""
+    """L⁻¹ of a lower-triangular L, by row blocks: X_ii = L_ii⁻¹ and X_ij = −X_ii Σ_{j≤l<i} L_il X_lj.
+
+    Each column block j of the sum is one GEMM over the rows l ≥ j where X_lj is not zero, so the
+    products skip the zero triangle (n³/3 flops in all, the least a triangular inverse needs).
+    """
     n = L.shape[0]
-    if n <= RECURSION_BASE or L.device.type not in RECURSIVE_INVERSE_ON:
+    eye = torch.eye(min(n, INVERSE_BLOCK), dtype=L.dtype, device=L.device)
+    if n <= INVERSE_BLOCK or L.device.type not in BLOCKED_INVERSE_ON:
         return torch.linalg.solve_triangular(L, torch.eye(n, dtype=L.dtype, device=L.device), upper=False)
-    h = -(-n // (2 * RECURSION_BASE)) * RECURSION_BASE  # the first half, a multiple of the base
-    out = torch.zeros_like(L)
-    X11, X22 = lower_inverse(L[:h, :h]), lower_inverse(L[h:, h:])
-    out[:h, :h], out[h:, h:] = X11, X22
-    torch.mm(X22, L[h:, :h] @ X11, out=out[h:, :h]).neg_()
-    return out
+    X = torch.zeros_like(L, memory_format=torch.contiguous_format)
+    edges = list(range(0, n, INVERSE_BLOCK)) + [n]
+    for i, (s, e) in enumerate(zip(edges, edges[1:])):
+        X[s:e, s:e] = torch.linalg.solve_triangular(L[s:e, s:e], eye[: e - s, : e - s], upper=False)
+        if i:
+            partial = L.new_empty(e - s, s)
+            for js, je in zip(edges[:i], edges[1:i + 1]):
+                torch.mm(L[s:e, js:s], X[js:s, js:je], out=partial[:, js:je])
+            torch.mm(X[s:e, s:e], partial, out=X[s:e, :s]).neg_()
+    return X
 
 
 def floored_eigh(M: torch.Tensor, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:

@@ -285,12 +285,13 @@ def test_root_factors_agree_with_full_inverses(gen):
     torch.testing.assert_close(solver.col_costs_of(W, roots), solver.col_costs_of(W, full), **FLOAT64)
 
 
-@pytest.mark.parametrize("n", [1, 7, 128, 129, 200, 257, 513])
+@pytest.mark.parametrize("n", [1, 7, 128, 129, 200, 256, 257, 513])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_lower_inverse_matches_triangular_solve(n, dtype, gen):
-    """The recursive halves (n > RECURSION_BASE, odd splits included) give L⁻¹, lower-triangular."""
-    L = torch.linalg.cholesky(random_spd(n, gen)).to(dtype)
-    X = solver.lower_inverse(L)
+@pytest.mark.parametrize("row_major", [False, True])
+def test_lower_inverse_matches_triangular_solve(n, dtype, row_major, gen):
+    """Row blocks (n > INVERSE_BLOCK, a last block of any width included) give L⁻¹, lower-triangular."""
+    L = torch.linalg.cholesky(random_spd(n, gen)).to(dtype)  # column-major, as Cholesky returns it
+    X = solver.lower_inverse(L.contiguous() if row_major else L)
     expected = torch.linalg.solve_triangular(L.double(), torch.eye(n, dtype=torch.float64), upper=False)
     assert torch.equal(X, X.tril())
     tolerance = dict(rtol=1e-4, atol=1e-4 * expected.abs().max().item()) if dtype == torch.float32 else FLOAT64
