@@ -9,11 +9,14 @@ import torch
 import torch.nn.functional as F
 
 from surgeon.errors import SurgeonError
+from surgeon import evaluate
 from surgeon.evaluate import perplexity
 from tests.conftest import tiny_model
 
 
-def test_perplexity_matches_manual_computation():
+@pytest.mark.parametrize("chunk", [512, 5])  # the NLL of a whole window in one piece, and in pieces with a ragged last
+def test_perplexity_matches_manual_computation(chunk, monkeypatch):
+    monkeypatch.setattr(evaluate, "NLL_CHUNK", chunk)
     model = tiny_model("llama")
     ids = torch.randint(0, 96, (1, 100), generator=torch.Generator().manual_seed(0))
     result = perplexity(model, ids, seqlen=32, progress=False)
