@@ -198,8 +198,8 @@ def _logit_gradient(logits: torch.Tensor, batch: torch.Tensor, fisher: str,
     Labels y are the data's next tokens (empirical Fisher) or samples from softmax(z_n) (sampled
     Fisher), drawn from the same probabilities. Written out rather than by autograd through
     `F.cross_entropy`, whose log-softmax output, zero-filled NLL gradient and log-softmax backward
-    are three more [L, vocabulary] passes (≈ 0.3 s per 512-token SmolLM2 window on the CPU,
-    bench/RESULTS.md).
+    are three more [L, vocabulary] passes: the pass took 4.29–4.59 s per 512-token SmolLM2 window
+    on the 2-core CPU with them, 3.70–3.93 s without (bench/RESULTS.md, session 8).
     """
     probs = torch.softmax(logits.detach(), dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
     if fisher == "empirical":

@@ -20,7 +20,7 @@ from surgeon.errors import SurgeonError
 from surgeon.model import max_seqlen
 
 # Positions per cross-entropy call: its float32 log-softmax temporary is NLL_CHUNK × vocabulary, not
-# seqlen × vocabulary (SmolLM2 at 2048: 100 MB instead of 400 MB at the process's peak, bench/RESULTS.md).
+# seqlen × vocabulary (SmolLM2 at 2048 tokens: 100 MB instead of 400 MB; bench/RESULTS.md, session 8).
 NLL_CHUNK = 512
 
 
