@@ -58,9 +58,9 @@ def lower_inverse(L: torch.Tensor) -> torch.Tensor:
     products skip the zero triangle (n³/3 flops in all, the least a triangular inverse needs).
     """
     n = L.shape[0]
-    eye = torch.eye(min(n, INVERSE_BLOCK), dtype=L.dtype, device=L.device)
     if n <= INVERSE_BLOCK or L.device.type not in BLOCKED_INVERSE_ON:
         return torch.linalg.solve_triangular(L, torch.eye(n, dtype=L.dtype, device=L.device), upper=False)
+    eye = torch.eye(INVERSE_BLOCK, dtype=L.dtype, device=L.device)
     X = torch.zeros_like(L, memory_format=torch.contiguous_format)
     edges = list(range(0, n, INVERSE_BLOCK)) + [n]
     for i, (s, e) in enumerate(zip(edges, edges[1:])):

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from surgeon.errors import SurgeonError
 from surgeon import evaluate
+from surgeon.errors import SurgeonError
 from surgeon.evaluate import perplexity
 from tests.conftest import tiny_model
 
