@@ -93,8 +93,7 @@ class PackedSymmetric:
 
     def dense(self) -> torch.Tensor:
         """The full n×n matrix (a new tensor)."""
-        full = self._unpacked(mirror=True)
-        return full[: self.n, : self.n] if full.shape[0] != self.n else full
+        return self._unpacked(mirror=True)[: self.n, : self.n]
 
     def upper(self) -> torch.Tensor:
         """The upper triangle as a dense matrix: the matrix itself when an upper-triangular one was packed."""
