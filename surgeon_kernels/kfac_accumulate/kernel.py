@@ -33,7 +33,7 @@ CONFIGS = autotune_configs(
     test=dict(BLOCK_K=16, num_warps=1, num_stages=1),
 )
 TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
-FACTOR_FIELDS = 6  # x address, out address, tokens, width, row stride of x, bias flag
+FACTOR_FIELDS = tl.constexpr(6)  # x address, out address, tokens, width, row stride of x, bias flag
 
 
 def snapshot_outputs(nargs: dict, reset_only: bool = False) -> None:

@@ -134,7 +134,7 @@ def test_autotune_hooks_restore_outputs():
 
     outs = [torch.randn(3, 4, 4), torch.randn(1, 4, 4)]
     before = [t.clone() for t in outs]
-    table = torch.zeros(2, kernel.FACTOR_FIELDS, dtype=torch.int64)
+    table = torch.zeros(2, kernel.FACTOR_FIELDS.value, dtype=torch.int64)
     table.outputs = outs
     kernel.snapshot_outputs({"factor_ptr": table})
     for t in outs:
