@@ -61,8 +61,8 @@ def perplexity(
     for i in tqdm(range(count), desc="eval", disable=not progress, leave=False):
         window = ids[:, i * seqlen : (i + 1) * seqlen].to(device)
         logits, targets = model(window).logits[0, :-1], window[0, 1:]
-        nll = sum(F.cross_entropy(logits[s:s + NLL_CHUNK].float(), targets[s:s + NLL_CHUNK], reduction="sum").item()
-                  for s in range(0, targets.numel(), NLL_CHUNK))
-        nll_sum += nll / targets.numel()
+        chunks = [F.cross_entropy(logits[s:s + NLL_CHUNK].float(), targets[s:s + NLL_CHUNK], reduction="sum")
+                  for s in range(0, targets.numel(), NLL_CHUNK)]
+        nll_sum += torch.stack(chunks).double().sum().item() / targets.numel()  # one host sync per window
     ppl = math.exp(nll_sum / count)
     return EvalResult(ppl=ppl, windows=count, tokens=count * seqlen, seconds=time.perf_counter() - start)
