@@ -5,10 +5,11 @@
 The interpreter (`TRITON_INTERPRET=1`, how the CPU test suite runs the kernels) executes a kernel
 as Python, so it misses what only the compiler checks: globals that are not `tl.constexpr`, operand
 types of `tl.dot`, shared memory beyond the device's. Here each op's Triton wrapper runs on small CPU
-tensors with every specialization the dispatcher can launch (input dtypes, bias, widths), while a
-stand-in driver names the target architecture and every launch is turned into Triton's own warm-up:
-the real binder, specialization and `triton.compile` (ptxas included) run for each autotune
-configuration, and nothing is launched. Each compiled kernel is reported with its registers, stack
+tensors for every dtype and constexpr variant the dispatcher can launch (input dtypes, bias column,
+group size M, radix shift, Jacobi width; Triton also specializes integer arguments on divisibility by
+16, and one value of each is compiled). A stand-in driver names the target architecture and every
+launch is turned into Triton's own warm-up: the real binder, specialization and `triton.compile`
+(ptxas included) run for each autotune configuration, and nothing is launched. Each compiled kernel is reported with its registers, stack
 bytes (spills) from `cuobjdump`, and dynamic shared memory against the architecture's limit (an
 autotune configuration over the limit is skipped on the device; a kernel with none within it fails).
 
@@ -128,7 +129,7 @@ def compiling_for(arch: int) -> Iterator[list]:
 
 
 def launches() -> list[tuple[str, Callable[[], object]]]:
-    """(op, call) for every specialization the dispatcher can launch, on small CPU tensors."""
+    """(op, call) for every dtype and constexpr variant the dispatcher can launch, on small CPU tensors."""
     from surgeon_kernels.batched_eigh.kernel import batched_eigh
     from surgeon_kernels.kfac_accumulate.kernel import kfac_accumulate
     from surgeon_kernels.kk_gather.kernel import kk_gather
@@ -185,7 +186,7 @@ def compile_all(arch: int, calls: Optional[list[tuple[str, Callable[[], object]]
     return done, failed
 
 
-def _no_config_fits(done: list[Compiled]) -> list[str]:
+def no_config_fits(done: list[Compiled]) -> list[str]:
     """The launches none of whose autotune configurations is within the shared-memory limit."""
     groups: dict[str, bool] = {}
     for entry in done:
@@ -211,9 +212,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                   f"{entry.stack} | {'yes' if entry.fits else 'no'} |")
         for failure in failed:
             print(f"FAILED sm_{arch} {failure.op}: {failure.error}", file=sys.stderr)
-        for op in _no_config_fits(done):
+        unfit = no_config_fits(done)
+        for op in unfit:
             print(f"FAILED sm_{arch} {op}: no configuration within the shared-memory limit", file=sys.stderr)
-        bad = bad or bool(failed) or bool(_no_config_fits(done))
+        bad = bad or bool(failed) or bool(unfit)
     return 1 if bad else 0
 
 

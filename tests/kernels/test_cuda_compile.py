@@ -34,7 +34,7 @@ def test_every_dispatched_launch_compiles_for_sm90(tmp_path):
             print("FAILED", f.op, f.error)
         for e in done:
             print("OK", e.op, "|", e.kernel, "|", e.shared, e.registers, e.stack, e.fits)
-        print("NO CONFIG FITS", cuda_compile._no_config_fits(done))
+        print("NO CONFIG FITS", cuda_compile.no_config_fits(done))
     """), tmp_path / "cache")
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.splitlines()
