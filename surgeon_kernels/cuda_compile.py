@@ -119,7 +119,7 @@ def compiling_for(arch: int) -> Iterator[list]:
     def every_config(self, *args, grid, warmup, **kwargs):
         return self.warmup(*args, grid=grid, **kwargs)
 
-    before = driver._active
+    before = driver._active  # not `driver.active`: that would create the CUDA driver, which fails without a GPU
     driver.set_active(_TargetDriver(GPUTarget("cuda", arch, 32)))
     try:
         with mock.patch.object(JITFunction, "run", compile_only), mock.patch.object(Autotuner, "run", every_config):
