@@ -2,16 +2,17 @@
 
     TRITON_INTERPRET=0 python -m surgeon_kernels.cuda_compile [--arch 80 90]
 
-The interpreter (`TRITON_INTERPRET=1`, how the CPU test suite runs the kernels) executes a kernel
-as Python, so it misses what only the compiler checks: globals that are not `tl.constexpr`, operand
-types of `tl.dot`, shared memory beyond the device's. Here each op's Triton wrapper runs on small CPU
-tensors for every dtype and constexpr variant the dispatcher can launch (input dtypes, bias column,
-group size M, radix shift, Jacobi width; Triton also specializes integer arguments on divisibility by
-16, and one value of each is compiled). A stand-in driver names the target architecture and every
-launch is turned into Triton's own warm-up: the real binder, specialization and `triton.compile`
-(ptxas included) run for each autotune configuration, and nothing is launched. Each compiled kernel is reported with its registers, stack
-bytes (spills) from `cuobjdump`, and dynamic shared memory against the architecture's limit (an
-autotune configuration over the limit is skipped on the device; a kernel with none within it fails).
+The interpreter (`TRITON_INTERPRET=1`, how the CPU test suite runs the kernels) executes a kernel as
+Python, so it misses what only the compiler checks: globals that are not `tl.constexpr`, operand types
+of `tl.dot`, shared memory beyond the device's. Here each op's Triton wrapper runs on small CPU tensors
+for every dtype and constexpr variant the dispatcher can launch (input dtypes, bias column, group size
+M, radix shift, Jacobi width; Triton also specializes integer arguments on divisibility by 16, and one
+value of each is compiled). A stand-in driver names the target architecture and every launch is turned
+into Triton's own warm-up: the real binder, specialization and `triton.compile` (ptxas included) run for
+each autotune configuration, and nothing is launched. Each compiled kernel is reported with its
+registers, stack bytes (spills) from `cuobjdump`, and dynamic shared memory against the architecture's
+limit (an autotune configuration over the limit is skipped on the device; a kernel with none within it
+fails).
 
 Import it with `TRITON_INTERPRET` unset or 0: under the interpreter nothing is compiled. The stand-in
 device number is the architecture (80, 90, …), so what is compiled here never meets a real device's.
