@@ -12,7 +12,7 @@ import functools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -23,6 +23,7 @@ from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
 from surgeon.model import decoder_blocks, prunable_layers
 from surgeon.report import PruneReport, ShotReport, layer_sparsity, peak_memory_gb
+from surgeon_kernels.deferred import Deferred
 from surgeon_kernels.symmetric import PackedSymmetric
 
 logger = logging.getLogger(__name__)
@@ -79,12 +80,20 @@ def _damped_diag(matrix: Optional[PackedSymmetric], size: int, strength: float, 
     return d + strength * d.mean()
 
 
-def _diagonal_costs(W: torch.Tensor, entry: Optional[curvature.LayerFactors], config: PruneConfig,
-                    rows, cols) -> torch.Tensor:
-    """OBD element costs of W[rows, cols] with the method's diagonal curvature (I where not estimated)."""
-    g = _damped_diag(entry.G if entry else None, W.shape[0], config.damp_g, W.device)[rows]
-    a = _damped_diag(entry.A if entry else None, W.shape[1], config.damp_a, W.device)[cols]
-    return baselines.diagonal_costs(solver.submatrix(W, rows, cols), g, a)
+def _damped_diagonals(entry: Optional[curvature.LayerFactors], shape: tuple[int, int], device: torch.device,
+                      config: PruneConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The method's diagonal curvature diag(g) ⊗ diag(a) of an R×C [W | b] (identity where not estimated), damped."""
+    return (_damped_diag(entry.G if entry else None, shape[0], config.damp_g, device),
+            _damped_diag(entry.A if entry else None, shape[1], config.damp_a, device))
+
+
+def _element_costs(layer: "Layer", weigh: Callable[[torch.Tensor], torch.Tensor],
+                   dead: Optional[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Element costs `weigh(W)` (eq. 7) of the layer's weights as they are now: dead ones 0, pruned ones −inf."""
+    e = weigh(layer.weight())[:, : layer.module.in_features]
+    if dead is not None:
+        e = e.masked_fill(dead[0].unsqueeze(1) | dead[1].unsqueeze(0), 0)
+    return e.masked_fill(layer.mask, float("-inf"))
 
 
 def _structure_costs(W: torch.Tensor, entry: curvature.LayerFactors, f: solver.RootFactors, keep_r: torch.Tensor,
@@ -243,7 +252,8 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
             f, kept = factors(entry, keep_r, keep_c)
             rc, cc = _structure_costs(W, entry, f, keep_r, keep_c, real_c.numel(), config)
         else:
-            e = _diagonal_costs(W, entry, config, keep_r, keep_c)
+            g, a = _damped_diagonals(entry, W.shape, W.device, config)
+            e = baselines.diagonal_costs(solver.submatrix(W, keep_r, keep_c), g[keep_r], a[keep_c])
             rc, cc = e.sum(1), e.sum(0)[: real_c.numel()]
         if entry is not None:
             dead_r, dead_c = _dead(entry, keep_r, real_c, R)
@@ -279,6 +289,8 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
 def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig) -> dict[str, float]:
     """Elements (unstructured or N:M): costs, global threshold, correlated update (eqs. 4-5).
 
+    Costs are not held: each layer keeps what they are computed from (the inverse diagonals, or the
+    diagonal curvature), and the threshold recomputes them when it reads them (`Deferred`).
     Returns the seconds spent on costs, threshold and updates.
     """
     plans, costs = [], []
@@ -286,24 +298,23 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
     device = layers[0].mask.device
     times = [_clock(device)]
     for layer in layers:
-        W, C = layer.weight(), layer.module.in_features
+        R, C = layer.module.out_features, layer.module.in_features
         entry = raw.pop(layer.name, None)  # frees each raw factor after its last layer
         kept = None
         if config.method == "surgeon" and entry.G2 is not None:
             kept = solver.KroneckerSum.of(solver.damp(entry.G.dense(), config.damp_g),
                                           solver.damp(entry.A.dense(), config.damp_a), entry.G2.dense(),
                                           entry.A2.dense(), config.backend)
-            e = solver.element_costs_of(W, kept)[:, :C]
+            weigh = functools.partial(solver.element_costs_of, f=kept)
         elif config.method == "surgeon":
             f, kept = factors(entry, slice(None), slice(None))
-            e = solver.element_costs_of(W, f)[:, :C]
+            weigh = functools.partial(solver.element_costs_of, f=solver.InverseDiagonals.of(f))
         else:
-            e = _diagonal_costs(W, entry, config, slice(None), slice(None))[:, :C]
-        if entry is not None:
-            dead_r, dead_c = _dead(entry, slice(None), slice(0, C), W.shape[0])
-            e = e.masked_fill(dead_r.unsqueeze(1) | dead_c.unsqueeze(0), 0)
+            g, a = _damped_diagonals(entry, (R, C + layer.bias), layer.mask.device, config)
+            weigh = functools.partial(baselines.diagonal_costs, g=g, a=a)
+        dead = _dead(entry, slice(None), slice(0, C), R) if entry is not None else None
         plans.append(kept)
-        costs.append(e.masked_fill(layer.mask, float("-inf")))
+        costs.append(Deferred(R * C, layer.mask.device, functools.partial(_element_costs, layer, weigh, dead)))
     times.append(_clock(device))
     nm = config.nm
     masks = (threshold.nm_selection(costs, *nm, target_zeros, config.backend) if nm
@@ -311,7 +322,7 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
     times.append(_clock(device))
     unpack = _Unpacker()
     for layer, kept, mask in zip(layers, plans, masks):
-        layer.mask = mask | layer.mask
+        layer.mask = mask() | layer.mask  # computed from the layer's costs before its mask and weights change
         W = layer.weight()
         if kept is not None:
             pruned, original = _with_bias_col(layer.mask, layer, False), W

@@ -98,12 +98,29 @@ def eigen_solve(M: torch.Tensor, rhs: Optional[torch.Tensor] = None, backend: st
     return scaled @ (vectors.mT @ rhs)
 
 
+@dataclass(frozen=True)
+class InverseDiagonals:
+    """diag(G⁻¹) [R] and diag(A⁻¹) [C] of one layer: all that its element costs (eq. 7) read of F⁻¹."""
+
+    G_inv: torch.Tensor
+    A_inv: torch.Tensor
+
+    @classmethod
+    def of(cls, f: "Factors | RootFactors") -> "InverseDiagonals":
+        """Copies of f's inverse diagonals (views would keep its dense inverses alive)."""
+        return cls(f.G_inv_diagonal().clone(), f.A_inv_diagonal().clone())
+
+    def element_inverse_diagonal(self) -> torch.Tensor:
+        """[F⁻¹]_(rc),(rc) = [G⁻¹]_rr [A⁻¹]_cc as an [R, C] matrix."""
+        return torch.outer(self.G_inv, self.A_inv)
+
+
 class _KroneckerInverse:
     """What element costs and the joint update read of F⁻¹ = G⁻¹ ⊗ A⁻¹ (shared with `KroneckerSum`)."""
 
     def element_inverse_diagonal(self) -> torch.Tensor:
         """[F⁻¹]_(rc),(rc) = [G⁻¹]_rr [A⁻¹]_cc as an [R, C] matrix."""
-        return torch.outer(self.G_inv_diagonal(), self.A_inv_diagonal())
+        return InverseDiagonals(self.G_inv_diagonal(), self.A_inv_diagonal()).element_inverse_diagonal()
 
     def inverse_apply(self, V: torch.Tensor) -> torch.Tensor:
         """F⁻¹ vec(V) as a matrix: G⁻¹ V A⁻¹."""
@@ -257,7 +274,7 @@ def damped_quadratic(raw: torch.Tensor, W: torch.Tensor, diagonal: torch.Tensor,
 # ---------------------------------------------------------------- costs (eq. 7)
 
 
-def element_costs_of(W: torch.Tensor, f: Factors | RootFactors | KroneckerSum) -> torch.Tensor:
+def element_costs_of(W: torch.Tensor, f: Factors | RootFactors | KroneckerSum | InverseDiagonals) -> torch.Tensor:
     """L_rc = ½ W_rc² / [F⁻¹]_(rc),(rc) = ½ W_rc² / ([G⁻¹]_rr [A⁻¹]_cc) for one Kronecker factor (eq. 7, elements)."""
     return 0.5 * W.square() / f.element_inverse_diagonal()
 

@@ -7,36 +7,55 @@ pruned carry cost −inf, so they are always kept pruned and count toward the ta
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional
 
 import torch
 
 from surgeon.errors import SurgeonError
 from surgeon_kernels import ops
+from surgeon_kernels.deferred import Deferred, Lazy, materialise
 
 
-def smallest_k(costs: list[torch.Tensor], k: int, backend: str = "auto") -> list[torch.Tensor]:
-    """Masks (same shapes as `costs`) selecting the k smallest costs over all tensors together.
-
-    τ is the k-th smallest cost by selection, never a full sort (`surgeon_kernels.ops.kth_smallest`);
-    every cost below τ is taken, then ties at τ in order until k.
-    """
+def _select(costs: list[Lazy], k: int, backend: str) -> tuple[float, list[int]]:
+    """τ, the k-th smallest of all costs, and how many costs equal to τ each tensor takes (in order, until k)."""
     total = sum(c.numel() for c in costs)
     if not 0 <= k <= total:
         raise SurgeonError(f"cannot select {k} of {total} structures")
-    if k == 0:
-        return [torch.zeros_like(c, dtype=torch.bool) for c in costs]
-    costs = [c.float() for c in costs]
-    tau = ops.kth_smallest(costs, k, backend)
-    masks = [c < tau for c in costs]
-    missing = k - sum(int(m.sum()) for m in masks)
-    for c, mask in zip(costs, masks):
-        if missing <= 0:
-            break
-        ties = (c == tau).reshape(-1).nonzero().squeeze(1)[:missing]
-        mask.view(-1)[ties] = True
-        missing -= ties.numel()
-    return masks
+    tau = ops.kth_smallest(costs, k, backend) if k else float("-inf")
+    counts = []
+    for c in costs:
+        values = materialise(c).float()
+        counts.append((int((values < tau).sum()), int((values == tau).sum())))
+    missing, ties = k - sum(below for below, _ in counts), []
+    for _, equal in counts:
+        ties.append(min(missing, equal))
+        missing -= ties[-1]
+    return tau, ties
+
+
+def _below(costs: torch.Tensor, tau: float, ties: int) -> torch.Tensor:
+    """The mask of costs below τ and of the first `ties` costs equal to τ."""
+    costs = costs.float()
+    mask = costs < tau
+    if ties:
+        mask.view(-1)[(costs == tau).reshape(-1).nonzero().squeeze(1)[:ties]] = True
+    return mask
+
+
+def smallest_k(costs: list[Lazy], k: int, backend: str = "auto") -> list[Deferred]:
+    """Masks (same shapes as `costs`) selecting the k smallest costs over all tensors together.
+
+    τ is the k-th smallest cost by selection, never a full sort (`surgeon_kernels.ops.kth_smallest`);
+    every cost below τ is taken, then ties at τ in order until k. Costs may be `Deferred`, and so
+    are the masks: each is computed from its costs when called, so no layer's costs or mask need
+    be held before its update (Llama-2-7B: 26 GB of float32 costs).
+    """
+    def mask(c: Lazy, ties: int) -> torch.Tensor:
+        return _below(materialise(c), tau, ties)
+
+    tau, ties = _select(costs, k, backend)
+    return [Deferred(c.numel(), c.device, functools.partial(mask, c, t)) for c, t in zip(costs, ties)]
 
 
 Masks = list[torch.Tensor]
@@ -87,15 +106,20 @@ def structured_selection(
     return [m.to(r.device) for m, r in zip(rows, row_costs)], [m.to(c.device) for m, c in zip(cols, col_costs)]
 
 
-def nm_selection(costs: list[torch.Tensor], n: int, m: int, target_zeros: int, backend: str = "auto") -> list[torch.Tensor]:
+def nm_selection(costs: list[Lazy], n: int, m: int, target_zeros: int, backend: str = "auto") -> list[Deferred]:
     """Element masks pruning the m−n cheapest weights of the cheapest groups over all layers (sec. 3.3, N:M).
 
     A group's cost is the sum of its m−n cheapest costs; one global τ over group costs. Every
-    layer's columns must be a multiple of m (`prune` checks this up front, naming the layer).
+    layer's columns must be a multiple of m (`prune` checks this up front, naming the layer). Like
+    `smallest_k`, the masks (and the group costs) are `Deferred`, computed from each layer's costs.
     """
-    grouped = [ops.nm_select(c, n, m, backend) for c in costs]
-    groups = smallest_k([g for g, _ in grouped], round(target_zeros / (m - n)), backend)
-    return [
-        (chosen.repeat_interleave(m, dim=1) & element_mask)
-        for chosen, (_, element_mask) in zip(groups, grouped)
-    ]
+    def groups(c: Lazy) -> torch.Tensor:
+        return ops.nm_select(materialise(c), n, m, backend)[0]
+
+    def mask(c: Lazy, ties: int) -> torch.Tensor:
+        group_costs, element_mask = ops.nm_select(materialise(c), n, m, backend)
+        return _below(group_costs, tau, ties).repeat_interleave(m, dim=1) & element_mask
+
+    tau, ties = _select([Deferred(c.numel() // m, c.device, functools.partial(groups, c)) for c in costs],
+                        round(target_zeros / (m - n)), backend)
+    return [Deferred(c.numel(), c.device, functools.partial(mask, c, t)) for c, t in zip(costs, ties)]

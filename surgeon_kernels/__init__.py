@@ -5,6 +5,7 @@
 """
 
 from surgeon_kernels._ext import HAS_CPP_OPS
+from surgeon_kernels.deferred import Deferred
 from surgeon_kernels.ops import (
     available_backends,
     batched_eigh,
@@ -17,6 +18,6 @@ from surgeon_kernels.ops import (
 )
 
 __all__ = [
-    "HAS_CPP_OPS", "available_backends", "batched_eigh", "kfac_accumulate", "kfac_accumulate_group", "kk_gather",
+    "HAS_CPP_OPS", "Deferred", "available_backends", "batched_eigh", "kfac_accumulate", "kfac_accumulate_group", "kk_gather",
     "kk_solve", "kth_smallest", "nm_select",
 ]

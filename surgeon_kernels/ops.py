@@ -19,6 +19,7 @@ import torch
 from surgeon_kernels._ext import HAS_CPP_OPS
 from surgeon_kernels._triton import HAS_TRITON, INTERPRET
 from surgeon_kernels.batched_eigh import reference as eigh_reference
+from surgeon_kernels.deferred import Lazy
 from surgeon_kernels.kfac_accumulate import reference as kfac_reference
 from surgeon_kernels.kk_gather import reference as kk_reference
 from surgeon_kernels.kk_solve import reference as kk_solve_reference
@@ -128,20 +129,21 @@ def nm_select(costs: torch.Tensor, n: int, m: int, backend: Backend = "auto") ->
     return nm_reference.nm_select(costs, n, m)
 
 
-def kth_smallest(values: list[torch.Tensor], k: int, backend: Backend = "auto") -> float:
+def kth_smallest(values: list[Lazy], k: int, backend: Backend = "auto") -> float:
     """The k-th smallest (1-based) element of all `values` together, without sorting.
 
     Triton: radix selection over order-preserving float32 keys, four byte-histogram passes, no
     concatenation. torch: `torch.kthvalue` of the concatenation up to `CONCAT_MAX` elements (on the
     CPU it is ≈ 2× faster than radix selection with `torch.bincount`, bench/RESULTS.md), radix
-    selection above, where a concatenated copy of the costs would not fit.
+    selection above, where a concatenated copy of the costs would not fit. A value may be a
+    `Deferred` tensor, computed each time it is read (once, or once per radix pass), so that the
+    costs of a whole model need not be held at once.
     """
     values = [v for v in values if v.numel()]
     total = sum(v.numel() for v in values)
     if not 1 <= k <= total:
         raise ValueError(f"k={k}: must be in [1, {total}]")
-    device = values[0].device
-    if _resolve(backend, device, "kth_smallest") == "triton":
+    if _resolve(backend, values[0].device, "kth_smallest") == "triton":
         from surgeon_kernels.kth_smallest import kernel
 
         return kernel.kth_smallest(values, k)

@@ -222,6 +222,34 @@ def test_structures_with_zero_curvature_go_first(structure, method):
 
 
 @pytest.mark.parametrize("arch", ["llama", "opt"])
+@pytest.mark.parametrize("method", ["surgeon", "kobd"])
+def test_element_shot_removes_the_weights_of_least_cost(arch, method):
+    """One unstructured shot removes the weights of least eq.-7 cost over the model, as computed here from
+    the damped factors (the shot computes its costs when the threshold reads them)."""
+    from surgeon import curvature, solver
+
+    model = tiny_model(arch)
+    config = PruneConfig(structure="unstructured", target_size=0.7, shots=1, method=method)
+    named = [pair for block in prunable_layers(model) for pair in block]
+    raw = curvature.estimate(model, named, calibration(), fisher=config.fisher, seed=config.seed + 1)
+    costs = {}
+    for name, module in named:
+        W = module.weight.detach().double()
+        if module.bias is not None:
+            W = torch.cat([W, module.bias.detach().double().unsqueeze(1)], 1)
+        G = solver.damp(raw[name].G.dense().double(), config.damp_g)
+        A = solver.damp(raw[name].A.dense().double(), config.damp_a)
+        e = solver.element_costs(W, G, A) if method == "surgeon" else 0.5 * W.square() * torch.outer(G.diag(), A.diag())
+        costs[name] = e[:, : module.in_features]
+    flat = torch.cat([e.reshape(-1) for e in costs.values()])
+    tau = float(torch.kthvalue(flat, round(0.3 * flat.numel())).values)
+    prune(model, calibration(), config, progress=False)
+    for name, module in named:
+        wrong = (module.weight == 0) != (costs[name] <= tau)
+        assert torch.allclose(costs[name][wrong], torch.tensor(tau, dtype=torch.float64), rtol=1e-4), name
+
+
+@pytest.mark.parametrize("arch", ["llama", "opt"])
 def test_structured_costs_from_the_pass_equal_the_costs_from_the_factors(arch):
     """After a shot (rows and columns removed, OPT biases), the pass's numerators give eq. 7 (float32)."""
     from surgeon import curvature, solver

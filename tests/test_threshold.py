@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 from surgeon import threshold
 from surgeon.errors import SurgeonError
+from surgeon_kernels import Deferred, available_backends
 
 SHAPES = [(7, 5), (3, 11), (13, 4)]
 
@@ -18,7 +21,7 @@ def random_costs(gen):
 @pytest.mark.parametrize("k", [0, 1, 17, 50, 120])
 def test_smallest_k_exact(k, gen):
     costs = random_costs(gen)
-    masks = threshold.smallest_k(costs, k)
+    masks = [mask() for mask in threshold.smallest_k(costs, k)]
     assert sum(int(m.sum()) for m in masks) == k
     chosen = torch.cat([c[m] for c, m in zip(costs, masks)])
     rest = torch.cat([c[~m] for c, m in zip(costs, masks)])
@@ -29,7 +32,7 @@ def test_smallest_k_exact(k, gen):
 def test_smallest_k_ties_and_previous():
     costs = [torch.zeros(2, 2), torch.zeros(3)]
     costs[1][0] = float("-inf")
-    masks = threshold.smallest_k(costs, 3)
+    masks = [mask() for mask in threshold.smallest_k(costs, 3)]
     assert sum(int(m.sum()) for m in masks) == 3 and masks[1][0]
 
 
@@ -65,7 +68,7 @@ def test_structured_overlap_counts_new_weights_only():
 
 def test_nm_groups_and_global_selection(gen):
     costs = [torch.rand(4, 8, generator=gen), torch.rand(3, 12, generator=gen)]
-    masks = threshold.nm_selection(costs, 2, 4, target_zeros=20)
+    masks = [mask() for mask in threshold.nm_selection(costs, 2, 4, target_zeros=20)]
     assert sum(int(m.sum()) for m in masks) == 20
     for cost, mask in zip(costs, masks):
         groups = mask.reshape(mask.shape[0], -1, 4).sum(2)
@@ -77,3 +80,32 @@ def test_nm_groups_and_global_selection(gen):
             assert g[idx[0], idx[1]][m[idx[0], idx[1]]].max() <= g[idx[0], idx[1]][~m[idx[0], idx[1]]].min()
     with pytest.raises(ValueError, match="m | C"):  # the op's own validation
         threshold.nm_selection([torch.rand(2, 6)], 2, 4, 4)
+
+
+def counted(costs: list[torch.Tensor], calls: list[int]) -> list[Deferred]:
+    """Each cost tensor as a `Deferred` copy that counts how often it is computed."""
+    def compute(i: int) -> torch.Tensor:
+        calls[i] += 1
+        return costs[i].clone()
+
+    return [Deferred(c.numel(), c.device, functools.partial(compute, i)) for i, c in enumerate(costs)]
+
+
+@pytest.mark.parametrize("backend", available_backends("cpu", "kth_smallest"))
+@pytest.mark.parametrize("selection", ["smallest_k", "2:4"])
+def test_deferred_costs_select_what_held_costs_select(selection, backend, gen):
+    """Deferred costs (recomputed at each read, never all held) give the held costs' masks, ties and −inf included."""
+    costs = [torch.rand(4, 8, generator=gen), torch.rand(3, 12, generator=gen), torch.rand(5, 4, generator=gen)]
+    costs[0][0, :4] = costs[2][1, :4] = 0.25  # ties at the threshold, across tensors
+    costs[1][2, :4] = float("-inf")  # already pruned
+    select = (functools.partial(threshold.smallest_k, k=30, backend=backend) if selection == "smallest_k"
+              else functools.partial(threshold.nm_selection, n=2, m=4, target_zeros=30, backend=backend))
+    calls = [0] * len(costs)
+    deferred = select(counted(costs, calls))
+    assert calls[0] > 0 and len(set(calls)) == 1  # read while selecting, each as often
+    reads = calls[0]
+    held = [mask() for mask in select(costs)]
+    for got, want in zip(deferred, held):
+        assert torch.equal(got(), want)
+    assert calls == [reads + 1] * len(costs)  # a mask computes its costs once more
+    assert sum(int(m.sum()) for m in held) == 30

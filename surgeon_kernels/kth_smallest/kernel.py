@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from surgeon_kernels._triton import autotune_configs
+from surgeon_kernels.deferred import Lazy
 from surgeon_kernels.kth_smallest import radix
 
 CONFIGS = autotune_configs([dict(BLOCK=4096, num_warps=8), dict(BLOCK=16384, num_warps=16)],
@@ -38,6 +39,6 @@ def byte_histogram(x: torch.Tensor, prefix: int, shift: int) -> torch.Tensor:
     return hist.cpu()
 
 
-def kth_smallest(values: list[torch.Tensor], k: int) -> float:
+def kth_smallest(values: list[Lazy], k: int) -> float:
     """The k-th smallest (1-based) of all elements of `values` together, histograms in Triton."""
     return radix.kth_smallest(values, k, byte_histogram)

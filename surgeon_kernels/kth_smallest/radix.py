@@ -13,6 +13,8 @@ from typing import Callable
 
 import torch
 
+from surgeon_kernels.deferred import Lazy, materialise
+
 Histogram = Callable[[torch.Tensor, int, int], torch.Tensor]
 
 
@@ -37,14 +39,14 @@ def torch_histogram(x: torch.Tensor, prefix: int, shift: int) -> torch.Tensor:
     return torch.bincount((keys >> shift) & 0xFF, minlength=256).cpu()
 
 
-def kth_smallest(values: list[torch.Tensor], k: int, histogram: Histogram = torch_histogram) -> float:
-    """The k-th smallest (1-based) of all elements of `values` together."""
+def kth_smallest(values: list[Lazy], k: int, histogram: Histogram = torch_histogram) -> float:
+    """The k-th smallest (1-based) of all elements of `values` together (a `Deferred` is computed once per pass)."""
     total = sum(v.numel() for v in values)
     if not 1 <= k <= total:
         raise ValueError(f"k={k}: must be in [1, {total}]")
     prefix = 0
     for shift in (24, 16, 8, 0):
-        counts = sum(histogram(v, prefix, shift).to(torch.int64) for v in values if v.numel())
+        counts = sum(histogram(materialise(v), prefix, shift).to(torch.int64) for v in values if v.numel())
         cumulative = counts.cumsum(0)
         digit = int(torch.searchsorted(cumulative, torch.tensor(k)))
         k -= int(cumulative[digit - 1]) if digit else 0

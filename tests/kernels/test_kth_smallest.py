@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from surgeon_kernels import available_backends, ops
+from surgeon_kernels import Deferred, available_backends, ops
 from surgeon_kernels.kth_smallest import radix, reference
 
 
@@ -26,9 +26,16 @@ def test_matches_kthvalue(sizes, backend):
         values[0][:3] = float("-inf")  # already pruned structures
         values[0][3:6] = 0.25  # ties
     total = sum(sizes)
+    lazy = [Deferred(v.numel(), v.device, v.clone) if i % 2 else v for i, v in enumerate(values)]
     for k in sorted({1, min(2, total), total // 3 + 1, max(1, total // 2), total}):
-        got = radix.kth_smallest(values, k) if backend == "radix-torch" else ops.kth_smallest(values, k, backend)
-        assert got == reference.kth_smallest(values, k)
+        for given in (values, lazy):  # held tensors, and every other one deferred
+            got = radix.kth_smallest(given, k) if backend == "radix-torch" else ops.kth_smallest(given, k, backend)
+            assert got == reference.kth_smallest(values, k)
+
+
+def test_deferred_of_the_wrong_size_raises():
+    with pytest.raises(ValueError, match="declared 4 elements, computed 3"):
+        ops.kth_smallest([Deferred(4, "cpu", lambda: torch.rand(3))], 2)
 
 
 def test_k_out_of_range_raises():
