@@ -3,7 +3,8 @@
 # Logs and JSON go to $OUT (or out/gpu): the CUDA kernel tests, the kernel microbenchmarks and
 # the end-to-end shot timings given as arguments ("BLOCKS:SHOTS:BATCH", e.g. 8:4:1 32:4:2; a
 # fourth field "profile" also writes torch.profiler's table, or a number sets --group-bytes, e.g.
-# 32:4:2:0 for one factor-accumulation launch per factor).
+# 32:4:2:0 for one factor-accumulation launch per factor; a fifth field names another structure,
+# pruned to 50% instead of 80%, e.g. 32:1:2::unstructured).
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
@@ -14,14 +15,18 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   timeout 300 python3 -m pytest -q -m requires_cuda tests/kernels -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/tests.txt"
 fi
 for spec in "$@"; do
-  IFS=: read -r blocks shots batch profile <<< "$spec"
+  IFS=: read -r blocks shots batch profile structure <<< "$spec"
+  structure=${structure:-structured}
+  target=0.8
+  [ "$structure" = structured ] || target=0.5
   name="llama2-7b-${blocks}blocks-${shots}shots-batch${batch}${profile:+-$profile}"
+  [ "$structure" = structured ] || name="$name-$structure"
   extra=()
   [ "$profile" = profile ] && extra=(--profile "$OUT/profile-$name.txt")
   [[ "$profile" =~ ^[0-9]+$ ]] && extra=(--group-bytes "$profile")
   timeout 420 python3 bench/shot_time.py --config bench/configs/llama-2-7b.json --layers "$blocks" --device cuda \
-    --dtype bfloat16 --nsamples 128 --seqlen 2048 --shots "$shots" --batch-size "$batch" --target-size 0.8 \
-    --output "$OUT/shot-$name.json" "${extra[@]}" > "$OUT/shot-$name.log" 2>&1
+    --dtype bfloat16 --nsamples 128 --seqlen 2048 --shots "$shots" --batch-size "$batch" --target-size "$target" \
+    --structure "$structure" --output "$OUT/shot-$name.json" "${extra[@]}" > "$OUT/shot-$name.log" 2>&1
   echo "shot $spec rc=$?"; grep -v "it/s\]" "$OUT/shot-$name.log" | tail -6
 done
 if [ -z "${SKIP_MICRO:-}" ]; then

@@ -290,7 +290,8 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
     """Elements (unstructured or N:M): costs, global threshold, correlated update (eqs. 4-5).
 
     Costs are not held: each layer keeps what they are computed from (the inverse diagonals, or the
-    diagonal curvature), and the threshold recomputes them when it reads them (`Deferred`).
+    diagonal curvature), and the threshold recomputes them when it reads them (`Deferred`). They read
+    the layer's weights and mask as they are, so each layer's mask is made before its update.
     Returns the seconds spent on costs, threshold and updates.
     """
     plans, costs = [], []

@@ -274,7 +274,8 @@ def damped_quadratic(raw: torch.Tensor, W: torch.Tensor, diagonal: torch.Tensor,
 # ---------------------------------------------------------------- costs (eq. 7)
 
 
-def element_costs_of(W: torch.Tensor, f: Factors | RootFactors | KroneckerSum | InverseDiagonals) -> torch.Tensor:
+def element_costs_of(W: torch.Tensor,
+                     f: Factors | RootFactors | KroneckerSum | InverseDiagonals) -> torch.Tensor:
     """L_rc = ½ W_rc² / [F⁻¹]_(rc),(rc) = ½ W_rc² / ([G⁻¹]_rr [A⁻¹]_cc) for one Kronecker factor (eq. 7, elements)."""
     return 0.5 * W.square() / f.element_inverse_diagonal()
 

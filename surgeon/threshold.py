@@ -49,7 +49,7 @@ def smallest_k(costs: list[Lazy], k: int, backend: str = "auto") -> list[Deferre
     τ is the k-th smallest cost by selection, never a full sort (`surgeon_kernels.ops.kth_smallest`);
     every cost below τ is taken, then ties at τ in order until k. Costs may be `Deferred`, and so
     are the masks: each is computed from its costs when called, so no layer's costs or mask need
-    be held before its update (Llama-2-7B: 26 GB of float32 costs).
+    be held before its update (Llama-2-7B: 24 GiB of float32 costs).
     """
     def mask(c: Lazy, ties: int) -> torch.Tensor:
         return _below(materialise(c), tau, ties)

@@ -18,6 +18,6 @@ from surgeon_kernels.ops import (
 )
 
 __all__ = [
-    "HAS_CPP_OPS", "Deferred", "available_backends", "batched_eigh", "kfac_accumulate", "kfac_accumulate_group", "kk_gather",
-    "kk_solve", "kth_smallest", "nm_select",
+    "HAS_CPP_OPS", "Deferred", "available_backends", "batched_eigh", "kfac_accumulate", "kfac_accumulate_group",
+    "kk_gather", "kk_solve", "kth_smallest", "nm_select",
 ]

@@ -1,7 +1,7 @@
 """A tensor computed on each use instead of held: e.g. one layer's element costs.
 
 The global threshold reads every layer's costs a few times (`ops.kth_smallest`); holding them all
-would take 4 bytes per weight (26 GB for Llama-2-7B, next to 30 GiB of packed inverses and the
+would take 4 bytes per weight (24 GiB for Llama-2-7B, next to 30 GiB of packed inverses and the
 weights). A `Deferred` is recomputed from what is held anyway, and its size and device are known
 without computing it.
 """
