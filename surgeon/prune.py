@@ -87,7 +87,7 @@ def _damped_diagonals(entry: Optional[curvature.LayerFactors], shape: tuple[int,
             _damped_diag(entry.A if entry else None, shape[1], config.damp_a, device))
 
 
-def _element_costs(layer: "Layer", weigh: Callable[[torch.Tensor], torch.Tensor],
+def _element_costs(layer: Layer, weigh: Callable[[torch.Tensor], torch.Tensor],
                    dead: Optional[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """Element costs `weigh(W)` (eq. 7) of the layer's weights as they are now: dead ones 0, pruned ones −inf."""
     e = weigh(layer.weight())[:, : layer.module.in_features]
