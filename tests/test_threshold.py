@@ -9,7 +9,7 @@ import torch
 
 from surgeon import threshold
 from surgeon.errors import SurgeonError
-from surgeon_kernels import Deferred, available_backends
+from surgeon_kernels import Deferred, available_backends, ops
 
 SHAPES = [(7, 5), (3, 11), (13, 4)]
 
@@ -94,12 +94,17 @@ def counted(costs: list[torch.Tensor], calls: list[int]) -> list[Deferred]:
 @pytest.mark.parametrize("backend", available_backends("cpu", "kth_smallest"))
 @pytest.mark.parametrize("selection", ["smallest_k", "2:4"])
 def test_deferred_costs_select_what_held_costs_select(selection, backend, gen):
-    """Deferred costs (recomputed at each read, never all held) give the held costs' masks, ties and −inf included."""
+    """Deferred costs (recomputed at each read, never all held) give the held costs' masks, with τ on ties
+    spread over two tensors (some taken, some not) and −inf entries."""
     costs = [torch.rand(4, 8, generator=gen), torch.rand(3, 12, generator=gen), torch.rand(5, 4, generator=gen)]
-    costs[0][0, :4] = costs[2][1, :4] = 0.25  # ties at the threshold, across tensors
+    costs[0][0, :4] = costs[2][1, :4] = 0.25  # ties: 4 weights (2:4: one group) in each of two tensors
     costs[1][2, :4] = float("-inf")  # already pruned
-    select = (functools.partial(threshold.smallest_k, k=30, backend=backend) if selection == "smallest_k"
-              else functools.partial(threshold.nm_selection, n=2, m=4, target_zeros=30, backend=backend))
+    if selection == "smallest_k":
+        k = sum(int((c < 0.25).sum()) for c in costs) + 5  # τ = 0.25: all 4 ties of tensor 0, 1 of tensor 2
+        select = functools.partial(threshold.smallest_k, k=k, backend=backend)
+    else:
+        k = 2 * (sum(int((ops.nm_select(c, 2, 4)[0] < 0.5).sum()) for c in costs) + 1)  # τ = 0.5: 1 of 2 groups
+        select = functools.partial(threshold.nm_selection, n=2, m=4, target_zeros=k, backend=backend)
     calls = [0] * len(costs)
     deferred = select(counted(costs, calls))
     assert calls[0] > 0 and len(set(calls)) == 1  # read while selecting, each as often
@@ -108,4 +113,6 @@ def test_deferred_costs_select_what_held_costs_select(selection, backend, gen):
     for got, want in zip(deferred, held):
         assert torch.equal(got(), want)
     assert calls == [reads + 1] * len(costs)  # a mask computes its costs once more
-    assert sum(int(m.sum()) for m in held) == 30
+    assert sum(int(m.sum()) for m in held) == k
+    split = (4, 1) if selection == "smallest_k" else (2, 0)  # ties taken in tensor order (2:4: 2 of 4 per group)
+    assert (int(held[0][0, :4].sum()), int(held[2][1, :4].sum())) == split
