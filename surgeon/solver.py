@@ -40,10 +40,10 @@ def inverse_root(matrix: torch.Tensor) -> torch.Tensor:
         values, vectors = floored_eigh(matrix.double().unsqueeze(0))
         repaired = (vectors * values.unsqueeze(1)) @ vectors.mT
         factor = torch.linalg.cholesky(repaired.squeeze(0)).to(matrix.dtype)
-    return lower_inverse(factor).T
+    return lower_inverse_(factor).T
 
 
-# Devices on which `lower_inverse` works by row blocks of GEMMs; elsewhere one triangular solve
+# Devices on which `lower_inverse_` works by row blocks of GEMMs; elsewhere one triangular solve
 # against I, as measured in the H100 runs. On the 2-core CPU at n = 1536 (bench/bench_inverse_root.py,
 # bench/RESULTS.md, medians): row blocks 13.5-13.9 ms, recursive halves (two full GEMMs a level, twice
 # the flops) 19.1-20.7 ms, a triangular solve against I 36.1-38.8 ms.
@@ -51,26 +51,29 @@ BLOCKED_INVERSE_ON = ("cpu",)
 INVERSE_BLOCK = 128
 
 
-def lower_inverse(L: torch.Tensor) -> torch.Tensor:
-    """L⁻¹ of a lower-triangular L, by row blocks: X_ii = L_ii⁻¹ and X_ij = −X_ii Σ_{j≤l<i} L_il X_lj.
+def lower_inverse_(L: torch.Tensor) -> torch.Tensor:
+    """L⁻¹ written over a lower-triangular L, by row blocks: X_ii = L_ii⁻¹, X_ij = −X_ii Σ_{j≤l<i} L_il X_lj.
 
-    Each column block j of the sum is one GEMM over the rows l ≥ j where X_lj is not zero, so the
-    products skip the zero triangle (n³/3 flops in all, the least a triangular inverse needs).
+    Row block i reads only row block i of L and the rows of X above it, so X replaces L block by
+    block (no n×n buffer). Each column block j of the sum is one GEMM over the rows l ≥ j where
+    X_lj is not zero, so the products skip the zero triangle (n³/3 flops in all, the least a
+    triangular inverse needs).
     """
     n = L.shape[0]
     if n <= INVERSE_BLOCK or L.device.type not in BLOCKED_INVERSE_ON:
-        return torch.linalg.solve_triangular(L, torch.eye(n, dtype=L.dtype, device=L.device), upper=False)
+        return L.copy_(torch.linalg.solve_triangular(L, torch.eye(n, dtype=L.dtype, device=L.device), upper=False))
     eye = torch.eye(INVERSE_BLOCK, dtype=L.dtype, device=L.device)
-    X = torch.zeros_like(L, memory_format=torch.contiguous_format)
+    partial = L.new_empty(INVERSE_BLOCK, n)
     edges = list(range(0, n, INVERSE_BLOCK)) + [n]
     for i, (s, e) in enumerate(zip(edges, edges[1:])):
-        X[s:e, s:e] = torch.linalg.solve_triangular(L[s:e, s:e], eye[: e - s, : e - s], upper=False)
+        X_ii = torch.linalg.solve_triangular(L[s:e, s:e], eye[: e - s, : e - s], upper=False)
         if i:
-            partial = L.new_empty(e - s, s)
+            sums = partial[: e - s, :s]
             for js, je in zip(edges[:i], edges[1:i + 1]):
-                torch.mm(L[s:e, js:s], X[js:s, js:je], out=partial[:, js:je])
-            torch.mm(X[s:e, s:e], partial, out=X[s:e, :s]).neg_()
-    return X
+                torch.mm(L[s:e, js:s], L[js:s, js:je], out=sums[:, js:je])  # rows above i already hold X
+            torch.mm(X_ii.neg(), sums, out=L[s:e, :s])
+        L[s:e, s:e] = X_ii
+    return L
 
 
 def floored_eigh(M: torch.Tensor, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:

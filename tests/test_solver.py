@@ -289,10 +289,12 @@ def test_root_factors_agree_with_full_inverses(gen):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("row_major", [False, True])
 def test_lower_inverse_matches_triangular_solve(n, dtype, row_major, gen):
-    """Row blocks (n > INVERSE_BLOCK, a last block of any width included) give L⁻¹, lower-triangular."""
+    """Row blocks (n > INVERSE_BLOCK, a last block of any width included) write L⁻¹ over L, lower-triangular."""
     L = torch.linalg.cholesky(random_spd(n, gen)).to(dtype)  # column-major, as Cholesky returns it
-    X = solver.lower_inverse(L.contiguous() if row_major else L)
     expected = torch.linalg.solve_triangular(L.double(), torch.eye(n, dtype=torch.float64), upper=False)
+    L = L.contiguous() if row_major else L
+    X = solver.lower_inverse_(L)
+    assert X is L
     assert torch.equal(X, X.tril())
     tolerance = dict(rtol=1e-4, atol=1e-4 * expected.abs().max().item()) if dtype == torch.float32 else FLOAT64
     torch.testing.assert_close(X.double(), expected, **tolerance)
