@@ -22,7 +22,9 @@ def _select(costs: list[Lazy], k: int, backend: str) -> tuple[float, list[int]]:
     total = sum(c.numel() for c in costs)
     if not 0 <= k <= total:
         raise SurgeonError(f"cannot select {k} of {total} structures")
-    tau = ops.kth_smallest(costs, k, backend) if k else float("-inf")
+    if not k:
+        return float("-inf"), [0] * len(costs)  # nothing is below −∞ and no tie is taken: no costs read
+    tau = ops.kth_smallest(costs, k, backend)
     counts = []
     for c in costs:
         values = materialise(c).float()

@@ -116,3 +116,12 @@ def test_deferred_costs_select_what_held_costs_select(selection, backend, gen):
     assert sum(int(m.sum()) for m in held) == k
     split = (4, 1) if selection == "smallest_k" else (2, 0)  # ties taken in tensor order (2:4: 2 of 4 per group)
     assert (int(held[0][0, :4].sum()), int(held[2][1, :4].sum())) == split
+
+
+def test_selecting_nothing_reads_no_costs(gen):
+    """k = 0 (a shot with nothing left to remove): τ = −∞ without reading a cost, and empty masks."""
+    costs = [torch.rand(4, 8, generator=gen), torch.full((3,), float("-inf"))]
+    calls = [0] * len(costs)
+    masks = threshold.smallest_k(counted(costs, calls), 0)
+    assert calls == [0, 0]
+    assert not any(bool(mask().any()) for mask in masks)
