@@ -3,8 +3,8 @@
     python -m pytest bench/bench_inverse_root.py --benchmark-only
 
 `solver.lower_inverse_` works in place by row blocks of GEMMs that skip the zero triangle, where the
-plain way is one triangular solve against I (into a new matrix); `cholesky_inverse` (the full inverse, what element shots use) is
-the third column. Fractions are of the measured GEMM rate, counting n³/3 flops for a triangular
+plain way is one triangular solve against I (into a new matrix); `cholesky_inverse` (the full
+inverse, what element shots use) is the third column. Each round gets a fresh copy of L. Fractions are of the measured GEMM rate, counting n³/3 flops for a triangular
 inverse and 2n³/3 for `cholesky_inverse` (the work they must do at least).
 """
 
@@ -27,5 +27,5 @@ WAYS = {
 def test_lower_inverse(benchmark, roofline, n, way):
     x = torch.randn(n, 2 * n, generator=torch.Generator().manual_seed(0))
     L = torch.linalg.cholesky(solver.damp(x @ x.T / (2 * n), 0.1))
-    benchmark.pedantic(WAYS[way], setup=lambda: ((L.clone(),), {}), rounds=30)  # a fresh L each round: in place
+    benchmark.pedantic(WAYS[way], setup=lambda: ((L.clone(),), {}), rounds=30)
     roofline(flops=(2 if way == "cholesky_inverse" else 1) * n**3 / 3)
