@@ -4,7 +4,9 @@
 # the end-to-end shot timings given as arguments ("BLOCKS:SHOTS:BATCH", e.g. 8:4:1 32:4:2; a
 # fourth field "profile" also writes torch.profiler's table, or a number sets --group-bytes, e.g.
 # 32:4:2:0 for one factor-accumulation launch per factor; a fifth field names another structure,
-# pruned to 50% instead of 80%, e.g. 32:1:2::unstructured).
+# pruned to 50% instead of 80%, e.g. 32:1:2::unstructured). SKIP_TESTS=1 and SKIP_MICRO=1 leave out the
+# tests (≤ 300 s) and the microbenchmarks (≤ MICRO_TIMEOUT, 300 s); each shot spec may take 420 s, so
+# under a per-call limit of 600 s give each part its own call.
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
