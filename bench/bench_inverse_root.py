@@ -4,8 +4,9 @@
 
 `solver.lower_inverse_` works in place by row blocks of GEMMs that skip the zero triangle, where the
 plain way is one triangular solve against I (into a new matrix); `cholesky_inverse` (the full
-inverse, what element shots use) is the third column. Each round gets a fresh copy of L. Fractions are of the measured GEMM rate, counting n³/3 flops for a triangular
-inverse and 2n³/3 for `cholesky_inverse` (the work they must do at least).
+inverse, what element shots use) is the third column. Each round gets a fresh copy of L. Fractions
+are of the measured GEMM rate, counting n³/3 flops for a triangular inverse and 2n³/3 for
+`cholesky_inverse` (the work they must do at least).
 """
 
 from __future__ import annotations
