@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--seqlen", type=int, default=2048)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--structure", default="structured")
-    parser.add_argument("--target-size", type=float, default=0.8)
+    parser.add_argument("--target-size", type=float, default=None, help="default: 0.8; N:M keeps N/M")
     parser.add_argument("--shots", type=int, default=4)
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--group-bytes", type=int, default=None,

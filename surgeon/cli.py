@@ -1,7 +1,10 @@
 """Command line: `surgeon eval …` and `surgeon prune …` (also `python -m surgeon`).
 
-Options are generated from the fields of `RunConfig` and `PruneConfig`. Bad input ends with one
-line `surgeon: error: …` and exit status 2 (`--debug` shows the traceback instead).
+Options are generated from the fields of `RunConfig` and `PruneConfig`. Bad input, argparse's
+own complaints included, ends with one line `surgeon: error: …` and exit status 2 (`--debug`
+shows the traceback instead). Ctrl-C and SIGTERM end with `surgeon: interrupted` and exit status
+130 or 143, leaving no half-written output. Heavy libraries are imported only by the commands,
+so `--help` and `--version` answer at once.
 """
 
 from __future__ import annotations
@@ -9,37 +12,63 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
+import signal
 import sys
 import typing
-from typing import Optional, Sequence
+from types import FrameType
+from typing import Any, NoReturn, Optional, Sequence
 
+from surgeon import __version__
 from surgeon.config import PruneConfig, RunConfig
 from surgeon.errors import SurgeonError
 
 EVAL_FIELDS = ("model", "tokenizer", "dataset", "seqlen", "eval_windows", "eval_seqlen", "device", "dtype", "output")
+OUTPUT_HELP = {
+    "eval": "write the result as JSON to this file",
+    "prune": "a new or empty folder for the pruned checkpoint and report.json",
+}
+# Exit statuses of a process ended by a signal, as shells report them: 128 + the signal number.
+EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM
 
 
-def _add_fields(parser: argparse.ArgumentParser, cls, only: Optional[Sequence[str]] = None) -> None:
-    """Add one `--option` per dataclass field (type, default, choices and help from the field)."""
+class Terminated(BaseException):
+    """Raised in the main thread when SIGTERM arrives, so that outputs are cleaned up on the way out."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose every complaint is one line and exit status 2 (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"surgeon: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _add_fields(parser: argparse.ArgumentParser, cls: type, only: Optional[Sequence[str]] = None,
+                required: Sequence[str] = (), helps: Optional[dict[str, str]] = None) -> None:
+    """Add one `--option` per dataclass field: type, choices and help from the field, its default shown once."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if only is not None and f.name not in only:
             continue
         kind = hints[f.name]
         base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
-        parser.add_argument(
-            "--" + f.name.replace("_", "-"),
-            dest=f.name,
-            type=base,
-            default=f.default,
-            choices=f.metadata.get("choices"),
-            help=f"{f.metadata['help']} (default: {f.default})",
-        )
+        text = (helps or {}).get(f.name, f.metadata["help"])
+        option = "--" + f.name.replace("_", "-")
+        if base is bool:
+            parser.add_argument(option, dest=f.name, action="store_true", help=text)
+            continue
+        if f.name in required:
+            text += " (required)"
+        else:
+            shown = f.metadata.get("shown") or f.default
+            text += f" (default: {shown})"
+        parser.add_argument(option, dest=f.name, type=base, default=f.default, choices=f.metadata.get("choices"),
+                            required=f.name in required, help=text.replace("%", "%%"))
 
 
-def _build(cls, args: argparse.Namespace, only: Optional[Sequence[str]] = None):
+def _build(cls: type, args: argparse.Namespace, only: Optional[Sequence[str]] = None) -> Any:
     """Instantiate a config dataclass from parsed arguments; invalid values become SurgeonError."""
-    names = [f.name for f in dataclasses.fields(cls) if only is None or f.name in only]
+    names = [f.name for f in dataclasses.fields(cls) if (only is None or f.name in only) and hasattr(args, f.name)]
     try:
         return cls(**{name: getattr(args, name) for name in names})
     except ValueError as error:
@@ -47,16 +76,18 @@ def _build(cls, args: argparse.Namespace, only: Optional[Sequence[str]] = None):
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    run = _build(RunConfig, args, EVAL_FIELDS)
     from surgeon.data import evaluation_text, tokenize
     from surgeon.evaluate import perplexity
-    from surgeon.io import write_json
+    from surgeon.io import check_writable_file, write_json
     from surgeon.model import load_model
 
-    run = _build(RunConfig, args, EVAL_FIELDS)
+    if run.output:
+        check_writable_file(run.output)  # before the slow model load
     text = evaluation_text(run.dataset)  # fail on a bad dataset before the slow model load
     model, tokenizer = load_model(run.model, run.tokenizer, run.dtype, run.device)
     ids = tokenize(tokenizer, text)
-    result = perplexity(model, ids, run.test_seqlen, run.eval_windows)
+    result = perplexity(model, ids, run.test_seqlen, run.eval_windows, progress=not args.quiet)
     print(f"perplexity {result.ppl:.4f} on {result.windows} windows of {run.test_seqlen} tokens "
           f"({run.dataset}, {result.seconds:.1f} s)")
     if run.output:
@@ -65,44 +96,76 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_prune(args: argparse.Namespace) -> int:
-    from surgeon.run import run_prune
-
     run = _build(RunConfig, args)
     config = _build(PruneConfig, args)
-    report = run_prune(run, config)
+    from surgeon.run import run_prune
+
+    report = run_prune(run, config, progress=not args.quiet)
     print(f"perplexity {report['ppl_before']:.4f} -> {report['ppl_after']:.4f}, sparsity "
-          f"{report['sparsity']:.4f}, {report['seconds']:.1f} s")
+          f"{report['sparsity']:.4f}, {report['seconds']:.1f} s; saved to {run.output}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The `surgeon` argument parser with its `eval` and `prune` subcommands."""
-    parser = argparse.ArgumentParser(prog="surgeon", description="Prune LLMs with LLM Surgeon.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks")
-    parser.add_argument("--quiet", action="store_true", help="only warnings and results")
-    sub = parser.add_subparsers(dest="command", required=True)
-    evaluate = sub.add_parser("eval", help="perplexity of a model on a test text")
-    _add_fields(evaluate, RunConfig, EVAL_FIELDS)
+    parser = _Parser(prog="surgeon", description="Prune large language models with LLM Surgeon "
+                     "(structured, N:M semi-structured, unstructured) and measure their perplexity.")
+    parser.add_argument("--version", action="version", version=f"surgeon {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars; only warnings and results")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{eval,prune}")
+    evaluate = sub.add_parser("eval", help="perplexity of a model on a test text",
+                              description="Perplexity of a model on consecutive windows of a test text.")
+    _add_fields(evaluate, RunConfig, EVAL_FIELDS, helps={"output": OUTPUT_HELP["eval"]})
     evaluate.set_defaults(func=_cmd_eval)
-    prune = sub.add_parser("prune", help="prune a model and save it with a JSON report")
-    _add_fields(prune, RunConfig)
+    prune = sub.add_parser("prune", help="prune a model and save it with a JSON report",
+                           description="Prune a model, evaluate it before and after, and save a Hugging Face "
+                           "checkpoint with report.json into a new folder.")
+    _add_fields(prune, RunConfig, required=("output",), helps={"output": OUTPUT_HELP["prune"]})
     _add_fields(prune, PruneConfig)
     prune.set_defaults(func=_cmd_prune)
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of the `surgeon` console script."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
-    from transformers.utils import logging as hf_logging
+def _on_signal(signum: int, frame: Optional[FrameType]) -> None:
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, signal.SIG_IGN)  # one clean-up, even if a signal comes again
+    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
 
-    hf_logging.set_verbosity_error()
+
+def _quiet_libraries(quiet: bool) -> None:
+    """The hub libraries log only errors (their retry warnings would otherwise print once per handler).
+
+    With `--quiet` their progress bars (loading, GGUF conversion, saving) are off too. Set before
+    they are imported, which read these variables once; a user's own setting wins.
+    """
+    for variable in ("TRANSFORMERS_VERBOSITY", "DATASETS_VERBOSITY", "HF_HUB_VERBOSITY"):
+        os.environ.setdefault(variable, "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    if quiet:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the `surgeon` console script; returns the exit status."""
+    previous = {number: signal.signal(number, _on_signal) for number in (signal.SIGINT, signal.SIGTERM)}
+    args = None
     try:
-        return args.func(args)
+        args = build_parser().parse_args(argv)
+        logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
+        _quiet_libraries(args.quiet)
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        with logging_redirect_tqdm():  # log lines print above the progress bars, not through them
+            return args.func(args)
     except SurgeonError as error:
-        if args.debug:
+        if args is not None and args.debug:
             raise
         print(f"surgeon: error: {error}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, Terminated) as stop:
+        print("surgeon: interrupted", file=sys.stderr)
+        return EXIT_SIGINT if isinstance(stop, KeyboardInterrupt) else EXIT_SIGTERM
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)

@@ -6,12 +6,20 @@ setting exists in exactly one place. Both validate themselves in `__post_init__`
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Optional
 
 METHODS = ("surgeon", "magnitude", "lobd", "kobd", "sparsegpt", "wanda")
+METHOD_HELP = (
+    "surgeon: LLM Surgeon, Kronecker-factored curvature G ⊗ A with correlated weight updates; "
+    "magnitude: |w|, no update; "
+    "lobd: L-OBD, optimal brain damage with the layer's input curvature diag(A) only, no update; "
+    "kobd: K-OBD, optimal brain damage with the Kronecker diagonal diag(G) ⊗ diag(A), no update; "
+    "sparsegpt: SparseGPT's per-layer OBS with lazy batches; "
+    "wanda: |w|·‖x‖ per output row"
+)
+DEFAULT_TARGET_SIZE = 0.8
 _NM = re.compile(r"^(\d+):(\d+)$")
 
 
@@ -21,8 +29,9 @@ def parse_nm(structure: str) -> Optional[tuple[int, int]]:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-def _opt(default, help: str, choices=None):
-    return field(default=default, metadata={"help": help, "choices": choices})
+def _opt(default, help: str, choices=None, shown: Optional[str] = None):
+    """A config field with its CLI help; `shown` describes the default that `None` stands for."""
+    return field(default=default, metadata={"help": help, "choices": choices, "shown": shown})
 
 
 @dataclass(frozen=True)
@@ -32,9 +41,12 @@ class PruneConfig:
     structure: str = _opt(
         "structured", "structured (rows+columns), unstructured, or N:M such as 2:4 (N kept of every M)"
     )
-    target_size: float = _opt(0.8, "fraction of prunable weights that stay non-zero, in (0, 1]")
+    target_size: Optional[float] = _opt(
+        None, "fraction of prunable weights kept (non-zero) at the end, in (0, 1]; 0.8 keeps 80%, removes 20%",
+        shown=f"{DEFAULT_TARGET_SIZE}; N:M structures keep N/M",
+    )
     shots: int = _opt(8, "number of pruning shots (linear schedule)")
-    method: str = _opt("surgeon", "pruning method", METHODS)
+    method: str = _opt("surgeon", f"pruning method ({METHOD_HELP})", METHODS)
     correlation: str = _opt(
         "joint", "structured surgeon update: joint rows+columns, or within rows / columns", ("joint", "within")
     )
@@ -59,14 +71,17 @@ class PruneConfig:
     )
     power_iterations: int = _opt(3, "kronecker-terms 2: power-method passes in the first shot (later shots: 1, warm-started)")
     curvature_dtype: Optional[str] = _opt(
-        None, "run the curvature pass's matrix products under autocast in this dtype (default: the model's)",
-        ("bfloat16", "float16"),
+        None, "run the curvature pass's matrix products under autocast in this dtype", ("bfloat16", "float16"),
+        shown="the model's dtype",
     )
     lora_steps: int = _opt(0, "interleaved LoRA steps between shots (0 = off; paper 3.6)")
     lora_rank: int = _opt(8, "rank of the interleaved LoRA adapters")
     lora_lr: float = _opt(1e-4, "learning rate of the interleaved LoRA adapters")
     seed: int = _opt(0, "random seed (calibration sampling, sampled Fisher, LoRA)")
-    backend: str = _opt("auto", "kernel backend", ("auto", "triton", "cpp", "torch"))
+    backend: str = _opt(
+        "auto", "kernels: auto (Triton on CUDA, the compiled op on the CPU when built, else PyTorch), or one of them",
+        ("auto", "triton", "cpp", "torch"),
+    )
 
     def __post_init__(self) -> None:
         nm = parse_nm(self.structure)
@@ -74,6 +89,14 @@ class PruneConfig:
             raise ValueError(f"structure={self.structure!r}: use structured, unstructured, or N:M such as 2:4")
         if nm is not None and not 0 < nm[0] < nm[1]:
             raise ValueError(f"structure={self.structure!r}: N:M needs 0 < N < M")
+        if nm is not None:
+            kept = nm[0] / nm[1]
+            if self.target_size is not None and abs(self.target_size - kept) > 1e-9:
+                raise ValueError(f"target_size={self.target_size}: structure {self.structure} keeps {kept:g} of the "
+                                 "weights; leave target_size out")
+            object.__setattr__(self, "target_size", kept)
+        elif self.target_size is None:
+            object.__setattr__(self, "target_size", DEFAULT_TARGET_SIZE)
         if not 0.0 < self.target_size <= 1.0:
             raise ValueError(f"target_size={self.target_size}: must be in (0, 1]")
         if self.shots < 1:
@@ -108,15 +131,10 @@ class PruneConfig:
         """(N, M) for N:M structure, else None."""
         return parse_nm(self.structure)
 
-    @property
-    def final_target(self) -> float:
-        """The fraction that stays after the last shot (N/M for N:M structure)."""
-        nm = self.nm
-        return nm[0] / nm[1] if nm else self.target_size
-
     def shot_target(self, shot: int) -> float:
         """α_t = 1 − t(1−α)/T, the fraction that stays after shot t (1-based; DESIGN.md)."""
-        return 1.0 - shot * (1.0 - self.final_target) / self.shots
+        assert self.target_size is not None  # resolved in __post_init__
+        return 1.0 - shot * (1.0 - self.target_size) / self.shots
 
 
 @dataclass(frozen=True)
@@ -124,18 +142,23 @@ class RunConfig:
     """Settings of a CLI run: which model, which data, where the results go."""
 
     model: str = _opt("smollm2-135m", "hub id, local directory, .gguf file, or smollm2-135m")
-    tokenizer: Optional[str] = _opt(None, "tokenizer to use instead of the model's own")
+    tokenizer: Optional[str] = _opt(None, "tokenizer to use instead of the model's own", shown="the model's")
     dataset: str = _opt("wikitext2", "evaluation text: wikitext2, c4, ptb, or a text file")
     calibration: str = _opt(
         "wikitext2", "calibration text: wikitext2 (hub train split, else packaged validation), wikitext2-valid, c4, ptb, or a text file"
     )
     nsamples: int = _opt(128, "calibration windows")
     seqlen: int = _opt(2048, "tokens per calibration and evaluation window")
-    eval_windows: Optional[int] = _opt(None, "evaluate only the first N test windows (default: all)")
-    eval_seqlen: Optional[int] = _opt(None, "tokens per evaluation window (default: --seqlen)")
+    eval_windows: Optional[int] = _opt(None, "evaluate only the first N test windows", shown="all")
+    eval_seqlen: Optional[int] = _opt(None, "tokens per evaluation window", shown="--seqlen")
     device: str = _opt("cpu", "cpu or cuda")
     dtype: str = _opt("float32", "model dtype", ("float32", "bfloat16", "float16"))
-    output: Optional[str] = _opt(None, "output (a JSON file for eval, a directory for prune)")
+    output: Optional[str] = _opt(
+        None, "where results go: a JSON file for eval, a new or empty folder for prune", shown="print only",
+    )
+    overwrite: bool = _opt(
+        False, "prune into an existing non-empty --output folder, replacing only the files the run writes"
+    )
 
     @property
     def test_seqlen(self) -> int:
@@ -152,7 +175,3 @@ class RunConfig:
         if self.eval_windows is not None and self.eval_windows < 1:
             raise ValueError(f"eval_windows={self.eval_windows}: must be at least 1")
 
-
-def config_fields(cls) -> list[dataclasses.Field]:
-    """The dataclass fields of a config class, in declaration order."""
-    return list(dataclasses.fields(cls))

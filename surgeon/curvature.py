@@ -252,6 +252,7 @@ def estimate(
     desc: str = "curvature",
     stop_after: Optional[nn.Module] = None,
     autocast: Optional[str] = None,
+    progress: bool = True,
 ) -> dict[str, LayerFactors]:
     """Kronecker factors (A, and G when `need_g`) of `layers` over calibration `windows` [n, L] (eq. 6).
 
@@ -268,7 +269,7 @@ def estimate(
     generator = torch.Generator().manual_seed(seed)
     with (collector.hooks(), _frozen(model), _stop_after(stop_after),
           torch.autocast(device.type, dtype=low, enabled=low is not None)):
-        for batch in tqdm(windows.split(batch_size), desc=desc, leave=False):
+        for batch in tqdm(windows.split(batch_size), desc=desc, leave=False, disable=not progress):
             batch = batch.to(device)
             if not need_g:
                 with torch.no_grad():
@@ -386,6 +387,7 @@ def estimate_sum(
     batch_size: int = 1,
     seed: int = 0,
     desc: str = "curvature",
+    progress: bool = True,
 ) -> dict[str, LayerFactors]:
     """The nearest sum of two Kronecker factors G ⊗ A + G2 ⊗ A2 of each layer's F (paper appendix).
 
@@ -407,7 +409,7 @@ def estimate_sum(
         collector = _PowerCollector(layers, state)
         with collector.hooks(), _frozen(model):
             for batch in tqdm(windows.split(batch_size), desc=f"{desc} (power {iteration + 1}/{iterations})",
-                              leave=False):
+                              leave=False, disable=not progress):
                 _backward(model, batch.to(device), fisher, generator)
         for name, _ in layers:
             if name not in collector.sums:

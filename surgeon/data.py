@@ -12,9 +12,11 @@ import logging
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
+from surgeon import hub
 from surgeon.errors import SurgeonError
 
 logger = logging.getLogger(__name__)
@@ -49,17 +51,25 @@ def _hub(name: str, split: str) -> Text:
     except ImportError as error:
         raise SurgeonError(f"dataset {name!r} needs the `datasets` package: pip install datasets") from error
     try:
-        if name == "wikitext2":
-            rows = load_dataset("wikitext", "wikitext-2-raw-v1", split=split)["text"]
-            return Text("\n\n".join(rows), f"wikitext2:{split} (hub)")
-        if name == "ptb":
-            rows = load_dataset("ptb_text_only", "penn_treebank", split=split)["sentence"]
-            return Text(" ".join(rows), f"ptb:{split} (hub)")
-        shard = "train.00000-of-01024" if split == "train" else "validation.00000-of-00008"
-        rows = load_dataset("allenai/c4", data_files={split: f"en/c4-{shard}.json.gz"}, split=split)["text"]
-        return Text(" ".join(rows[:1100] if split != "train" else rows), f"c4:{split} (hub)")
+        with hub.cache_only_when_unreachable():
+            return _load_hub_split(load_dataset, name, split)
     except Exception as error:  # noqa: BLE001 - datasets raises many types for an unreachable hub
-        raise SurgeonError(f"cannot load dataset {name!r} split {split!r} from the hub: {error}") from error
+        detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        where = hub.unreachable_reason() if not hub.reachable() else detail
+        raise SurgeonError(f"cannot load dataset {name!r} split {split!r} from the hub: {where}") from error
+
+
+def _load_hub_split(load_dataset: Callable[..., Any], name: str, split: str) -> Text:
+    """One split of a hub text set, its rows joined as SparseGPT and LLM Surgeon join them."""
+    if name == "wikitext2":
+        rows = load_dataset("wikitext", "wikitext-2-raw-v1", split=split)["text"]
+        return Text("\n\n".join(rows), f"wikitext2:{split} (hub)")
+    if name == "ptb":
+        rows = load_dataset("ptb_text_only", "penn_treebank", split=split)["sentence"]
+        return Text(" ".join(rows), f"ptb:{split} (hub)")
+    shard = "train.00000-of-01024" if split == "train" else "validation.00000-of-00008"
+    rows = load_dataset("allenai/c4", data_files={split: f"en/c4-{shard}.json.gz"}, split=split)["text"]
+    return Text(" ".join(rows[:1100] if split != "train" else rows), f"c4:{split} (hub)")
 
 
 def _file(path_name: str) -> Text:
@@ -94,8 +104,7 @@ def calibration_text(name: str) -> Text:
         except SurgeonError as error:
             if name != "wikitext2":
                 raise
-            logger.warning("wikitext2 train split unavailable (%s); calibrating on the packaged validation split",
-                           str(error).splitlines()[0][:200])
+            logger.warning("%s; calibrating on the packaged wikitext2 validation split instead", error)
             return _packaged("wiki.valid.tokens")
     return _file(name)
 

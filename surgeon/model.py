@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from surgeon import hub
 from surgeon.errors import SurgeonError
 
 logger = logging.getLogger(__name__)
@@ -36,6 +37,20 @@ class ModelSource:
 
     path: str
     gguf_file: Optional[str] = None
+
+    @property
+    def on_hub(self) -> bool:
+        """Whether loading it may ask the hub (not a local folder or file)."""
+        return not Path(self.path).is_dir()
+
+    def explain(self, name: str, error: BaseException) -> str:
+        """One line on why `name` did not load: the hub's state and the built-in names for a hub id."""
+        if not self.on_hub:
+            return _first_line(error)
+        if not hub.reachable():
+            return (f"not a local folder, a .gguf file or a built-in model ({', '.join(EMBEDDED_MODELS)}), "
+                    f"and not in the local cache: {hub.unreachable_reason()}")
+        return f"{_first_line(error)} (built-in models: {', '.join(EMBEDDED_MODELS)})"
 
 
 def resolve_source(name: str) -> ModelSource:
@@ -72,10 +87,11 @@ def load_tokenizer(name: str, gguf_file: Optional[str] = None):
 
     source = resolve_source(name) if gguf_file is None else ModelSource(name, gguf_file)
     try:
-        return AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file)
+        with hub.cache_only_when_unreachable(source.on_hub):
+            return AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file)
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise SurgeonError(
-            f"cannot load a tokenizer from {name!r} ({_first_line(error)}); pass --tokenizer NAME_OR_PATH"
+            f"cannot load a tokenizer from {name!r} ({source.explain(name, error)}); pass --tokenizer NAME_OR_PATH"
         ) from error
 
 
@@ -91,9 +107,10 @@ def load_model(
         raise SurgeonError(f"device {device!r} requested but no CUDA GPU is available")
     source = resolve_source(name)
     try:
-        model = AutoModelForCausalLM.from_pretrained(source.path, gguf_file=source.gguf_file, dtype=DTYPES[dtype])
+        with hub.cache_only_when_unreachable(source.on_hub):
+            model = AutoModelForCausalLM.from_pretrained(source.path, gguf_file=source.gguf_file, dtype=DTYPES[dtype])
     except (OSError, ValueError, KeyError) as error:
-        raise SurgeonError(f"cannot load model {name!r}: {_first_line(error)}") from error
+        raise SurgeonError(f"cannot load model {name!r}: {source.explain(name, error)}") from error
     if source.gguf_file is not None:
         # GGUF weights are dequantized on load: the model is a plain float model from here on,
         # so drop the quantizer that would refuse save_pretrained.

@@ -1,30 +1,41 @@
-"""`surgeon prune`: load, evaluate, prune, evaluate, and save model + report.json atomically."""
+"""`surgeon prune`: check the output, load, evaluate, prune, evaluate, and save model + report.json atomically."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import time
-from pathlib import Path
+from typing import Any
 
 from surgeon.config import PruneConfig, RunConfig
 from surgeon.data import calibration_text, calibration_windows, evaluation_text, tokenize
 from surgeon.errors import SurgeonError
 from surgeon.evaluate import perplexity
-from surgeon.io import write_directory, write_json
+from surgeon.io import OutputDirectory, write_checkpoint
 from surgeon.model import load_model, max_seqlen
-from surgeon.prune import prune
+from surgeon.shots import prune
 
 logger = logging.getLogger(__name__)
 
 
-def run_prune(run: RunConfig, config: PruneConfig) -> dict:
-    """Prune `run.model` with `config`; write `run.output`/{report.json, model files}; return the report."""
+def run_prune(run: RunConfig, config: PruneConfig, progress: bool = True) -> dict:
+    """Prune `run.model` with `config`; write `run.output`/{report.json, model files}; return the report.
+
+    The output folder is checked and staged first, so a folder that cannot be written, or one that
+    holds other files (without `run.overwrite`), fails before any work, and an interrupted run
+    leaves nothing behind.
+    """
     if run.output is None:
         raise SurgeonError("prune needs --output DIR for the pruned model and its report")
-    output = Path(run.output)
-    if output.exists() and not output.is_dir():
-        raise SurgeonError(f"output {run.output!r} exists and is not a directory")
+    with OutputDirectory(run.output, run.overwrite) as output:
+        result, model, tokenizer = _prune_and_evaluate(run, config, progress)
+        write_checkpoint(output.staging, model, tokenizer, result)
+        output.commit()
+    return result
+
+
+def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool) -> tuple[dict, Any, Any]:
+    """Load, evaluate, prune and evaluate again; the report, the pruned model and its tokenizer."""
     start = time.perf_counter()
     test = evaluation_text(run.dataset)  # texts first: a bad path fails before the slow model load
     calibration = calibration_text(run.calibration)
@@ -34,10 +45,10 @@ def run_prune(run: RunConfig, config: PruneConfig) -> dict:
         raise SurgeonError(f"seqlen {max(run.seqlen, run.test_seqlen)} is longer than the model allows ({limit})")
     test_ids = tokenize(tokenizer, test)
     windows = calibration_windows(tokenize(tokenizer, calibration), run.nsamples, run.seqlen, config.seed)
-    before = perplexity(model, test_ids, run.test_seqlen, run.eval_windows)
+    before = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress)
     logger.info("dense perplexity %.4f (%d windows)", before.ppl, before.windows)
-    report = prune(model, windows, config)
-    after = perplexity(model, test_ids, run.test_seqlen, run.eval_windows)
+    report = prune(model, windows, config, progress)
+    after = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress)
     logger.info("pruned perplexity %.4f (%d windows)", after.ppl, after.windows)
     result = {
         "model": run.model,
@@ -49,11 +60,4 @@ def run_prune(run: RunConfig, config: PruneConfig) -> dict:
         **report.to_dict(),
         "seconds": time.perf_counter() - start,
     }
-
-    def fill(directory: Path) -> None:
-        model.save_pretrained(directory)
-        tokenizer.save_pretrained(directory)
-        write_json(directory / "report.json", result)
-
-    write_directory(output, fill)
-    return result
+    return result, model, tokenizer

@@ -10,7 +10,7 @@ of tensors (float32 or float64, CPU or GPU); the public API is `row_costs`, `col
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal, Optional, Sequence
 
 import torch
 
@@ -374,10 +374,54 @@ def structured_update_of(
     return put_submatrix(torch.zeros_like(W), keep_r, keep_c, kept_rows.index_select(1, keep_c) + M_q @ col_solve)
 
 
+def as_indices(index: torch.Tensor | Sequence[int], size: int, name: str) -> torch.Tensor:
+    """Sorted unique int64 indices in [0, size) from a boolean mask [size] (True = selected) or from indices."""
+    if not isinstance(index, torch.Tensor):
+        try:
+            index = torch.as_tensor(index, dtype=torch.long)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise TypeError(f"{name} must be a boolean mask [{size}] or a sequence of indices") from error
+    if index.dtype == torch.bool:
+        if index.shape != (size,):
+            raise ValueError(f"{name} as a boolean mask must have shape [{size}], not {list(index.shape)}")
+        return index.nonzero().squeeze(1)
+    if index.is_floating_point() or index.is_complex() or index.dim() > 1:
+        raise TypeError(f"{name} must be a boolean mask [{size}] or 1-D integer indices, not {index.dtype} "
+                        f"{list(index.shape)}")
+    index = index.reshape(-1).long()
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= size):
+        raise ValueError(f"{name} holds indices outside [0, {size})")
+    unique = index.unique()
+    if unique.numel() != index.numel():
+        raise ValueError(f"{name} holds repeated indices")
+    return unique
+
+
+def _check_factors(W: torch.Tensor, G: torch.Tensor, A: torch.Tensor) -> None:
+    """W [R, C] with G [R, R] and A [C, C] of one floating dtype, or a ValueError naming the mismatch."""
+    if W.dim() != 2:
+        raise ValueError(f"W must be a matrix [R, C], not {list(W.shape)}")
+    R, C = W.shape
+    if G.shape != (R, R) or A.shape != (C, C):
+        raise ValueError(f"W is {R}×{C}, so G must be {R}×{R} and A {C}×{C}; got G {list(G.shape)}, A {list(A.shape)}")
+    if not (W.is_floating_point() and G.dtype == W.dtype and A.dtype == W.dtype):
+        raise TypeError(f"W, G and A must share one floating dtype; got {W.dtype}, {G.dtype}, {A.dtype}")
+
+
 def structured_update(
-    W: torch.Tensor, G: torch.Tensor, A: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
+    W: torch.Tensor, G: torch.Tensor, A: torch.Tensor, rows: torch.Tensor | Sequence[int],
+    cols: torch.Tensor | Sequence[int],
 ) -> torch.Tensor:
-    """Remove rows and columns with the exact joint correlated update (sec. 3.4): new W [R, C]."""
+    """Remove rows and columns with the exact joint correlated update (sec. 3.4): new W [R, C].
+
+    W [R, C] (a bias, if any, as a last column of W and of A); G [R, R] and A [C, C] the damped,
+    symmetric positive definite Kronecker factors (eq. 6) in W's dtype; rows and cols the removed
+    structures, each as a boolean mask ([R], [C]; True = remove) or as indices. The result is the
+    minimiser of ½ tr(ΔWᵀ G ΔW A) with removed rows and columns exactly zero.
+    """
+    _check_factors(W, G, A)
+    R, C = W.shape
+    rows, cols = as_indices(rows, R, "rows").to(W.device), as_indices(cols, C, "cols").to(W.device)
     return structured_update_of(W, RootFactors.of(G, A), rows, cols, "joint")
 
 
@@ -532,7 +576,15 @@ def unstructured_update(
     tol: float = 1e-6,
     max_iter: int = 1000,
 ) -> torch.Tensor:
-    """Remove the weights in `mask` (True = prune) with correlated updates (eqs. 4-5): new W."""
+    """Remove the weights in `mask` (True = prune) with correlated updates (eqs. 4-5): new W [R, C].
+
+    W [R, C]; G [R, R] and A [C, C] damped SPD factors in W's dtype; mask a boolean [R, C].
+    max_correlate None solves all pruned weights jointly by conjugate gradients (to relative
+    residual `tol`, at most `max_iter` iterations); an integer solves chunks of at most that many.
+    """
+    _check_factors(W, G, A)
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != W.shape:
+        raise ValueError(f"mask must be a boolean tensor of W's shape {list(W.shape)} (True = prune)")
     return unstructured_update_of(W, Factors.of(G, A), mask, max_correlate, semantics, tol, max_iter)
 
 

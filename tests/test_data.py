@@ -43,3 +43,35 @@ def test_calibration_windows_are_seeded_windows_of_the_text():
     assert torch.equal(a[:, 1:] - a[:, :-1], torch.ones(5, 63, dtype=a.dtype))  # consecutive tokens
     with pytest.raises(SurgeonError, match="not more than one window"):
         calibration_windows(ids, 1, 1000, seed=0)
+
+
+@pytest.fixture
+def unreachable_hub(monkeypatch):
+    """A hub at a closed loopback port, asked afresh; hub client warnings recorded too."""
+    from surgeon import hub
+
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    hub.reachable.cache_clear()
+    yield
+    hub.reachable.cache_clear()
+
+
+def test_offline_calibration_falls_back_saying_so_once(unreachable_hub, caplog):
+    import logging
+
+    hub_logger = logging.getLogger("huggingface_hub")
+    hub_logger.addHandler(caplog.handler)  # the hub client's retry warnings would land here
+    try:
+        with caplog.at_level(logging.WARNING):
+            text = calibration_text("wikitext2")
+    finally:
+        hub_logger.removeHandler(caplog.handler)
+    assert "wiki.valid.tokens" in text.source
+    assert len(caplog.records) == 1, caplog.text
+    assert "unreachable" in caplog.text and "HF_HUB_OFFLINE=1" in caplog.text
+
+
+def test_offline_hub_dataset_is_one_clear_error(unreachable_hub):
+    with pytest.raises(SurgeonError, match="'c4'.*unreachable"):
+        calibration_text("c4")

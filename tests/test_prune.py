@@ -34,7 +34,8 @@ def test_reaches_target_and_keeps_pruned_zero(arch, structure, method):
     model = tiny_model(arch)
     embed = model.get_input_embeddings().weight.detach().clone()
     shots = 1 if method in ("sparsegpt", "wanda") and structure == "2:4" else 2
-    config = PruneConfig(structure=structure, target_size=0.6, shots=shots, method=method, max_correlate=40)
+    size = None if structure == "2:4" else 0.6
+    config = PruneConfig(structure=structure, target_size=size, shots=shots, method=method, max_correlate=40)
     report = prune(model, calibration(), config, progress=False)
     target = 0.5 if structure == "2:4" else 0.4
     slack = 0.03 if structure == "structured" or method == "wanda" else 1e-3
@@ -135,8 +136,8 @@ def test_backends_give_the_same_pruned_model(structure, max_correlate):
     results = {}
     for backend in available_backends("cpu"):
         model = tiny_model("llama")
-        config = PruneConfig(structure=structure, target_size=0.6, shots=1, max_correlate=max_correlate,
-                             backend=backend, chunk_semantics="independent")
+        config = PruneConfig(structure=structure, target_size=None if structure == "2:4" else 0.6, shots=1,
+                             max_correlate=max_correlate, backend=backend, chunk_semantics="independent")
         prune(model, calibration(n=1, length=16), config, progress=False)
         results[backend] = weights(model)
     assert len(results) >= 2  # torch plus at least the interpreted Triton kernels
@@ -253,7 +254,7 @@ def test_element_shot_removes_the_weights_of_least_cost(arch, method):
 def test_structured_costs_from_the_pass_equal_the_costs_from_the_factors(arch):
     """After a shot (rows and columns removed, OPT biases), the pass's numerators give eq. 7 (float32)."""
     from surgeon import curvature, solver
-    from surgeon.prune import _FactorInverter, _structure_costs
+    from surgeon.shots import _FactorInverter, _structure_costs
 
     model = tiny_model(arch)
     prune(model, calibration(), PruneConfig(structure="structured", target_size=0.75, shots=1), progress=False)
@@ -286,7 +287,7 @@ def test_sum_of_two_kronecker_factors_prunes_with_its_own_update(monkeypatch, ar
     passes = []
     backward = curvature._backward
     monkeypatch.setattr(curvature, "_backward", lambda *a: passes.append(1) or backward(*a))
-    config = dict(structure=structure, target_size=0.6, shots=2)
+    config = dict(structure=structure, target_size=None if structure == "2:4" else 0.6, shots=2)
     one, two = tiny_model(arch), tiny_model(arch)
     prune(one, calibration(), PruneConfig(**config), progress=False)
     passes.clear()

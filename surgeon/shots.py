@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from surgeon import baselines, channels, curvature, solver, threshold
 from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
-from surgeon.model import decoder_blocks, prunable_layers
+from surgeon.model import decoder_blocks, max_seqlen, prunable_layers
 from surgeon.report import PruneReport, ShotReport, layer_sparsity, peak_memory_gb
 from surgeon_kernels.deferred import Deferred
 from surgeon_kernels.symmetric import PackedSymmetric
@@ -342,7 +342,7 @@ def _phases(times: list[float]) -> dict[str, float]:
 
 
 def _per_layer_shot(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, target_size: float,
-                    config: PruneConfig) -> None:
+                    config: PruneConfig, progress: bool) -> None:
     """SparseGPT or Wanda: each layer pruned to the same sparsity with its own algorithm.
 
     As published, block by block: a block's inputs are recomputed after every earlier block was
@@ -353,7 +353,7 @@ def _per_layer_shot(model: nn.Module, layers: list[Layer], calibration: torch.Te
     for index, named in enumerate(prunable_layers(model)):
         raw = curvature.estimate(model, named, calibration, need_g=False, batch_size=config.batch_size,
                                  backend=config.backend, autocast=config.curvature_dtype, stop_after=blocks[index],
-                                 desc=f"block {index + 1}/{len(blocks)} · inputs")
+                                 desc=f"block {index + 1}/{len(blocks)} · inputs", progress=progress)
         for name, _ in named:
             _prune_one_layer(by_name[name], raw[name].A.dense(), target_size, config)
 
@@ -379,8 +379,41 @@ def _clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def prune(model: nn.Module, calibration: torch.Tensor, config: PruneConfig, progress: bool = True) -> PruneReport:
-    """Prune `model` in place to `config.target_size` in `config.shots` shots (Algorithm 1)."""
+def _check_inputs(model: nn.Module, calibration_ids: torch.Tensor) -> None:
+    """Refuse a model or calibration batch that `prune` cannot use, naming the argument."""
+    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+        raise TypeError(f"model must be a transformers causal LM (e.g. from surgeon.load_model or "
+                        f"AutoModelForCausalLM.from_pretrained), not {type(model).__name__}")
+    if not isinstance(calibration_ids, torch.Tensor):
+        raise TypeError(f"calibration_ids must be a torch.LongTensor [n, seqlen] of token ids (see "
+                        f"surgeon.calibration_windows), not {type(calibration_ids).__name__}")
+    if calibration_ids.dim() != 2 or calibration_ids.shape[0] < 1 or calibration_ids.shape[1] < 2:
+        raise ValueError(f"calibration_ids must have shape [n, seqlen] with n >= 1 and seqlen >= 2, not "
+                         f"{list(calibration_ids.shape)} (a single sequence [seqlen] is ids.unsqueeze(0))")
+    if calibration_ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"calibration_ids must hold integer token ids (torch.long), not {calibration_ids.dtype}")
+    vocab = getattr(model.config, "vocab_size", None)
+    if vocab is not None and (int(calibration_ids.min()) < 0 or int(calibration_ids.max()) >= vocab):
+        raise ValueError(f"calibration_ids holds ids outside the model's vocabulary [0, {vocab})")
+    limit = max_seqlen(model)
+    if limit is not None and calibration_ids.shape[1] > limit:
+        raise ValueError(f"calibration_ids has seqlen {calibration_ids.shape[1]}, longer than the model allows ({limit})")
+
+
+def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, progress: bool = True) -> PruneReport:
+    """Prune `model` in place to `config.target_size` in `config.shots` shots (Algorithm 1).
+
+    model: a transformers causal LM whose decoder blocks hold `nn.Linear` layers (embeddings and
+        the LM head are never pruned); any dtype and device, its weights change in place.
+    calibration_ids: `torch.LongTensor [n, seqlen]`, n windows of token ids (`calibration_windows`).
+    config: what to prune and how (`PruneConfig`). progress: draw progress bars (False: silent).
+    Returns a `PruneReport`: `sparsity` (fraction of zero prunable weights), `layers` (that fraction
+    per layer, by qualified name), `shots` (per shot: target size, sparsity reached, seconds per
+    phase, peak memory in GiB), `config` and `seconds`.
+    """
+    if not isinstance(config, PruneConfig):
+        raise TypeError(f"config must be a surgeon.PruneConfig, not {type(config).__name__}")
+    _check_inputs(model, calibration_ids)
     named = [pair for block in prunable_layers(model) for pair in block]
     layers = []
     for name, module in named:
@@ -402,19 +435,20 @@ def prune(model: nn.Module, calibration: torch.Tensor, config: PruneConfig, prog
         t0 = _clock(device)
         raw = {}
         if config.kronecker_terms == 2:
-            raw = curvature.estimate_sum(model, named, calibration, power_state,
+            raw = curvature.estimate_sum(model, named, calibration_ids, power_state,
                                          config.power_iterations if shot == 1 else 1, fisher=config.fisher,
                                          batch_size=config.batch_size, seed=config.seed + shot,
-                                         desc=f"shot {shot}/{config.shots} · curvature")
+                                         desc=f"shot {shot}/{config.shots} · curvature", progress=progress)
         elif config.method in NEEDS_A:
-            raw = curvature.estimate(model, named, calibration, need_g=config.method in NEEDS_G, fisher=config.fisher,
+            raw = curvature.estimate(model, named, calibration_ids, need_g=config.method in NEEDS_G, fisher=config.fisher,
                                      batch_size=config.batch_size, seed=config.seed + shot, backend=config.backend,
-                                     autocast=config.curvature_dtype, desc=f"shot {shot}/{config.shots} · curvature")
+                                     autocast=config.curvature_dtype, desc=f"shot {shot}/{config.shots} · curvature",
+                                     progress=progress)
         t1 = _clock(device)
         phases = {}
         with torch.no_grad():
             if config.method in PER_LAYER:  # "prune" time includes their input estimation
-                _per_layer_shot(model, layers, calibration, target_size, config)
+                _per_layer_shot(model, layers, calibration_ids, target_size, config, progress)
             elif config.structure == "structured":
                 phases = _structured_shot(layers, raw, target_zeros, config, coupled)
             else:
@@ -424,7 +458,7 @@ def prune(model: nn.Module, calibration: torch.Tensor, config: PruneConfig, prog
         if config.lora_steps:
             from surgeon.lora import lora_correction
 
-            lora_correction(model, layers, calibration, config)
+            lora_correction(model, layers, calibration_ids, config)
             seconds["lora"] = time.perf_counter() - t2
         _, sparsity = layer_sparsity(named)
         shot_report = ShotReport(shot, target_size, sparsity, seconds, peak_memory_gb(device))
