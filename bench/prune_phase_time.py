@@ -40,7 +40,7 @@ def main() -> None:
     raw = curvature.estimate(model, named, windows)
     with torch.no_grad():
         if not args.profile:
-            phases = _structured_shot(layers, raw, target_zeros, config, coupled)
+            phases, _ = _structured_shot(layers, raw, target_zeros, config, coupled)
             print(" · ".join(f"{name} {seconds:.2f} s" for name, seconds in phases.items()),
                   f"· total {sum(phases.values()):.2f} s")
             return

@@ -20,10 +20,15 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 # Per family: the channels' (producer layers, consumer layer) inside a decoder block, MLP then attention.
+# Families with fused projections (phi3's gate_up_proj and qkv_proj, gpt_neox's query_key_value) have
+# no separate producer layers there, so only their unfused channels are listed.
 _LLAMA_LIKE = ((("mlp.gate_proj", "mlp.up_proj"), "mlp.down_proj"), (("self_attn.v_proj",), "self_attn.o_proj"))
 FAMILIES = {
     "opt": ((("fc1",), "fc2"), (("self_attn.v_proj",), "self_attn.out_proj")),
-    **{family: _LLAMA_LIKE for family in ("llama", "mistral", "qwen2", "qwen3", "smollm", "smollm3")},
+    "starcoder2": ((("mlp.c_fc",), "mlp.c_proj"), (("self_attn.v_proj",), "self_attn.o_proj")),
+    "gpt_neox": ((("mlp.dense_h_to_4h",), "mlp.dense_4h_to_h"),),
+    **{family: _LLAMA_LIKE for family in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
+                                           "olmo2", "granite", "stablelm", "smollm", "smollm3")},
 }
 
 
@@ -52,7 +57,8 @@ def couplings(model: nn.Module, names: list[str]) -> list[Coupling]:
     """
     config = model.config
     index = {name: i for i, name in enumerate(names)}
-    act = getattr(config, "hidden_act", None) or getattr(config, "activation_function", None)
+    act = next((getattr(config, key) for key in ("hidden_activation", "hidden_act", "activation_function")
+                if getattr(config, key, None)), None)
     heads = getattr(config, "num_attention_heads", None)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)

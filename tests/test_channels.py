@@ -7,6 +7,7 @@ import torch
 
 from surgeon import PruneConfig, channels, prune
 from surgeon.model import prunable_layers
+from tests._families import FAMILIES, VOCAB, family_model
 from tests.conftest import tiny_model
 
 
@@ -71,6 +72,24 @@ def test_removing_dead_ends_changes_nothing(arch):
     assert sum(int(d.sum() - r.sum()) for d, r in zip(dead_rows + dead_cols, rows + cols)) > 0
     zero(layers, dead_rows, dead_cols)
     torch.testing.assert_close(model(tokens).logits, before, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_family_couples_its_unfused_channels_and_their_dead_ends_change_nothing(family):
+    model = family_model(family)
+    layers = layers_of(model)
+    found = channels.couplings(model, [name for name, _ in layers])
+    expected = len(channels.FAMILIES.get(model.config.model_type, ())) * model.config.num_hidden_layers
+    assert len(found) == expected and (expected > 0) == (family != "phi3")  # phi3 fuses both producers
+    generator = torch.Generator().manual_seed(0)
+    rows = [torch.rand(m.out_features, generator=generator) < 0.3 for _, m in layers]
+    cols = [torch.rand(m.in_features, generator=generator) < 0.3 for _, m in layers]
+    zero(layers, rows, cols)
+    tokens = torch.randint(0, VOCAB, (2, 16), generator=generator)
+    with torch.no_grad():
+        before = model(tokens).logits
+        zero(layers, *channels.with_dead(found, rows, cols))
+        torch.testing.assert_close(model(tokens).logits, before, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ["llama", "opt"])

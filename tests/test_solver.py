@@ -127,25 +127,41 @@ def test_unstructured_one_chunk_equals_closed_form(R, C, semantics, gen):
 
 
 @pytest.mark.parametrize("R,C", SHAPES + [pytest.param(4, 6, id="R4-C6")])
-def test_unstructured_joint_solve_equals_closed_form(R, C, gen):
+def test_unstructured_update_default_arguments_equal_closed_form(R, C, gen):
     W, G, A = problem(R, C, gen)
     mask = torch.rand(R, C, generator=gen) < 0.4
     mask[0, 0] = True
     expected, _ = closed_form(W, G, A, mask)
-    new = solver.unstructured_update(W, G, A, mask, None, tol=1e-14, max_iter=10 * R * C)
+    new = solver.unstructured_update(W, G, A, mask)
     torch.testing.assert_close(new, expected.masked_fill(mask, 0.0), **FLOAT64)
     assert (new[mask] == 0).all()
 
 
-def test_joint_solve_default_tolerance_float32(gen):
+def test_joint_solve_default_conjugate_gradients_are_exact_in_float64(gen):
+    R, C = 90, 100  # more pruned weights than DIRECT_SOLVE_MAX: conjugate gradients at float64's tolerance
+    W, G, A = problem(R, C, gen)
+    mask = torch.rand(R, C, generator=gen) < 0.5
+    r, c = mask.nonzero(as_tuple=True)
+    assert r.numel() > solver.DIRECT_SOLVE_MAX
+    f = solver.Factors.of(G, A)
+    M = f.G_inv[r][:, r] * f.A_inv[c][:, c]
+    expected = torch.linalg.solve(M, W[r, c])
+    torch.testing.assert_close(solver.joint_solve(f, r, c, W[r, c], (R, C)), expected, **FLOAT64)
+
+
+def test_joint_solve_float32_default_tolerance_reaches_the_minimum(gen):
     W, G, A = problem(24, 30, gen)
     mask = torch.rand(24, 30, generator=gen) < 0.5
     expected, _ = closed_form(W, G, A, mask)
-    new = solver.unstructured_update(W.float(), G.float(), A.float(), mask)
+    r, c = mask.nonzero(as_tuple=True)
+    f = solver.Factors.of(G.float(), A.float())
+    U = torch.zeros(24, 30)
+    U[r, c] = solver.joint_solve(f, r, c, W.float()[r, c], (24, 30), tol=solver.cg_tolerance(torch.float32))
+    new = (W.float() - f.inverse_apply(U)).masked_fill(mask, 0.0)
     best = solver.quadratic_loss(expected.masked_fill(mask, 0.0) - W, G, A)
     got = solver.quadratic_loss(new.double() - W, G, A)
     assert best <= got <= best * 1.001
-    assert solver.quadratic_loss(new.double() - W, G, A) < solver.quadratic_loss(W.masked_fill(mask, 0.0) - W, G, A)
+    assert got < solver.quadratic_loss(W.masked_fill(mask, 0.0) - W, G, A)
 
 
 def test_joint_solve_stops_at_max_iter(gen):
