@@ -1,24 +1,23 @@
 """Quality table on SmolLM2-135M: dense and every method at each structure and size, one command.
 
-Protocol (the CPU target protocol of the brief, runs on 2 cores): 8 calibration windows of 512 tokens
-from the packaged WikiText-2 validation split (`wiki.valid.tokens`, seed 0), 4 shots, perplexity on
-the first 8 windows of 2048 tokens of the WikiText-2 test split (dense: 19.134). Damping as DESIGN.md.
+Protocol (runs on a 2-core CPU): 8 calibration windows of 512 tokens from the packaged WikiText-2
+validation split (`wiki.valid.tokens`, seed 0), 4 shots, perplexity on the first 8 windows of 2048
+tokens of the WikiText-2 test split. Damping as docs/DESIGN.md (λ_G = 0.1, λ_A = 0.01).
 Unstructured and 2:4 LLM Surgeon rows solve all pruned weights of a layer jointly (the default
-`max_correlate=0`: exact eqs. 4-5 by conjugate gradients, at most 40 iterations per layer), with the
-default damping (λ_G = 0.1, λ_A = 0.01); the row `unstructured-0.5-surgeon-m64` is the ablation with
-chunks of 64 solved independently and λ_G = 0.01. SparseGPT and
-Wanda run in one shot, as published.
-Each finished run is saved as JSON under bench/results/quality/ and skipped when rerun, so the table
-can be filled over several sessions; the markdown table is regenerated from all saved runs.
+`max_correlate=0`: eqs. 4-5 by conjugate gradients, at most 40 iterations per layer); the row
+`unstructured-0.5-surgeon-m64` is the reference code's form (chunks of 64 solved independently,
+λ_G = 0.01). SparseGPT and Wanda run in one shot, as published.
 
-    python bench/quality.py                       # every row (long: hours on 2 cores)
+Each run is saved as bench/results/quality/<row>@<commit>.json and skipped when that file exists,
+so an interrupted table resumes; `python bench/results_md.py` writes the table into RESULTS.md.
+
+    python bench/quality.py                        # every row (about 1.5 hours on 2 cores)
     python bench/quality.py --only structured-0.8  # rows whose id contains this text
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import platform
 import subprocess
@@ -58,28 +57,6 @@ def rows(shots_structured: int, shots_element: int) -> list[tuple[str, PruneConf
     return out
 
 
-def table() -> str:
-    """Markdown table of every saved run."""
-    lines = ["| run | structure | target size | method | shots | λ_G / λ_A | sparsity | ppl | seconds |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for path in sorted(ROOT.glob("*.json")):
-        r = json.loads(path.read_text())
-        c = r.get("config", {})
-        method = c.get("method", "dense")
-        if method == "surgeon" and c.get("structure") == "structured":
-            method += "/" + c["correlation"]
-        elif method == "surgeon":
-            method += f"/m={c['max_correlate']} {c['chunk_semantics']}" if c.get("max_correlate") else "/exact"
-        damping = "-"
-        if "damp_a" in c:
-            old_default = 0.1 if c["structure"] == "structured" else 0.01  # runs saved when damp_g defaulted to None
-            damp_g = c["damp_g"] if c.get("damp_g") is not None else old_default
-            damping = f"{damp_g} / {c['damp_a']}"
-        lines.append(f"| {path.stem} | {c.get('structure', '-')} | {c.get('target_size', 1.0)} | {method} | "
-                     f"{c.get('shots', 0)} | {damping} | {r.get('sparsity', 0.0):.4f} | {r['ppl']:.3f} | {r['seconds']:.0f} |")
-    return "\n".join(lines) + "\n"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calib-windows", type=int, default=8)
@@ -97,26 +74,25 @@ def main() -> None:
     windows = calibration_windows(tokenize(tokenizer, calibration_text("wikitext2-valid")),
                                   args.calib_windows, args.calib_seqlen, seed=0)
     machine = f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
     protocol = {"calib_windows": args.calib_windows, "calib_seqlen": args.calib_seqlen,
                 "eval_windows": args.eval_windows, "eval_seqlen": 2048, "machine": machine, "commit": commit}
-    dense_path = ROOT / "dense.json"
+    dense_path = ROOT / f"dense@{commit}.json"
     if not dense_path.exists():
-        result = perplexity(model, test_ids, 2048, args.eval_windows)
+        result = perplexity(model, test_ids, 2048, args.eval_windows, progress=False)
         write_json(dense_path, {"ppl": result.ppl, "seconds": result.seconds, **protocol})
     for name, config in rows(args.shots_structured, args.shots_element):
-        path = ROOT / f"{name}.json"
+        path = ROOT / f"{name}@{commit}.json"
         if path.exists() or args.only not in name:
             continue
         model.load_state_dict(dense_state)
         start = time.perf_counter()
-        report = prune(model, windows, config)
+        report = prune(model, windows, config, progress=False)
         seconds = time.perf_counter() - start
-        result = perplexity(model, test_ids, 2048, args.eval_windows)
+        result = perplexity(model, test_ids, 2048, args.eval_windows, progress=False)
         logging.info("%s: ppl %.3f sparsity %.4f (%.0f s)", name, result.ppl, report.sparsity, seconds)
         write_json(path, {"ppl": result.ppl, "seconds": seconds, **protocol, **report.to_dict()})
-    (ROOT.parent / "quality.md").write_text(table())
-    print(table())
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -219,27 +219,6 @@ def _backward(model: nn.Module, batch: torch.Tensor, fisher: str, generator: tor
     logits.backward(_logit_gradient(logits, batch, fisher, generator))
 
 
-class _Stop(Exception):
-    """Raised by a forward hook to end a forward pass once the layers of interest have run."""
-
-
-@contextmanager
-def _stop_after(module: Optional[nn.Module]) -> Iterator[None]:
-    """Abort every forward pass right after `module` has run (no-op when None)."""
-    if module is None:
-        yield
-        return
-
-    def stop(*_) -> None:
-        raise _Stop
-
-    handle = module.register_forward_hook(stop)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
 def estimate(
     model: nn.Module,
     layers: list[tuple[str, nn.Linear]],
@@ -250,36 +229,26 @@ def estimate(
     seed: int = 0,
     backend: str = "auto",
     desc: str = "curvature",
-    stop_after: Optional[nn.Module] = None,
     autocast: Optional[str] = None,
     progress: bool = True,
 ) -> dict[str, LayerFactors]:
     """Kronecker factors (A, and G when `need_g`) of `layers` over calibration `windows` [n, L] (eq. 6).
 
-    `stop_after` (A only): end each forward pass once that module (e.g. the block holding
-    `layers`) has run, so estimating the inputs of an early block does not pay for the rest.
     `autocast` ("bfloat16", "float16"): run the pass under `torch.autocast` in that dtype, the
     layers' inputs cast to it for A as the layers' products see them (factors stay float32).
     """
-    if stop_after is not None and need_g:
-        raise ValueError("stop_after needs need_g=False: G needs the full forward and backward pass")
     device = next(model.parameters()).device
     low = None if autocast is None else getattr(torch, autocast)
     collector = _Collector(layers, windows.numel(), need_g, backend, GROUP_BYTES.get(device.type, 0), low)
     generator = torch.Generator().manual_seed(seed)
-    with (collector.hooks(), _frozen(model), _stop_after(stop_after),
-          torch.autocast(device.type, dtype=low, enabled=low is not None)):
+    with collector.hooks(), _frozen(model), torch.autocast(device.type, dtype=low, enabled=low is not None):
         for batch in tqdm(windows.split(batch_size), desc=desc, leave=False, disable=not progress):
             batch = batch.to(device)
-            if not need_g:
+            if need_g:
+                _backward(model, batch, fisher, generator)
+            else:
                 with torch.no_grad():
-                    try:
-                        model(batch)
-                    except _Stop:
-                        pass
-                collector.flush()
-                continue
-            _backward(model, batch, fisher, generator)
+                    model(batch)
             collector.flush()
     for name, entry in collector.factors.items():
         _check_finite(name, entry)
@@ -287,6 +256,27 @@ def estimate(
             raise SurgeonError(f"layer {name} received no gradient: it does not affect the loss")
         if need_g and entry.col_quadratic is None:
             raise SurgeonError(f"layer {name} passed no gradient to its input: it does not depend on the embeddings")
+    return collector.factors
+
+
+def estimate_inputs(
+    layers: list[tuple[str, nn.Linear]], forwards: Iterable[Callable[[], object]], tokens: int,
+    backend: str = "auto", autocast: Optional[str] = None,
+) -> dict[str, LayerFactors]:
+    """The input factors A of `layers` (eq. 6) over `tokens` tokens, from calling each of `forwards`.
+
+    Each callable runs one batch through the layers (e.g. one decoder block on its cached inputs,
+    as SparseGPT and Wanda prune block by block); no gradients are computed.
+    """
+    device = layers[0][1].weight.device
+    low = None if autocast is None else getattr(torch, autocast)
+    collector = _Collector(layers, tokens, False, backend, GROUP_BYTES.get(device.type, 0), low)
+    with collector.hooks(), torch.no_grad(), torch.autocast(device.type, dtype=low, enabled=low is not None):
+        for forward in forwards:
+            forward()
+            collector.flush()
+    for name, entry in collector.factors.items():
+        _check_finite(name, entry)
     return collector.factors
 
 

@@ -19,6 +19,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from surgeon import baselines, channels, curvature, solver, threshold
+from surgeon.block_inputs import BlockInputs
 from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
 from surgeon.model import decoder_blocks, max_seqlen, prunable_layers
@@ -351,17 +352,19 @@ def _per_layer_shot(model: nn.Module, layers: list[Layer], calibration: torch.Te
                     config: PruneConfig, progress: bool) -> None:
     """SparseGPT or Wanda: each layer pruned to the same sparsity with its own algorithm.
 
-    As published, block by block: a block's inputs are recomputed after every earlier block was
-    pruned (each forward stops after the current block).
+    As published, block by block: each block's inputs come from the blocks before it, already
+    pruned; the block runs once to estimate its layers' input factors and once, pruned, to give
+    the next block's inputs (`BlockInputs`).
     """
     by_name = {layer.name: layer for layer in layers}
     blocks = decoder_blocks(model)
-    for index, named in enumerate(prunable_layers(model)):
-        raw = curvature.estimate(model, named, calibration, need_g=False, batch_size=config.batch_size,
-                                 backend=config.backend, autocast=config.curvature_dtype, stop_after=blocks[index],
-                                 desc=f"block {index + 1}/{len(blocks)} · inputs", progress=progress)
+    inputs = BlockInputs(model, blocks, calibration, config.batch_size)
+    for named in tqdm(prunable_layers(model), desc="blocks", leave=False, disable=not progress):
+        raw = curvature.estimate_inputs(named, inputs.forwards(), calibration.numel(), config.backend,
+                                        config.curvature_dtype)
         for name, _ in named:
             _prune_one_layer(by_name[name], raw[name].A.dense(), target_size, config)
+        inputs.advance()
 
 
 def _prune_one_layer(layer: Layer, A: torch.Tensor, target_size: float, config: PruneConfig) -> None:

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 from surgeon import curvature
 from surgeon.model import decoder_blocks, prunable_layers
+from tests._families import VOCAB, family_model
+from tests._tolerances import FLOAT32
 from tests.conftest import tiny_model
 
 
@@ -59,21 +61,28 @@ def test_layers_reading_the_same_input_share_a():
     assert all(p.requires_grad for p in model.parameters())  # flags restored
 
 
-def test_stop_after_block_gives_the_same_inputs_and_skips_later_blocks():
-    model = tiny_model("llama")
+@pytest.mark.parametrize("family", ["llama", "opt", "gpt_neox", "gemma2", "phi3"])
+def test_block_inputs_give_each_blocks_factors_running_each_block_twice(family):
+    from surgeon.block_inputs import BlockInputs
+
+    model = family_model(family)
     blocks = decoder_blocks(model)
-    first = prunable_layers(model)[0]
-    windows = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(0))
-    full = curvature.estimate(model, first, windows, need_g=False)
-    later_calls = []
-    handle = blocks[1].register_forward_hook(lambda *_: later_calls.append(1))
-    stopped = curvature.estimate(model, first, windows, need_g=False, stop_after=blocks[0])
-    handle.remove()
-    assert not later_calls
-    for name, _ in first:
-        torch.testing.assert_close(stopped[name].A.dense(), full[name].A.dense())
-    with pytest.raises(ValueError, match="need_g=False"):
-        curvature.estimate(model, first, windows, stop_after=blocks[0])
+    windows = torch.randint(0, VOCAB, (3, 12), generator=torch.Generator().manual_seed(0))
+    everything = [pair for block in prunable_layers(model) for pair in block]
+    full = curvature.estimate(model, everything, windows, need_g=False, batch_size=2)
+    calls = [0] * len(blocks)
+    handles = [block.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+               for i, block in enumerate(blocks)]
+    inputs = BlockInputs(model, blocks, windows, batch_size=2)
+    calls = [0] * len(blocks)  # the model's forward to catch the first block's inputs stops before it
+    for named in prunable_layers(model):
+        blockwise = curvature.estimate_inputs(named, inputs.forwards(), windows.numel())
+        for name, _ in named:
+            torch.testing.assert_close(blockwise[name].A.dense(), full[name].A.dense(), **FLOAT32)
+        inputs.advance()
+    for handle in handles:
+        handle.remove()
+    assert calls == [2 * 2] * len(blocks)  # two batches, each block run once for A and once to advance
 
 
 @pytest.mark.parametrize("arch", ["llama", "opt"])

@@ -10,6 +10,7 @@ import torch
 from surgeon import PruneConfig, prune
 from surgeon.errors import SurgeonError
 from surgeon.model import prunable_layers
+from tests._tolerances import FLOAT32
 from tests.conftest import tiny_model
 
 CASES = [
@@ -155,16 +156,20 @@ def test_per_layer_methods_see_inputs_of_pruned_blocks(method, monkeypatch):
 
     model = tiny_model("llama")
     blocks = prunable_layers(model)
+    ids = calibration()
     seen = []
-    estimate = curvature.estimate
+    estimate_inputs = curvature.estimate_inputs
 
-    def recording(model_, layers, *args, **kwargs):
+    def recording(layers, *args, **kwargs):
         seen.append([float((module.weight == 0).float().mean()) for block in blocks for _, module in block])
-        return estimate(model_, layers, *args, **kwargs)
+        blockwise = estimate_inputs(layers, *args, **kwargs)
+        whole = curvature.estimate(model, layers, ids, need_g=False)  # the model as it is now, from the embeddings
+        for name, _ in layers:
+            torch.testing.assert_close(blockwise[name].A.dense(), whole[name].A.dense(), **FLOAT32)
+        return blockwise
 
-    monkeypatch.setattr(curvature, "estimate", recording)
-    prune(model, calibration(), PruneConfig(structure="unstructured", target_size=0.5, shots=1, method=method),
-          progress=False)
+    monkeypatch.setattr(curvature, "estimate_inputs", recording)
+    prune(model, ids, PruneConfig(structure="unstructured", target_size=0.5, shots=1, method=method), progress=False)
     per_block = [len(b) for b in blocks]
     assert len(seen) == len(blocks)
     for index, sparsities in enumerate(seen):

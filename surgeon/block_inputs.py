@@ -1,0 +1,64 @@
+"""The inputs of one decoder block at a time, cached: each block runs once per pass, as SparseGPT does.
+
+The first block's inputs (hidden states and the keyword arguments the model passes every block:
+attention mask, position embeddings, …) are caught once per calibration batch; after a block is
+done with, running it on its cached inputs gives the next block's. A pass over L blocks is L
+block forwards per batch instead of the L(L+1)/2 of a forward from the embeddings for each block.
+Holds one block's inputs for all calibration windows (n × seqlen × hidden in the model's dtype).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+
+class _Caught(Exception):
+    """Ends a forward pass at the first block, once its inputs are caught."""
+
+
+class BlockInputs:
+    """Per calibration batch, the positional and keyword arguments of the current decoder block."""
+
+    def __init__(self, model: nn.Module, blocks: nn.ModuleList, windows: torch.Tensor, batch_size: int):
+        self.blocks = blocks
+        self.index = 0
+        self.batches: list[tuple[tuple, dict[str, Any]]] = []
+        device = next(model.parameters()).device
+
+        def catch(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+            self.batches.append((args, kwargs))
+            raise _Caught
+
+        handle = blocks[0].register_forward_pre_hook(catch, with_kwargs=True)
+        try:
+            with torch.no_grad():
+                for batch in windows.split(batch_size):
+                    try:
+                        model(batch.to(device), use_cache=False)
+                    except _Caught:
+                        pass
+        finally:
+            handle.remove()
+
+    def forwards(self) -> list[Callable[[], object]]:
+        """One callable per batch that runs the current block on its cached inputs."""
+        block = self.blocks[self.index]
+        return [lambda args=args, kwargs=kwargs: block(*args, **kwargs) for args, kwargs in self.batches]
+
+    @torch.no_grad()
+    def advance(self) -> None:
+        """Run the current block (as it is now, e.g. pruned) on its inputs: they become the next block's."""
+        block = self.blocks[self.index]
+        advanced = []
+        for args, kwargs in self.batches:
+            output = block(*args, **kwargs)
+            hidden = output[0] if isinstance(output, (tuple, list)) else output
+            if args:
+                advanced.append(((hidden, *args[1:]), kwargs))
+            else:
+                advanced.append(((), {**kwargs, "hidden_states": hidden}))
+        self.batches = advanced
+        self.index += 1
