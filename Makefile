@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench quality clean
+.PHONY: install test test-fast lint demo bench quality results clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard csrc/*/*.cpp csrc/*/*.cu)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,8 +19,15 @@ $(STAMP): pyproject.toml setup.py $(wildcard csrc/*/*.cpp csrc/*/*.cu)
 
 install: $(STAMP)
 
-test: $(STAMP)
+test: lint $(STAMP)
 	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check surgeon surgeon_kernels tests bench examples tools
+	$(BIN)/mypy
 
 demo: $(STAMP)
 	$(BIN)/surgeon prune --model smollm2-135m --structure structured --target-size 0.8 --shots 4 \
@@ -32,6 +39,9 @@ bench: $(STAMP)
 
 quality: $(STAMP)
 	$(BIN)/python bench/quality.py
+
+results: $(STAMP)
+	$(BIN)/python bench/results_md.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info surgeon_kernels/*.so out

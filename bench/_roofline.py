@@ -1,7 +1,8 @@
 """Measured ceilings for roofline fractions: dense GEMM FLOP/s and copy bandwidth of this machine.
 
 Both are measured, not looked up: the GEMM rate with torch.matmul at 2048³ in float32 on the CPU,
-8192³ in bfloat16 on a GPU (smaller products do not fill it), the bandwidth as a large tensor copy (read + write bytes). Cached per process.
+8192³ in bfloat16 on a GPU (smaller products do not fill it), the bandwidth as a large tensor copy
+(read + write bytes). Cached per process.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def _time(fn, repeat: int = 5) -> float:
     return sorted(samples)[len(samples) // 2]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gemm_flops(device: str = "cpu", dtype: torch.dtype = torch.float32) -> float:
     """Measured dense GEMM rate (FLOP/s) at n³: n = 2048 on the CPU, 8192 on a GPU."""
     n = 8192 if torch.device(device).type == "cuda" else 2048
@@ -35,7 +36,7 @@ def gemm_flops(device: str = "cpu", dtype: torch.dtype = torch.float32) -> float
     return 2 * n**3 / _time(lambda: a @ a)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def copy_bandwidth(device: str = "cpu") -> float:
     """Measured copy bandwidth (bytes/s, read + write) of a 256 MiB float32 tensor."""
     src = torch.randn(64 << 20, device=device)

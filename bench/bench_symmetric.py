@@ -4,7 +4,7 @@
 
 A structured shot unpacks every layer's two factors and packs and unpacks their inverse roots.
 "tile rows" is the package's way (one copy per tile row, mirrored tile by tile); "scatter" is one
-advanced-index gather or scatter of all tiles (the way before session 7). Rates count the bytes of
+advanced-index gather or scatter of all tiles (the earlier implementation). Rates count the bytes of
 the dense matrix plus its packed half (read + write), against the measured copy bandwidth.
 """
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import time
 
-import torch
-
 from surgeon import curvature, solver
 from surgeon.data import calibration_text, calibration_windows, tokenize
 from surgeon.model import load_model, prunable_layers

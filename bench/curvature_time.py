@@ -4,7 +4,7 @@
 
 Loads the embedded SmolLM2-135M, takes calibration windows from the packaged WikiText-2 validation
 split, runs one warm-up window, then times `surgeon.curvature.estimate` over `--windows` windows once
-per repeat and dtype, interleaved (this box's speed drifts: compare the best of several). A dtype
+per repeat and dtype, interleaved (a shared machine's speed drifts: compare the best of several). A dtype
 other than the model's runs the pass on a copy of the model in that dtype (factors stay float32).
 """
 
@@ -38,7 +38,7 @@ def main() -> None:
     models = {name: model if DTYPES[name] == torch.float32 else copy.deepcopy(model).to(DTYPES[name])
               for name in args.dtype}
     best = {}
-    for name, m in models.items():
+    for m in models.values():
         curvature.estimate(m, [p for b in prunable_layers(m) for p in b], windows[:1])  # warm-up
     for repeat in range(args.repeats):
         for name, m in models.items():

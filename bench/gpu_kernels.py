@@ -50,7 +50,8 @@ def cases():
         yield ("kfac_accumulate_group", f"{label} N={tokens} ({len(widths)} factors)", torch.bfloat16,
                sum(2 * tokens * w**2 for w in widths), 0,
                {"triton one call per factor": separate,
-                "triton grouped": lambda xs=xs, outs=outs: ops.kfac_accumulate_group(outs, xs, 1.0, [False] * len(xs), "triton")})
+                "triton grouped": lambda xs=xs, outs=outs: ops.kfac_accumulate_group(
+                    outs, xs, 1.0, [False] * len(xs), "triton")})
     costs = torch.rand(11008, 4096, device=dev)
     yield ("nm_select", "llama2-7b-mlp 2:4", torch.float32, 0, costs.numel() * 5 + costs.numel(),
            {p: (lambda p=p: ops.nm_select(costs, 2, 4, p)) for p in ("torch", "triton")})

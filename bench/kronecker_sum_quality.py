@@ -4,11 +4,11 @@
 
 SmolLM2-135M, calibration windows of 512 tokens from the packaged WikiText-2 validation split. For
 every prunable layer of one block: G ⊗ A (`curvature.estimate`, eq. 6) and the nearest sum of two
-Kronecker factors (`curvature.estimate_sum`, paper appendix), damped as the prune loop damps them.
+Kronecker factors (`kronecker_sum.estimate_sum`, paper appendix), damped as the prune loop damps them.
 Both prune the same 50% of the weights (the cheapest under G ⊗ A) with the joint update, and each
 update ΔW is scored by the quadratic loss under the per-token Fisher the factors approximate,
 ½ Σ_n (g_nᵀ ΔW a_n)² (inputs a_n and output gradients g_n recorded by hooks). Also printed: the
-norms of the terms and the fraction of the sum's spectrum floored at `solver.SUM_FLOOR`.
+norms of the terms and the fraction of the sum's spectrum floored at `kronecker_sum.SUM_FLOOR`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from surgeon import curvature, solver  # noqa: E402
+from surgeon import curvature, kronecker_sum, solver  # noqa: E402
 from surgeon.config import PruneConfig  # noqa: E402
 from surgeon.data import calibration_text, calibration_windows, tokenize  # noqa: E402
 from surgeon.model import load_model, prunable_layers  # noqa: E402
@@ -55,7 +55,7 @@ def main() -> None:
     windows = calibration_windows(tokenize(tokenizer, calibration_text("wikitext2-valid")), args.windows, 512, 0)
     layers = prunable_layers(model)[args.block]
     kfac = curvature.estimate(model, layers, windows)
-    summed = curvature.estimate_sum(model, layers, windows, {}, args.iterations)
+    summed = kronecker_sum.estimate_sum(model, layers, windows, {}, args.iterations)
     recorded = per_token(model, layers, windows)
     print("layer | ‖G⊗A‖ | ‖G1⊗A1‖ | ‖G2⊗A2‖ | floored | loss no update | loss G⊗A | loss sum")
     for name, module in layers:
@@ -64,7 +64,7 @@ def main() -> None:
         k, s = kfac[name], summed[name]
         single = solver.Factors.of(solver.damp(k.G.dense().double(), damp.damp_g),
                                    solver.damp(k.A.dense().double(), damp.damp_a))
-        pair = solver.KroneckerSum.of(solver.damp(s.G.dense().double(), damp.damp_g),
+        pair = kronecker_sum.KroneckerSum.of(solver.damp(s.G.dense().double(), damp.damp_g),
                                       solver.damp(s.A.dense().double(), damp.damp_a),
                                       s.G2.dense().double(), s.A2.dense().double(), "torch")
         costs = solver.element_costs_of(W, single)
@@ -76,7 +76,7 @@ def main() -> None:
         scores = [loss(solver.unstructured_update_of(W, f, mask, None, tol=1e-8, max_iter=300) - W)
                   for f in (single, pair)]
         norms = [float(x.dense().norm() * y.dense().norm()) for x, y in ((k.G, k.A), (s.G, s.A), (s.G2, s.A2))]
-        floored = float((pair.D >= 1 / solver.SUM_FLOOR * (1 - 1e-6)).double().mean())
+        floored = float((pair.D >= 1 / kronecker_sum.SUM_FLOOR * (1 - 1e-6)).double().mean())
         print(f"{name} | {norms[0]:.4g} | {norms[1]:.4g} | {norms[2]:.4g} | {floored:.3f} | "
               f"{loss(-W * mask):.4g} | {scores[0]:.4g} | {scores[1]:.4g}", flush=True)
 

@@ -51,7 +51,8 @@ def rows(shots_structured: int, shots_element: int) -> list[tuple[str, PruneConf
             shots = 1 if method in ("wanda", "sparsegpt") else shots_element
             config = PruneConfig(structure=structure, target_size=size, shots=shots, method=method)
             out.append((f"{structure.replace(':', 'of')}-{size}-{method}", config))
-    ablation = PruneConfig(structure="unstructured", target_size=0.5, shots=shots_element, max_correlate=64, damp_g=0.01,
+    ablation = PruneConfig(structure="unstructured", target_size=0.5, shots=shots_element, max_correlate=64,
+                           damp_g=0.01,
                            chunk_semantics="independent")
     out.append(("unstructured-0.5-surgeon-m64", ablation))
     return out

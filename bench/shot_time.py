@@ -59,20 +59,19 @@ def main() -> None:
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--group-bytes", type=int, default=None,
                         help="queued bytes per grouped factor accumulation on this device (0: one launch per "
-                             "factor; default: surgeon.curvature.GROUP_BYTES)")
+                             "factor; default: surgeon.curvature.DEFAULT_GROUP_BYTES)")
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--profile", type=Path, default=None,
                         help="also write torch.profiler's table of the run's costliest ops to this file")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if args.group_bytes is not None:
-        curvature.GROUP_BYTES[torch.device(args.device).type] = args.group_bytes
     start = time.perf_counter()
     model, config = build(args.config, args.layers, DTYPES[args.dtype], args.device)
     built = time.perf_counter() - start
-    windows = torch.randint(0, config.vocab_size, (args.nsamples, args.seqlen), generator=torch.Generator().manual_seed(0))
+    windows = torch.randint(0, config.vocab_size, (args.nsamples, args.seqlen),
+                            generator=torch.Generator().manual_seed(0))
     prune_config = PruneConfig(structure=args.structure, target_size=args.target_size, shots=args.shots,
-                               batch_size=args.batch_size, backend=args.backend)
+                               batch_size=args.batch_size, backend=args.backend, group_bytes=args.group_bytes)
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
@@ -86,10 +85,11 @@ def main() -> None:
         report = prune(model, windows, prune_config)
     device = torch.device(args.device)
     result = dict(
-        device=torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
+        device=(torch.cuda.get_device_name(device) if device.type == "cuda"
+                else platform.processor() or platform.machine()),
         torch=torch.__version__, model_config=str(args.config), blocks=config.num_hidden_layers,
         hidden=config.hidden_size, dtype=args.dtype, nsamples=args.nsamples, seqlen=args.seqlen,
-        build_seconds=built, command=" ".join(sys.argv), group_bytes=curvature.GROUP_BYTES.get(device.type, 0),
+        build_seconds=built, command=" ".join(sys.argv), group_bytes=curvature._group_bytes(device, args.group_bytes),
         **report.to_dict(),
     )
     result.pop("layers")  # per-layer sparsity of random weights says nothing

@@ -1,7 +1,16 @@
 """Prune the built-in SmolLM2-135M structurally to 80% kept, compare perplexity, save it (README example)."""
 
-from surgeon import (PruneConfig, calibration_text, calibration_windows, evaluation_text, load_model, perplexity,
-                     prune, save_model, tokenize)
+from surgeon import (
+                     PruneConfig,
+                     calibration_text,
+                     calibration_windows,
+                     evaluation_text,
+                     load_model,
+                     perplexity,
+                     prune,
+                     save_model,
+                     tokenize,
+)
 
 model, tokenizer = load_model("smollm2-135m")  # a hub id, a local folder, a .gguf file or a built-in name
 calibration_ids = calibration_windows(tokenize(tokenizer, calibration_text("wikitext2-valid")),

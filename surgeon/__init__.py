@@ -33,7 +33,11 @@ _EXPORTS = {
     "EvalResult": "surgeon.evaluate",
     "save_model": "surgeon.io",
 }
-__all__ = sorted(_EXPORTS) + ["__version__"]
+__all__ = [
+    "EvalResult", "PruneConfig", "PruneReport", "RunConfig", "ShotReport", "SurgeonError", "__version__",
+    "calibration_text", "calibration_windows", "evaluation_text", "load_model", "load_tokenizer", "perplexity",
+    "prune", "save_model", "tokenize",
+]
 
 if TYPE_CHECKING:
     from surgeon.config import PruneConfig, RunConfig
@@ -42,8 +46,8 @@ if TYPE_CHECKING:
     from surgeon.evaluate import EvalResult, perplexity
     from surgeon.io import save_model
     from surgeon.model import load_model, load_tokenizer
-    from surgeon.shots import prune
     from surgeon.report import PruneReport, ShotReport
+    from surgeon.shots import prune
 
 
 def __getattr__(name: str) -> Any:

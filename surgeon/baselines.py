@@ -1,4 +1,4 @@
-"""Baselines in the same framework (DESIGN.md): magnitude, L-OBD, K-OBD, SparseGPT, Wanda.
+"""Baselines in the same framework (docs/DESIGN.md): magnitude, L-OBD, K-OBD, SparseGPT, Wanda.
 
 Magnitude, L-OBD and K-OBD are costs from the diagonal of a curvature (I⊗I, I⊗A, G⊗A), pruned
 with the global threshold and no weight update. SparseGPT (Frantar & Alistarh, 2023) and Wanda
@@ -6,8 +6,6 @@ with the global threshold and no weight update. SparseGPT (Frantar & Alistarh, 2
 """
 
 from __future__ import annotations
-
-from typing import Optional
 
 import torch
 
@@ -24,7 +22,8 @@ def wanda_scores(W: torch.Tensor, a_diag: torch.Tensor) -> torch.Tensor:
     return W.abs() * a_diag.clamp_min(0).sqrt()
 
 
-def per_row_mask(scores: torch.Tensor, sparsity: float, previous: torch.Tensor, nm: Optional[tuple[int, int]]) -> torch.Tensor:
+def per_row_mask(scores: torch.Tensor, sparsity: float, previous: torch.Tensor,
+                 nm: tuple[int, int] | None) -> torch.Tensor:
     """Prune the lowest scores uniformly per output row (Wanda), or m−n of every m for N:M."""
     scores = scores.masked_fill(previous, float("-inf"))
     if nm is not None:
@@ -39,7 +38,7 @@ def sparsegpt(
     H: torch.Tensor,
     sparsity: float,
     previous: torch.Tensor,
-    nm: Optional[tuple[int, int]] = None,
+    nm: tuple[int, int] | None = None,
     blocksize: int = 128,
     percdamp: float = 0.01,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,7 +74,8 @@ def sparsegpt(
         for i in range(i2 - i1):
             if nm is not None and i % nm[1] == 0:
                 n, m = nm
-                group = (W1[:, i : i + m].square() / d[i : i + m].square()).masked_fill(previous[:, i1 + i : i1 + i + m], float("-inf"))
+                group = (W1[:, i : i + m].square() / d[i : i + m].square())
+                group = group.masked_fill(previous[:, i1 + i : i1 + i + m], float("-inf"))
                 block_mask.scatter_(1, i + group.topk(m - n, dim=1, largest=False).indices, True)
             w = W1[:, i]
             q = w.masked_fill(block_mask[:, i], 0.0)

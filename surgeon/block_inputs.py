@@ -9,7 +9,9 @@ Holds one block's inputs for all calibration windows (n × seqlen × hidden in t
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import functools
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -46,7 +48,7 @@ class BlockInputs:
     def forwards(self) -> list[Callable[[], object]]:
         """One callable per batch that runs the current block on its cached inputs."""
         block = self.blocks[self.index]
-        return [lambda args=args, kwargs=kwargs: block(*args, **kwargs) for args, kwargs in self.batches]
+        return [functools.partial(block, *args, **kwargs) for args, kwargs in self.batches]
 
     @torch.no_grad()
     def advance(self) -> None:

@@ -59,22 +59,26 @@ def couplings(model: nn.Module, names: list[str]) -> list[Coupling]:
     index = {name: i for i, name in enumerate(names)}
     act = next((getattr(config, key) for key in ("hidden_activation", "hidden_act", "activation_function")
                 if getattr(config, key, None)), None)
-    heads = getattr(config, "num_attention_heads", None)
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
+    heads: int = getattr(config, "num_attention_heads", None) or 0
+    kv_heads: int = getattr(config, "num_key_value_heads", None) or heads
+    head_dim: int = getattr(config, "head_dim", None) or (getattr(config, "hidden_size", 0) // heads if heads else 0)
     found = []
     for name in names:
-        for (producers, consumer), attention in zip(FAMILIES.get(getattr(config, "model_type", None), ()), (False, True)):
+        family = FAMILIES.get(getattr(config, "model_type", ""), ())
+        for (producers, consumer), attention in zip(family, (False, True)):
             if not name.endswith("." + consumer):
                 continue
             prefix = name[: -len(consumer)]
             members = [prefix + p for p in producers]
             if any(m not in index for m in members):
                 continue
-            rows = model.get_submodule(members[0]).out_features
-            cols = model.get_submodule(name).in_features
+            producer, reader = model.get_submodule(members[0]), model.get_submodule(name)
+            if not (isinstance(producer, nn.Linear) and isinstance(reader, nn.Linear)):
+                continue
+            rows, cols = producer.out_features, reader.in_features
             if attention:
-                shape = (kv_heads, heads // kv_heads, head_dim) if heads and kv_heads and heads % kv_heads == 0 else None
+                grouped = heads > 0 and kv_heads > 0 and head_dim > 0 and heads % kv_heads == 0
+                shape = (kv_heads, heads // kv_heads, head_dim) if grouped else None
             else:
                 shape = (cols, 1, 1) if act in ACT2FN and bool((ACT2FN[act](torch.zeros(1)) == 0).all()) else None
             if shape is None or rows != shape[0] * shape[2] or cols != shape[0] * shape[1] * shape[2]:

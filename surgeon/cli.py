@@ -15,9 +15,11 @@ import logging
 import os
 import signal
 import sys
+import types
 import typing
+from collections.abc import Sequence
 from types import FrameType
-from typing import Any, NoReturn, Optional, Sequence
+from typing import Any, NoReturn
 
 from surgeon import __version__
 from surgeon.config import PruneConfig, RunConfig
@@ -43,15 +45,19 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"surgeon: error: {message} (see `{self.prog} --help`)\n")
 
 
-def _add_fields(parser: argparse.ArgumentParser, cls: type, only: Optional[Sequence[str]] = None,
-                required: Sequence[str] = (), helps: Optional[dict[str, str]] = None) -> None:
+def _add_fields(parser: argparse.ArgumentParser, cls: type, only: Sequence[str] | None = None,
+                required: Sequence[str] = (), helps: dict[str, str] | None = None) -> None:
     """Add one `--option` per dataclass field: type, choices and help from the field, its default shown once."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if only is not None and f.name not in only:
             continue
-        kind = hints[f.name]
-        base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
+        base = hints[f.name]
+        if typing.get_origin(base) in (typing.Union, types.UnionType):  # X | None: the option takes an X
+            base = next(t for t in typing.get_args(base) if t is not type(None))
+        choices = f.metadata.get("choices")
+        if typing.get_origin(base) is typing.Literal:
+            base, choices = str, typing.get_args(base)
         text = (helps or {}).get(f.name, f.metadata["help"])
         option = "--" + f.name.replace("_", "-")
         if base is bool:
@@ -62,11 +68,11 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type, only: Optional[Seque
         else:
             shown = f.metadata.get("shown") or f.default
             text += f" (default: {shown})"
-        parser.add_argument(option, dest=f.name, type=base, default=f.default, choices=f.metadata.get("choices"),
+        parser.add_argument(option, dest=f.name, type=base, default=f.default, choices=choices,
                             required=f.name in required, help=text.replace("%", "%%"))
 
 
-def _build(cls: type, args: argparse.Namespace, only: Optional[Sequence[str]] = None) -> Any:
+def _build(cls: type, args: argparse.Namespace, only: Sequence[str] | None = None) -> Any:
     """Instantiate a config dataclass from parsed arguments; invalid values become SurgeonError."""
     names = [f.name for f in dataclasses.fields(cls) if (only is None or f.name in only) and hasattr(args, f.name)]
     try:
@@ -127,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _on_signal(signum: int, frame: Optional[FrameType]) -> None:
+def _on_signal(signum: int, frame: FrameType | None) -> None:
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, signal.SIG_IGN)  # one clean-up, even if a signal comes again
     raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
@@ -146,7 +152,7 @@ def _quiet_libraries(quiet: bool) -> None:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `surgeon` console script; returns the exit status."""
     previous = {number: signal.signal(number, _on_signal) for number in (signal.SIGINT, signal.SIGTERM)}
     args = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Literal
 
 METHODS = ("surgeon", "magnitude", "lobd", "kobd", "sparsegpt", "wanda")
 METHOD_HELP = (
@@ -20,43 +20,41 @@ METHOD_HELP = (
     "wanda: |w|·‖x‖ per output row"
 )
 DEFAULT_TARGET_SIZE = 0.8
+Correlation = Literal["joint", "within"]
+ChunkSemantics = Literal["sequential", "independent"]
 _NM = re.compile(r"^(\d+):(\d+)$")
 
 
-def parse_nm(structure: str) -> Optional[tuple[int, int]]:
+def parse_nm(structure: str) -> tuple[int, int] | None:
     """`"2:4"` -> (2, 4): keep at most N of every M consecutive weights of a row; else None."""
     match = _NM.match(structure)
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-def _opt(default, help: str, choices=None, shown: Optional[str] = None):
+def _opt(default, help: str, choices=None, shown: str | None = None):
     """A config field with its CLI help; `shown` describes the default that `None` stands for."""
     return field(default=default, metadata={"help": help, "choices": choices, "shown": shown})
 
 
 @dataclass(frozen=True)
 class PruneConfig:
-    """Settings of one pruning run (DESIGN.md: schedule, damping, correlation)."""
+    """Settings of one pruning run (docs/DESIGN.md: schedule, damping, correlation)."""
 
     structure: str = _opt(
         "structured", "structured (rows+columns), unstructured, or N:M such as 2:4 (N kept of every M)"
     )
-    target_size: Optional[float] = _opt(
+    target_size: float | None = _opt(
         None, "fraction of prunable weights kept (non-zero) at the end, in (0, 1]; 0.8 keeps 80%, removes 20%",
         shown=f"{DEFAULT_TARGET_SIZE}; N:M structures keep N/M",
     )
     shots: int = _opt(8, "number of pruning shots (linear schedule)")
     method: str = _opt("surgeon", f"pruning method ({METHOD_HELP})", METHODS)
-    correlation: str = _opt(
-        "joint", "structured surgeon update: joint rows+columns, or within rows / columns", ("joint", "within")
-    )
-    max_correlate: Optional[int] = _opt(
+    correlation: Correlation = _opt("joint", "structured surgeon update: joint rows+columns, or within rows / columns")
+    max_correlate: int | None = _opt(
         0, "unstructured/N:M surgeon: at most this many weights solved jointly (0 = all, exact, by CG)"
     )
-    chunk_semantics: str = _opt(
-        "sequential",
-        "unstructured/N:M chunks: sequential (each chunk sees earlier updates) or independent",
-        ("sequential", "independent"),
+    chunk_semantics: ChunkSemantics = _opt(
+        "sequential", "unstructured/N:M chunks: sequential (each chunk sees earlier updates) or independent"
     )
     cg_tol: float = _opt(1e-4, "max-correlate 0: relative residual at which conjugate gradients stop")
     cg_max_iter: int = _opt(40, "max-correlate 0: at most this many conjugate-gradient iterations per layer")
@@ -64,13 +62,19 @@ class PruneConfig:
     damp_a: float = _opt(0.01, "relative damping of A: A + λ·mean(diag A)·I")
     damp_g: float = _opt(0.1, "relative damping of G: G + λ·mean(diag G)·I")
     batch_size: int = _opt(1, "calibration windows per forward/backward pass")
+    group_bytes: int | None = _opt(
+        None, "queued activation bytes per grouped factor accumulation (0: each tensor at once)",
+        shown="512 MiB on CUDA, 0 on the CPU",
+    )
     kronecker_terms: int = _opt(
         1, "Kronecker terms of the curvature: 1 (G ⊗ A, eq. 6) or 2 (nearest sum of two, power method, paper "
         "appendix; unstructured/N:M surgeon with max-correlate 0; measured far worse on SmolLM2, bench/RESULTS.md)",
         (1, 2),
     )
-    power_iterations: int = _opt(3, "kronecker-terms 2: power-method passes in the first shot (later shots: 1, warm-started)")
-    curvature_dtype: Optional[str] = _opt(
+    power_iterations: int = _opt(
+        3, "kronecker-terms 2: power-method passes in the first shot (later shots: 1, warm-started)"
+    )
+    curvature_dtype: str | None = _opt(
         None, "run the curvature pass's matrix products under autocast in this dtype", ("bfloat16", "float16"),
         shown="the model's dtype",
     )
@@ -97,6 +101,7 @@ class PruneConfig:
             object.__setattr__(self, "target_size", kept)
         elif self.target_size is None:
             object.__setattr__(self, "target_size", DEFAULT_TARGET_SIZE)
+        assert self.target_size is not None
         if not 0.0 < self.target_size <= 1.0:
             raise ValueError(f"target_size={self.target_size}: must be in (0, 1]")
         if self.shots < 1:
@@ -113,13 +118,16 @@ class PruneConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name}={value}: must be >= 0")
+        if self.group_bytes is not None and self.group_bytes < 0:
+            raise ValueError(f"group_bytes={self.group_bytes}: must be >= 0")
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size}: must be at least 1")
         if self.kronecker_terms not in (1, 2):
             raise ValueError(f"kronecker_terms={self.kronecker_terms}: use 1 or 2")
         if self.kronecker_terms == 2 and (self.structure == "structured" or self.method != "surgeon"
                                           or self.max_correlate not in (0, None)):
-            raise ValueError("kronecker_terms=2 needs method surgeon, unstructured or N:M structure and max_correlate 0 "
+            raise ValueError("kronecker_terms=2 needs method surgeon, unstructured or N:M structure and "
+                             "max_correlate 0 "
                              "(structured costs of a sum need an inverse per row; the chunked solves need G⁻¹ ⊗ A⁻¹)")
         if self.power_iterations < 2:
             raise ValueError(f"power_iterations={self.power_iterations}: at least 2 (term 2 starts on the second pass)")
@@ -127,12 +135,12 @@ class PruneConfig:
             raise ValueError(f"curvature_dtype={self.curvature_dtype!r}: use bfloat16, float16, or None (the model's)")
 
     @property
-    def nm(self) -> Optional[tuple[int, int]]:
+    def nm(self) -> tuple[int, int] | None:
         """(N, M) for N:M structure, else None."""
         return parse_nm(self.structure)
 
     def shot_target(self, shot: int) -> float:
-        """α_t = 1 − t(1−α)/T, the fraction that stays after shot t (1-based; DESIGN.md)."""
+        """α_t = 1 − t(1−α)/T, the fraction that stays after shot t (1-based; docs/DESIGN.md)."""
         assert self.target_size is not None  # resolved in __post_init__
         return 1.0 - shot * (1.0 - self.target_size) / self.shots
 
@@ -142,18 +150,20 @@ class RunConfig:
     """Settings of a CLI run: which model, which data, where the results go."""
 
     model: str = _opt("smollm2-135m", "hub id, local directory, .gguf file, or smollm2-135m")
-    tokenizer: Optional[str] = _opt(None, "tokenizer to use instead of the model's own", shown="the model's")
+    tokenizer: str | None = _opt(None, "tokenizer to use instead of the model's own", shown="the model's")
     dataset: str = _opt("wikitext2", "evaluation text: wikitext2, c4, ptb, or a text file")
     calibration: str = _opt(
-        "wikitext2", "calibration text: wikitext2 (hub train split, else packaged validation), wikitext2-valid, c4, ptb, or a text file"
+        "wikitext2",
+        "calibration text: wikitext2 (hub train split, else packaged validation), wikitext2-valid, c4, ptb, "
+        "or a text file",
     )
     nsamples: int = _opt(128, "calibration windows")
     seqlen: int = _opt(2048, "tokens per calibration and evaluation window")
-    eval_windows: Optional[int] = _opt(None, "evaluate only the first N test windows", shown="all")
-    eval_seqlen: Optional[int] = _opt(None, "tokens per evaluation window", shown="--seqlen")
+    eval_windows: int | None = _opt(None, "evaluate only the first N test windows", shown="all")
+    eval_seqlen: int | None = _opt(None, "tokens per evaluation window", shown="--seqlen")
     device: str = _opt("cpu", "cpu or cuda")
     dtype: str = _opt("float32", "model dtype", ("float32", "bfloat16", "float16"))
-    output: Optional[str] = _opt(
+    output: str | None = _opt(
         None, "where results go: a JSON file for eval, a new or empty folder for prune", shown="print only",
     )
     overwrite: bool = _opt(

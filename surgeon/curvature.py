@@ -7,7 +7,7 @@ read the same input tensor (q/k/v, gate/up) share one A. A layer with a bias get
 constant-1 input column in A. Factors are accumulated in packed symmetric form
 (`surgeon_kernels.symmetric.PackedSymmetric`: upper-triangle tiles, about half the memory).
 On CUDA the hooks queue their tensors and add them in grouped launches (`ops.kfac_accumulate_group`,
-about a block's layers at a time, `GROUP_BYTES`), so narrow factors share the GPU instead of each
+about a block's layers at a time, `group_bytes`), so narrow factors share the GPU instead of each
 filling a small grid; on the CPU each tensor is added at once (grouping measured no faster there,
 bench/RESULTS.md, and holding activations costs memory).
 
@@ -16,17 +16,16 @@ w_rᵀ A w_r = (1/√N) Σ_n y_nr² (the layer's squared outputs, bias included)
 w_cᵀ G w_c = (1/√N) Σ_n (g_n W)_c² (the squared gradient the layer passes to its input, which
 the backward pass computes anyway).
 
-`estimate_sum` fits the paper's appendix alternative, the nearest sum of two Kronecker factors
-G ⊗ A + G2 ⊗ A2 of each layer's F = Σ_n (g_n g_nᵀ) ⊗ (a_n a_nᵀ), by the Kronecker power method with
-deflation (one pass over the data per iteration, warm-started across shots).
+The paper's appendix alternative, a sum of two Kronecker factors, is `surgeon.kronecker_sum`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Optional
+from types import MappingProxyType
 
 import torch
 from torch import nn
@@ -34,11 +33,16 @@ from tqdm.auto import tqdm
 
 from surgeon.errors import SurgeonError
 from surgeon_kernels import ops
-from surgeon_kernels.symmetric import PackedSymmetric
+from surgeon_kernels.ops import PackedSymmetric
 
 # Bytes of queued activations/gradients after which the hooks launch one grouped accumulation, per
-# device type (0: add each tensor at once). 512 MiB holds about one Llama-2-7B block at 4096 tokens.
-GROUP_BYTES = {"cuda": 1 << 29}
+# device type when `group_bytes` is not given (0: add each tensor at once). 512 MiB holds about one
+# Llama-2-7B block at 4096 tokens.
+DEFAULT_GROUP_BYTES: Mapping[str, int] = MappingProxyType({"cuda": 1 << 29})
+
+
+def _group_bytes(device: torch.device, group_bytes: int | None) -> int:
+    return DEFAULT_GROUP_BYTES.get(device.type, 0) if group_bytes is None else group_bytes
 
 
 @dataclass
@@ -49,12 +53,12 @@ class LayerFactors:
     column excluded) of the weights the pass ran with.
     """
 
-    A: Optional[PackedSymmetric]
-    G: Optional[PackedSymmetric]
-    row_quadratic: Optional[torch.Tensor] = None
-    col_quadratic: Optional[torch.Tensor] = None
-    G2: Optional[PackedSymmetric] = None  # second term of a sum G ⊗ A + G2 ⊗ A2 (`estimate_sum`)
-    A2: Optional[PackedSymmetric] = None
+    A: PackedSymmetric
+    G: PackedSymmetric | None
+    row_quadratic: torch.Tensor | None = None
+    col_quadratic: torch.Tensor | None = None
+    G2: PackedSymmetric | None = None  # second term of a sum G ⊗ A + G2 ⊗ A2 (`estimate_sum`)
+    A2: PackedSymmetric | None = None
 
 
 def _square_sums(t: torch.Tensor) -> torch.Tensor:
@@ -63,7 +67,7 @@ def _square_sums(t: torch.Tensor) -> torch.Tensor:
     return flat.to(torch.promote_types(t.dtype, torch.float32)).square().sum(0)  # 4-7x vector_norm(dim=0) on the CPU
 
 
-def _accumulate(total: Optional[torch.Tensor], term: torch.Tensor) -> torch.Tensor:
+def _accumulate(total: torch.Tensor | None, term: torch.Tensor) -> torch.Tensor:
     """total + term, where a missing total counts as zero."""
     return term if total is None else total.add_(term)
 
@@ -99,13 +103,13 @@ class _Collector:
     """
 
     def __init__(self, layers: list[tuple[str, nn.Linear]], tokens: int, need_g: bool, backend: str,
-                 group_bytes: int = 0, input_dtype: Optional[torch.dtype] = None):
+                 group_bytes: int = 0, input_dtype: torch.dtype | None = None):
         self.layers, self.need_g, self.backend, self.group_bytes = layers, need_g, backend, group_bytes
         self.input_dtype = input_dtype  # under autocast: the dtype the layers' products read their inputs in
         self.scale = 1.0 / math.sqrt(tokens)
         self.factors: dict[str, LayerFactors] = {}
         self.owner: dict[str, str] = {}
-        self._last: Optional[tuple[torch.Tensor, str]] = None
+        self._last: tuple[torch.Tensor, str] | None = None
         self._queue: list[tuple[str, PackedSymmetric, torch.Tensor, bool, int]] = []
         self._queued_bytes = 0
 
@@ -123,19 +127,19 @@ class _Collector:
         for name, _, x, _, version in self._queue:
             if x._version != version:
                 raise SurgeonError(f"the input or output gradient of layer {name} was modified in place before its "
-                                   f"curvature was accumulated; set curvature.GROUP_BYTES[device type] to 0 for this model")
+                                   "curvature was accumulated; set group_bytes (--group-bytes) to 0 for this model")
         _, outs, xs, biases, _ = zip(*self._queue)
         self._queue, self._queued_bytes = [], 0
         ops.kfac_accumulate_group(outs, xs, self.scale, biases, self.backend)
 
-    def _before(self, name: str, module: nn.Linear, args: tuple) -> Optional[tuple]:
+    def _before(self, name: str, module: nn.Linear, args: tuple) -> tuple | None:
         x = args[0]
         bias = module.bias is not None
         if name not in self.owner:
             # A layer reading the very tensor object its predecessor read (q/k/v, gate/up) shares A.
             last = self._last
             shares = last is not None and last[0] is x and (self.layers_by_name[last[1]].bias is not None) == bias
-            self.owner[name] = self.owner[last[1]] if shares else name
+            self.owner[name] = self.owner[last[1]] if last is not None and shares else name
             width = module.in_features + int(bias)
             if not shares:
                 self.factors[name] = LayerFactors(PackedSymmetric.zeros(width, x.device), None)
@@ -168,7 +172,7 @@ class _Collector:
         entry.col_quadratic = _accumulate(entry.col_quadratic, self.scale * _square_sums(grad))
 
     @contextmanager
-    def hooks(self) -> Iterator["_Collector"]:
+    def hooks(self) -> Iterator[_Collector]:
         self.layers_by_name = dict(self.layers)
         try:
             with _layer_hooks(self.layers, self._before, self._after):
@@ -199,7 +203,7 @@ def _logit_gradient(logits: torch.Tensor, batch: torch.Tensor, fisher: str,
     Fisher), drawn from the same probabilities. Written out rather than by autograd through
     `F.cross_entropy`, whose log-softmax output, zero-filled NLL gradient and log-softmax backward
     are three more [L, vocabulary] passes: the pass took 4.29–4.59 s per 512-token SmolLM2 window
-    on the 2-core CPU with them, 3.70–3.93 s without (bench/RESULTS.md, session 8).
+    on the 2-core CPU with them, 3.70–3.93 s without (bench/RESULTS.md).
     """
     probs = torch.softmax(logits.detach(), dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
     if fisher == "empirical":
@@ -214,7 +218,8 @@ def _logit_gradient(logits: torch.Tensor, batch: torch.Tensor, fisher: str,
 
 def _backward(model: nn.Module, batch: torch.Tensor, fisher: str, generator: torch.Generator) -> None:
     """One forward and input-gradient backward pass of the loss summed over the batch's tokens."""
-    embeds = model.get_input_embeddings()(batch).detach().requires_grad_(True)
+    embedding: nn.Module = model.get_input_embeddings()  # type: ignore[operator]  # a transformers model
+    embeds = embedding(batch).detach().requires_grad_(True)
     logits = model(inputs_embeds=embeds).logits
     logits.backward(_logit_gradient(logits, batch, fisher, generator))
 
@@ -229,17 +234,19 @@ def estimate(
     seed: int = 0,
     backend: str = "auto",
     desc: str = "curvature",
-    autocast: Optional[str] = None,
+    autocast: str | None = None,
     progress: bool = True,
+    group_bytes: int | None = None,
 ) -> dict[str, LayerFactors]:
     """Kronecker factors (A, and G when `need_g`) of `layers` over calibration `windows` [n, L] (eq. 6).
 
     `autocast` ("bfloat16", "float16"): run the pass under `torch.autocast` in that dtype, the
     layers' inputs cast to it for A as the layers' products see them (factors stay float32).
+    `group_bytes`: queued bytes per grouped accumulation (None: `DEFAULT_GROUP_BYTES` of the device).
     """
     device = next(model.parameters()).device
     low = None if autocast is None else getattr(torch, autocast)
-    collector = _Collector(layers, windows.numel(), need_g, backend, GROUP_BYTES.get(device.type, 0), low)
+    collector = _Collector(layers, windows.numel(), need_g, backend, _group_bytes(device, group_bytes), low)
     generator = torch.Generator().manual_seed(seed)
     with collector.hooks(), _frozen(model), torch.autocast(device.type, dtype=low, enabled=low is not None):
         for batch in tqdm(windows.split(batch_size), desc=desc, leave=False, disable=not progress):
@@ -261,7 +268,7 @@ def estimate(
 
 def estimate_inputs(
     layers: list[tuple[str, nn.Linear]], forwards: Iterable[Callable[[], object]], tokens: int,
-    backend: str = "auto", autocast: Optional[str] = None,
+    backend: str = "auto", autocast: str | None = None, group_bytes: int | None = None,
 ) -> dict[str, LayerFactors]:
     """The input factors A of `layers` (eq. 6) over `tokens` tokens, from calling each of `forwards`.
 
@@ -270,7 +277,7 @@ def estimate_inputs(
     """
     device = layers[0][1].weight.device
     low = None if autocast is None else getattr(torch, autocast)
-    collector = _Collector(layers, tokens, False, backend, GROUP_BYTES.get(device.type, 0), low)
+    collector = _Collector(layers, tokens, False, backend, _group_bytes(device, group_bytes), low)
     with collector.hooks(), torch.no_grad(), torch.autocast(device.type, dtype=low, enabled=low is not None):
         for forward in forwards:
             forward()
@@ -278,141 +285,3 @@ def estimate_inputs(
     for name, entry in collector.factors.items():
         _check_finite(name, entry)
     return collector.factors
-
-
-# ---------------------------------------------------------------- sum of two Kronecker factors (paper appendix)
-
-
-@dataclass
-class PowerIterate:
-    """One Kronecker term σ Ĝ ⊗ Â of a layer: unit-Frobenius Ĝ [R, R], Â [C, C] and its scale σ."""
-
-    G: torch.Tensor
-    A: torch.Tensor
-    sigma: float
-
-    @classmethod
-    def identity(cls, R: int, C: int, device) -> "PowerIterate":
-        """The start of the power method: Ĝ = I/√R, Â = I/√C, no scale yet."""
-        return cls(torch.eye(R, device=device) / math.sqrt(R), torch.eye(C, device=device) / math.sqrt(C), 0.0)
-
-
-def _quadratic(x: torch.Tensor, M: torch.Tensor) -> torch.Tensor:
-    """x_nᵀ M x_n for every row n of x."""
-    return ((x @ M) * x).sum(1)
-
-
-class _PowerCollector:
-    """Hooks of one pass of the Kronecker power method (paper appendix, "Power method and deflation").
-
-    With F = Σ_n (g_n g_nᵀ) ⊗ (a_n a_nᵀ) over the calibration tokens (what G ⊗ A approximates),
-    R(F) vec(Â) = Σ_n (a_nᵀ Â a_n) g_n g_nᵀ and R(F)ᵀ vec(Ĝ) = Σ_n (g_nᵀ Ĝ g_n) a_n a_nᵀ. The forward
-    hook keeps each layer's a_n (bias column included) and a_nᵀ Â_t a_n for every term t; the
-    backward hook adds both sums. Both use the previous iterates, so one pass is one iteration.
-    """
-
-    def __init__(self, layers: list[tuple[str, nn.Linear]], state: dict[str, list[PowerIterate]]):
-        self.layers, self.state = layers, state
-        self.sums: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        self._inputs: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = {}
-
-    def _before(self, name: str, module: nn.Linear, args: tuple) -> None:
-        a = args[0].detach().reshape(-1, args[0].shape[-1]).float()
-        if module.bias is not None:
-            a = torch.cat([a, a.new_ones(a.shape[0], 1)], 1)
-        self._inputs[name] = (a, [_quadratic(a, term.A) for term in self.state[name]])
-
-    def _after(self, name: str, output: torch.Tensor) -> None:
-        if output.requires_grad:
-            output.register_hook(lambda g, name=name: self._backward(name, g))
-
-    def _backward(self, name: str, grad: torch.Tensor) -> None:
-        g = grad.reshape(-1, grad.shape[-1]).float()
-        a, weights = self._inputs.pop(name)
-        terms = self.state[name]
-        if name not in self.sums:
-            self.sums[name] = [(g.new_zeros(g.shape[1], g.shape[1]), a.new_zeros(a.shape[1], a.shape[1])) for _ in terms]
-        for (G_sum, A_sum), w, term in zip(self.sums[name], weights, terms):
-            G_sum.addmm_((g * w.unsqueeze(1)).T, g)
-            A_sum.addmm_((a * _quadratic(g, term.G).unsqueeze(1)).T, a)
-
-    @contextmanager
-    def hooks(self) -> Iterator["_PowerCollector"]:
-        with _layer_hooks(self.layers, self._before, self._after):
-            yield self
-
-
-def power_step(terms: list[PowerIterate], sums: list[tuple[torch.Tensor, torch.Tensor]]) -> list[PowerIterate]:
-    """The next iterates from one pass's sums R(F) vec(Â_t), R(F)ᵀ vec(Ĝ_t) (paper appendix, power method).
-
-    Term 2 is deflated by term 1: R(F − σ₁ Ĝ₁ ⊗ Â₁) vec(Â₂) = R(F) vec(Â₂) − σ₁ Ĝ₁ ⟨Â₁, Â₂⟩ (and
-    likewise for Ĝ₂). Ĝ' = R Â/‖R Â‖; Â' = ±Rᵀ Ĝ/‖Rᵀ Ĝ‖, its sign kept along the previous Â (so the
-    term's sign follows R Â = σ Ĝ'); σ' = (‖R Â‖ ‖Rᵀ Ĝ‖)^½.
-    """
-    new = []
-    for index, (term, (G_sum, A_sum)) in enumerate(zip(terms, sums)):
-        if index == 1:
-            first = terms[0]
-            G_sum = G_sum - first.sigma * (first.A * term.A).sum() * first.G
-            A_sum = A_sum - first.sigma * (first.G * term.G).sum() * first.A
-        G_sum, A_sum = (G_sum + G_sum.T) / 2, (A_sum + A_sum.T) / 2
-        g_norm, a_norm = float(torch.linalg.matrix_norm(G_sum)), float(torch.linalg.matrix_norm(A_sum))
-        if g_norm == 0 or a_norm == 0:  # the layer does not reach the loss: no term
-            new.append(PowerIterate(term.G, term.A, 0.0))
-            continue
-        A_new = A_sum / a_norm
-        if (A_new * term.A).sum() < 0:
-            A_new = -A_new
-        new.append(PowerIterate(G_sum / g_norm, A_new, math.sqrt(g_norm * a_norm)))
-    return new
-
-
-def estimate_sum(
-    model: nn.Module,
-    layers: list[tuple[str, nn.Linear]],
-    windows: torch.Tensor,
-    state: dict[str, list[PowerIterate]],
-    iterations: int,
-    fisher: str = "empirical",
-    batch_size: int = 1,
-    seed: int = 0,
-    desc: str = "curvature",
-    progress: bool = True,
-) -> dict[str, LayerFactors]:
-    """The nearest sum of two Kronecker factors G ⊗ A + G2 ⊗ A2 of each layer's F (paper appendix).
-
-    `iterations` passes of the power method over `windows`, warm-started from `state` (name →
-    iterates, updated in place: pass it again at the next shot, where one pass suffices). A layer's
-    first pass starts term 1 from the identity; term 2 (deflated) joins once term 1 has a scale.
-    Returns raw (undamped) factors: G, A = √σ₁ Ĝ₁, √σ₁ Â₁ and G2, A2 = √σ₂ Ĝ₂, √σ₂ Â₂.
-    """
-    device = next(model.parameters()).device
-    generator = torch.Generator().manual_seed(seed)
-    for iteration in range(iterations):
-        for name, module in layers:
-            if name not in state:
-                state[name] = [PowerIterate.identity(module.out_features,
-                                                     module.in_features + int(module.bias is not None), device)]
-            terms = state[name]
-            if len(terms) == 1 and terms[0].sigma > 0:
-                terms.append(PowerIterate.identity(terms[0].G.shape[0], terms[0].A.shape[0], device))
-        collector = _PowerCollector(layers, state)
-        with collector.hooks(), _frozen(model):
-            for batch in tqdm(windows.split(batch_size), desc=f"{desc} (power {iteration + 1}/{iterations})",
-                              leave=False, disable=not progress):
-                _backward(model, batch.to(device), fisher, generator)
-        for name, _ in layers:
-            if name not in collector.sums:
-                raise SurgeonError(f"layer {name} received no gradient: it does not affect the loss")
-            state[name] = power_step(state[name], collector.sums[name])
-    factors = {}
-    for name, _ in layers:
-        root = [math.sqrt(term.sigma) for term in state[name]]
-        first = state[name][0]
-        entry = LayerFactors(PackedSymmetric.pack(root[0] * first.A), PackedSymmetric.pack(root[0] * first.G))
-        if len(root) == 2 and root[1] > 0:
-            entry.G2 = PackedSymmetric.pack(root[1] * state[name][1].G)
-            entry.A2 = PackedSymmetric.pack(root[1] * state[name][1].A)
-        _check_finite(name, entry)
-        factors[name] = entry
-    return factors

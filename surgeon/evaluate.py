@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +19,7 @@ from surgeon.errors import SurgeonError
 from surgeon.model import max_seqlen
 
 # Positions per cross-entropy call: its float32 log-softmax temporary is NLL_CHUNK × vocabulary, not
-# seqlen × vocabulary (SmolLM2 at 2048 tokens: 100 MB instead of 400 MB; bench/RESULTS.md, session 8).
+# seqlen × vocabulary (SmolLM2 at 2048 tokens: 100 MB instead of 400 MB; bench/RESULTS.md).
 NLL_CHUNK = 512
 
 
@@ -38,7 +37,7 @@ class EvalResult:
         return asdict(self)
 
 
-def window_count(total_tokens: int, seqlen: int, windows: Optional[int]) -> int:
+def window_count(total_tokens: int, seqlen: int, windows: int | None) -> int:
     """How many whole windows of `seqlen` to evaluate (the first `windows`, or all)."""
     available = total_tokens // seqlen
     if available == 0:
@@ -48,7 +47,7 @@ def window_count(total_tokens: int, seqlen: int, windows: Optional[int]) -> int:
 
 @torch.inference_mode()
 def perplexity(
-    model: nn.Module, ids: torch.Tensor, seqlen: int, windows: Optional[int] = None, progress: bool = True
+    model: nn.Module, ids: torch.Tensor, seqlen: int, windows: int | None = None, progress: bool = True
 ) -> EvalResult:
     """Perplexity of `model` on the first `windows` consecutive windows of `ids` [1, T]."""
     limit = max_seqlen(model)

@@ -13,7 +13,8 @@ import os
 import sys
 import urllib.error
 import urllib.request
-from typing import Iterator
+from collections.abc import Iterator
+from typing import Any
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 PROBE_SECONDS = 3.0
@@ -30,7 +31,7 @@ def endpoint() -> str:
     return os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT).rstrip("/")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reachable() -> bool:
     """One HEAD request to the hub (proxies from the environment apply); any HTTP answer counts as reachable."""
     if offline_mode():
@@ -63,7 +64,8 @@ def cache_only_when_unreachable(asks_hub: bool = True) -> Iterator[None]:
         return
     import huggingface_hub.constants
 
-    holders = [huggingface_hub.constants] + [sys.modules[m] for m in ("datasets.config",) if m in sys.modules]
+    holders: list[Any] = [huggingface_hub.constants]
+    holders += [sys.modules[m] for m in ("datasets.config",) if m in sys.modules]
     saved = [holder.HF_HUB_OFFLINE for holder in holders]
     for holder in holders:
         holder.HF_HUB_OFFLINE = True

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Optional
+from typing import Any
 
 from surgeon.errors import SurgeonError
 
@@ -109,11 +109,11 @@ class OutputDirectory:
         self._keep_staging = False
         os.chmod(self.staging, 0o777 & ~_umask())  # mkdtemp makes 0700
 
-    def __enter__(self) -> "OutputDirectory":
+    def __enter__(self) -> OutputDirectory:
         return self
 
-    def __exit__(self, kind: Optional[type[BaseException]], error: Optional[BaseException],
-                 traceback: Optional[TracebackType]) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
         if kind is not None and not self._keep_staging:
             self.discard()
 
@@ -150,7 +150,7 @@ class OutputDirectory:
                                f"it is complete in {str(self.staging)!r}") from error
 
 
-def write_checkpoint(folder: Path, model: Any, tokenizer: Any, report: Optional[dict] = None) -> None:
+def write_checkpoint(folder: Path, model: Any, tokenizer: Any, report: dict | None = None) -> None:
     """Write a Hugging Face checkpoint (`save_pretrained` of model and tokenizer) and `report.json` into `folder`."""
     model.save_pretrained(folder)
     if tokenizer is not None:
@@ -159,7 +159,7 @@ def write_checkpoint(folder: Path, model: Any, tokenizer: Any, report: Optional[
         write_json(folder / COMPLETE_MARKER, report)
 
 
-def save_model(path: str | os.PathLike, model: Any, tokenizer: Any = None, report: Optional[dict] = None,
+def save_model(path: str | os.PathLike, model: Any, tokenizer: Any = None, report: dict | None = None,
                overwrite: bool = False) -> Path:
     """Save a pruned model where `AutoModelForCausalLM.from_pretrained(path)` loads it, all at once.
 

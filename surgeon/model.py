@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import torch
 from torch import nn
@@ -38,7 +36,7 @@ class ModelSource:
     """Where a model's weights come from: a hub id or directory, plus a GGUF file inside it."""
 
     path: str
-    gguf_file: Optional[str] = None
+    gguf_file: str | None = None
 
     @property
     def on_hub(self) -> bool:
@@ -83,7 +81,7 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def load_tokenizer(name: str, gguf_file: Optional[str] = None):
+def load_tokenizer(name: str, gguf_file: str | None = None):
     """Load a tokenizer by hub id, directory, or from a GGUF file inside a directory."""
     from transformers import AutoTokenizer
 
@@ -98,7 +96,7 @@ def load_tokenizer(name: str, gguf_file: Optional[str] = None):
 
 
 def load_model(
-    name: str, tokenizer: Optional[str] = None, dtype: str = "float32", device: str = "cpu"
+    name: str, tokenizer: str | None = None, dtype: str = "float32", device: str = "cpu"
 ) -> tuple[nn.Module, object]:
     """Load a causal LM and its tokenizer (or the one named by `tokenizer`), in eval mode."""
     from transformers import AutoModelForCausalLM
@@ -116,16 +114,16 @@ def load_model(
     if source.gguf_file is not None:
         # GGUF weights are dequantized on load: the model is a plain float model from here on,
         # so drop the quantizer that would refuse save_pretrained.
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]  # an attribute transformers reads, not a submodule
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-    model.to(device).eval()
+    model.to(device).eval()  # type: ignore[arg-type]  # transformers' wrapper of Module.to is typed for the class
     tok = load_tokenizer(tokenizer) if tokenizer else load_tokenizer(source.path, source.gguf_file)
     prunable_layers(model)  # fail early, naming the architecture, if nothing can be pruned
     return model, tok
 
 
-def max_seqlen(model: nn.Module) -> Optional[int]:
+def max_seqlen(model: nn.Module) -> int | None:
     """The longest sequence the model's position embeddings allow, if the config says."""
     return getattr(model.config, "max_position_embeddings", None)
 

@@ -11,21 +11,20 @@ import dataclasses
 import functools
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from surgeon import baselines, channels, curvature, solver, threshold
+from surgeon import baselines, channels, curvature, kronecker_sum, solver, threshold
 from surgeon.block_inputs import BlockInputs
 from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
 from surgeon.model import decoder_blocks, max_seqlen, prunable_layers
 from surgeon.report import PruneReport, ShotReport, peak_memory_gb, removed_fractions, zero_fraction
-from surgeon_kernels.deferred import Deferred
-from surgeon_kernels.symmetric import PackedSymmetric
+from surgeon_kernels.ops import Deferred, PackedSymmetric
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +44,7 @@ class Layer:
     cols: torch.Tensor
 
     @classmethod
-    def unpruned(cls, name: str, module: nn.Linear) -> "Layer":
+    def unpruned(cls, name: str, module: nn.Linear) -> Layer:
         """The layer before any shot: nothing removed."""
         R, C = module.weight.shape
         device = module.weight.device
@@ -57,7 +56,7 @@ class Layer:
         return self.module.bias is not None
 
     def weight(self) -> torch.Tensor:
-        """[W | b] in float32: the bias is an extra input column (DESIGN.md)."""
+        """[W | b] in float32: the bias is an extra input column (docs/DESIGN.md)."""
         W = self.module.weight.detach().float()
         return torch.cat([W, self.module.bias.detach().float().unsqueeze(1)], 1) if self.bias else W.clone()
 
@@ -73,7 +72,7 @@ class Layer:
             self.module.bias.data.copy_(W[:, C])
 
 
-def _damped_diag(matrix: Optional[PackedSymmetric], size: int, strength: float, device) -> torch.Tensor:
+def _damped_diag(matrix: PackedSymmetric | None, size: int, strength: float, device) -> torch.Tensor:
     """diag(M) + λ·mean(diag M), or ones when the factor is not used (I)."""
     if matrix is None:
         return torch.ones(size, device=device)
@@ -81,7 +80,7 @@ def _damped_diag(matrix: Optional[PackedSymmetric], size: int, strength: float, 
     return d + strength * d.mean()
 
 
-def _damped_diagonals(entry: Optional[curvature.LayerFactors], shape: tuple[int, int], device: torch.device,
+def _damped_diagonals(entry: curvature.LayerFactors | None, shape: Sequence[int], device: torch.device,
                       config: PruneConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The method's diagonal curvature diag(g) ⊗ diag(a) of an R×C [W | b] (identity where not estimated), damped."""
     return (_damped_diag(entry.G if entry else None, shape[0], config.damp_g, device),
@@ -89,7 +88,7 @@ def _damped_diagonals(entry: Optional[curvature.LayerFactors], shape: tuple[int,
 
 
 def _element_costs(layer: Layer, weigh: Callable[[torch.Tensor], torch.Tensor],
-                   dead: Optional[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+                   dead: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
     """Element costs `weigh(W)` (eq. 7) of the layer's weights as they are now: dead ones 0, pruned ones −inf."""
     e = weigh(layer.weight())[:, : layer.module.in_features]
     if dead is not None:
@@ -97,14 +96,16 @@ def _element_costs(layer: Layer, weigh: Callable[[torch.Tensor], torch.Tensor],
     return e.masked_fill(layer.mask, float("-inf"))
 
 
-def _structure_costs(W: torch.Tensor, entry: curvature.LayerFactors, f: solver.RootFactors, keep_r: torch.Tensor,
-                     keep_c: torch.Tensor, real: int, config: PruneConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def _structure_costs(W: torch.Tensor, entry: curvature.LayerFactors, f: solver.Factors | solver.RootFactors,
+                     keep_r: torch.Tensor, keep_c: torch.Tensor, real: int,
+                     config: PruneConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Costs (eq. 7) of the kept rows and the first `real` kept columns of W, numerators from the curvature pass.
 
     Removed rows and columns of W are zero, so the pass's diag(W A Wᵀ) and diag(Wᵀ G W) are those
     of the kept block W[keep_r, keep_c]; damping adds δ‖w‖² (`solver.damped_quadratic`) with the
     δ of the damped factors in `f`. A bias column (last in `keep_c`) adds to row costs only.
     """
+    assert entry.G is not None and entry.row_quadratic is not None and entry.col_quadratic is not None  # need_g pass
     sub = solver.submatrix(W, keep_r, keep_c)
     row_q = solver.damped_quadratic(entry.row_quadratic[keep_r], sub, entry.A.diagonal()[keep_c], config.damp_a, 1)
     col_q = solver.damped_quadratic(entry.col_quadratic[keep_c[:real]], sub[:, :real], entry.G.diagonal()[keep_r],
@@ -151,8 +152,8 @@ class _Unpacker:
     unpacked once for all of them.
     """
 
-    def __init__(self):
-        self._last: Optional[tuple[PackedSymmetric, torch.Tensor]] = None
+    def __init__(self) -> None:
+        self._last: tuple[PackedSymmetric, torch.Tensor] | None = None
 
     def __call__(self, kept: _Kept) -> solver.Factors | solver.RootFactors:
         unpack = PackedSymmetric.upper if kept.roots else PackedSymmetric.dense
@@ -183,9 +184,10 @@ class _FactorInverter:
     def __init__(self, config: PruneConfig, roots: bool):
         self.config, self.roots = config, roots
         self._invert = solver.inverse_root if roots else solver.spd_inverse
-        self._slot: Optional[tuple] = None
+        self._slot: tuple | None = None
 
     def __call__(self, f: curvature.LayerFactors, rows, cols) -> tuple[solver.Factors | solver.RootFactors, _Kept]:
+        assert f.G is not None  # surgeon's curvature pass estimates G
         G = solver.damp(_principal(f.G, rows), self.config.damp_g)
         key = None if isinstance(cols, slice) else cols.tolist()
         if self._slot is None or self._slot[0] is not f.A or self._slot[1] != key:
@@ -201,7 +203,7 @@ class _FactorInverter:
 RETRIES = 3
 
 
-def _finite_update(name: str, f: solver.Factors | solver.RootFactors | solver.KroneckerSum, update,
+def _finite_update(name: str, f: solver.Factors | solver.RootFactors | kronecker_sum.KroneckerSum, update,
                    config: PruneConfig) -> torch.Tensor:
     """`update(f)`, retried with 10× stronger damping (up to RETRIES times) while it is not finite.
 
@@ -210,7 +212,7 @@ def _finite_update(name: str, f: solver.Factors | solver.RootFactors | solver.Kr
     refuses it with an error naming the layer, so no NaN weight is ever written.
     """
     W = update(f)
-    if isinstance(f, solver.KroneckerSum):
+    if isinstance(f, kronecker_sum.KroneckerSum):
         return W  # no single G⁻¹, A⁻¹ to re-damp: a non-finite result is refused by `Layer.store`
     strength = max(config.damp_g, config.damp_a)
     for _ in range(RETRIES):
@@ -308,9 +310,9 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
     for layer in layers:
         R, C = layer.module.out_features, layer.module.in_features
         entry = raw.pop(layer.name, None)  # frees each raw factor after its last layer
-        kept = None
+        kept: kronecker_sum.KroneckerSum | _Kept | None = None
         if config.method == "surgeon" and entry.G2 is not None:
-            kept = solver.KroneckerSum.of(solver.damp(entry.G.dense(), config.damp_g),
+            kept = kronecker_sum.KroneckerSum.of(solver.damp(entry.G.dense(), config.damp_g),
                                           solver.damp(entry.A.dense(), config.damp_a), entry.G2.dense(),
                                           entry.A2.dense(), config.backend)
             weigh = functools.partial(solver.element_costs_of, f=kept)
@@ -334,8 +336,8 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
         W = layer.weight()
         if kept is not None:
             pruned, original = _with_bias_col(layer.mask, layer, False), W
-            f = kept if isinstance(kept, solver.KroneckerSum) else unpack(kept)
-            W = _finite_update(layer.name, f, lambda g: solver.unstructured_update_of(
+            inverse = kept if isinstance(kept, kronecker_sum.KroneckerSum) else unpack(kept)
+            W = _finite_update(layer.name, inverse, lambda g: solver.unstructured_update_of(
                 original, g, pruned, config.max_correlate or None, config.chunk_semantics, config.cg_tol,
                 config.cg_max_iter, config.backend), config)
         layer.store(W)
@@ -361,7 +363,7 @@ def _per_layer_shot(model: nn.Module, layers: list[Layer], calibration: torch.Te
     inputs = BlockInputs(model, blocks, calibration, config.batch_size)
     for named in tqdm(prunable_layers(model), desc="blocks", leave=False, disable=not progress):
         raw = curvature.estimate_inputs(named, inputs.forwards(), calibration.numel(), config.backend,
-                                        config.curvature_dtype)
+                                        config.curvature_dtype, config.group_bytes)
         for name, _ in named:
             _prune_one_layer(by_name[name], raw[name].A.dense(), target_size, config)
         inputs.advance()
@@ -406,7 +408,8 @@ def _check_inputs(model: nn.Module, calibration_ids: torch.Tensor) -> None:
         raise ValueError(f"calibration_ids holds ids outside the model's vocabulary [0, {vocab})")
     limit = max_seqlen(model)
     if limit is not None and calibration_ids.shape[1] > limit:
-        raise ValueError(f"calibration_ids has seqlen {calibration_ids.shape[1]}, longer than the model allows ({limit})")
+        raise ValueError(f"calibration_ids has seqlen {calibration_ids.shape[1]}, longer than the model allows "
+                         f"({limit})")
 
 
 def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, progress: bool = True) -> PruneReport:
@@ -436,7 +439,7 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
     coupled = channels.couplings(model, [name for name, _ in named])
     device = next(model.parameters()).device
     report = PruneReport(config=dataclasses.asdict(config))
-    power_state: dict[str, list[curvature.PowerIterate]] = {}  # kronecker_terms=2: warm start across shots
+    power_state: dict[str, list[kronecker_sum.PowerIterate]] = {}  # kronecker_terms=2: warm start across shots
     start = time.perf_counter()
     for shot in tqdm(range(1, config.shots + 1), desc="shots", disable=not progress):
         target_size = config.shot_target(shot)
@@ -444,17 +447,19 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
         t0 = _clock(device)
         raw = {}
         if config.kronecker_terms == 2:
-            raw = curvature.estimate_sum(model, named, calibration_ids, power_state,
+            raw = kronecker_sum.estimate_sum(model, named, calibration_ids, power_state,
                                          config.power_iterations if shot == 1 else 1, fisher=config.fisher,
                                          batch_size=config.batch_size, seed=config.seed + shot,
                                          desc=f"shot {shot}/{config.shots} · curvature", progress=progress)
         elif config.method in NEEDS_A:
-            raw = curvature.estimate(model, named, calibration_ids, need_g=config.method in NEEDS_G, fisher=config.fisher,
+            raw = curvature.estimate(model, named, calibration_ids, need_g=config.method in NEEDS_G,
+                                     fisher=config.fisher,
                                      batch_size=config.batch_size, seed=config.seed + shot, backend=config.backend,
                                      autocast=config.curvature_dtype, desc=f"shot {shot}/{config.shots} · curvature",
-                                     progress=progress)
+                                     progress=progress, group_bytes=config.group_bytes)
         t1 = _clock(device)
-        phases, freed = {}, 0
+        phases: dict[str, float] = {}
+        freed = 0
         with torch.no_grad():
             if config.method in PER_LAYER:  # "prune" time includes their input estimation
                 _per_layer_shot(model, layers, calibration_ids, target_size, config, progress)

@@ -1,4 +1,4 @@
-"""Costs and correlated weight updates from Kronecker factors (paper sec. 3.3-3.4, DESIGN.md).
+"""Costs and correlated weight updates from Kronecker factors (paper sec. 3.3-3.4, docs/DESIGN.md).
 
 A layer `y = W a` has weights W [R, C] and curvature F ≈ G ⊗ A with G [R, R], A [C, C] (already
 damped, symmetric positive definite). With θ = vec(W) row-major, F⁻¹ = G⁻¹ ⊗ A⁻¹ and the
@@ -9,15 +9,18 @@ of tensors (float32 or float64, CPU or GPU); the public API is `row_costs`, `col
 
 from __future__ import annotations
 
+import abc
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Optional, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
+from surgeon.config import ChunkSemantics, Correlation
 from surgeon_kernels import ops
 
-Correlation = Literal["joint", "within"]
-ChunkSemantics = Literal["sequential", "independent"]
+if TYPE_CHECKING:
+    from surgeon.kronecker_sum import KroneckerSum  # it inverts with `inverse_root` from here
 
 
 def spd_inverse(matrix: torch.Tensor) -> torch.Tensor:
@@ -89,7 +92,7 @@ def floored_eigh(M: torch.Tensor, backend: str = "auto") -> tuple[torch.Tensor, 
     return values.clamp_min(floor), vectors
 
 
-def eigen_solve(M: torch.Tensor, rhs: Optional[torch.Tensor] = None, backend: str = "auto") -> torch.Tensor:
+def eigen_solve(M: torch.Tensor, rhs: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
     """M⁻¹ rhs (or M⁻¹) for a batch of symmetric M [B, n, n] via Q diag(1/λ) Qᵀ, tiny λ floored.
 
     The robust path where Cholesky fails (`floored_eigh`).
@@ -109,7 +112,7 @@ class InverseDiagonals:
     A_inv: torch.Tensor
 
     @classmethod
-    def of(cls, f: "Factors | RootFactors") -> "InverseDiagonals":
+    def of(cls, f: Factors | RootFactors) -> InverseDiagonals:
         """Copies of f's inverse diagonals (views would keep its dense inverses alive)."""
         return cls(f.G_inv_diagonal().clone(), f.A_inv_diagonal().clone())
 
@@ -118,8 +121,20 @@ class InverseDiagonals:
         return torch.outer(self.G_inv, self.A_inv)
 
 
-class _KroneckerInverse:
+class _KroneckerInverse(abc.ABC):
     """What element costs and the joint update read of F⁻¹ = G⁻¹ ⊗ A⁻¹ (shared with `KroneckerSum`)."""
+
+    @abc.abstractmethod
+    def G_inv_diagonal(self) -> torch.Tensor:
+        """diag(G⁻¹)."""
+
+    @abc.abstractmethod
+    def A_inv_diagonal(self) -> torch.Tensor:
+        """diag(A⁻¹)."""
+
+    @abc.abstractmethod
+    def dense_inverses(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """G⁻¹ and A⁻¹."""
 
     def element_inverse_diagonal(self) -> torch.Tensor:
         """[F⁻¹]_(rc),(rc) = [G⁻¹]_rr [A⁻¹]_cc as an [R, C] matrix."""
@@ -138,17 +153,17 @@ class Factors(_KroneckerInverse):
     Costs need all four; updates need only the inverses (see `inverses_only`).
     """
 
-    G: Optional[torch.Tensor]
-    A: Optional[torch.Tensor]
+    G: torch.Tensor | None
+    A: torch.Tensor | None
     G_inv: torch.Tensor
     A_inv: torch.Tensor
 
     @classmethod
-    def of(cls, G: torch.Tensor, A: torch.Tensor) -> "Factors":
+    def of(cls, G: torch.Tensor, A: torch.Tensor) -> Factors:
         """Invert the (damped, SPD) factors once for all costs and updates of a layer."""
         return cls(G, A, spd_inverse(G), spd_inverse(A))
 
-    def inverses_only(self) -> "Factors":
+    def inverses_only(self) -> Factors:
         """The same factors without G and A, which updates do not use (halves what is kept)."""
         return Factors(None, None, self.G_inv, self.A_inv)
 
@@ -178,13 +193,13 @@ class RootFactors(_KroneckerInverse):
     (`Factors`) costs a second n³ triangular solve.
     """
 
-    G: Optional[torch.Tensor]
-    A: Optional[torch.Tensor]
+    G: torch.Tensor | None
+    A: torch.Tensor | None
     U_G: torch.Tensor
     U_A: torch.Tensor
 
     @classmethod
-    def of(cls, G: torch.Tensor, A: torch.Tensor) -> "RootFactors":
+    def of(cls, G: torch.Tensor, A: torch.Tensor) -> RootFactors:
         """The inverse roots of the (damped, SPD) factors."""
         return cls(G, A, inverse_root(G), inverse_root(A))
 
@@ -203,53 +218,6 @@ class RootFactors(_KroneckerInverse):
     def dense_inverses(self) -> tuple[torch.Tensor, torch.Tensor]:
         """G⁻¹ and A⁻¹ in full (one product each)."""
         return self.U_G @ self.U_G.T, self.U_A @ self.U_A.T
-
-
-SUM_FLOOR = 1e-2  # KroneckerSum: 1 + s_G s_A floored here, so F̃ keeps ≥ 1% of its first term in every direction
-
-
-def simultaneous_diagonalisation(M1: torch.Tensor, M2: torch.Tensor,
-                                 backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-    """K and s with Kᵀ M1 K = I and Kᵀ M2 K = diag(s), for SPD M1 and symmetric M2.
-
-    K = L⁻ᵀ E with M1 = L Lᵀ and L⁻¹ M2 L⁻ᵀ = E diag(s) Eᵀ (`ops.batched_eigh`).
-    """
-    root = inverse_root(M1)  # U = L⁻ᵀ
-    inner = root.T @ M2 @ root
-    values, vectors = ops.batched_eigh(((inner + inner.T) / 2).unsqueeze(0), backend=backend)
-    return root @ vectors.squeeze(0), values.squeeze(0)
-
-
-@dataclass(frozen=True)
-class KroneckerSum:
-    """F̃⁻¹ for the sum of two Kronecker factors F̃ = G₁ ⊗ A₁ + G₂ ⊗ A₂ (paper app. "Extending curvature").
-
-    With K_G, s_G from `simultaneous_diagonalisation(G₁, G₂)` (K_A, s_A likewise),
-    F̃ = (K_G ⊗ K_A)⁻ᵀ (I ⊗ I + S_G ⊗ S_A) (K_G ⊗ K_A)⁻¹, so
-    F̃⁻¹ vec(V) = vec(K_G [(K_Gᵀ V K_A) ⊙ D] K_Aᵀ) with D = 1 / (1 + s_G s_Aᵀ) [R, C], and
-    [F̃⁻¹]_(rc),(rc) = [(K_G ∘ K_G) D (K_A ∘ K_A)ᵀ]_rc. G₁, A₁ are damped (SPD); 1 + s_G s_A is
-    floored at `SUM_FLOOR` where the second term would cancel the first.
-    """
-
-    K_G: torch.Tensor
-    K_A: torch.Tensor
-    D: torch.Tensor
-
-    @classmethod
-    def of(cls, G1: torch.Tensor, A1: torch.Tensor, G2: torch.Tensor, A2: torch.Tensor,
-           backend: str = "auto") -> "KroneckerSum":
-        """Diagonalise both pairs once for all costs and updates of a layer."""
-        K_G, s_G = simultaneous_diagonalisation(G1, G2, backend)
-        K_A, s_A = simultaneous_diagonalisation(A1, A2, backend)
-        return cls(K_G, K_A, 1.0 / (1.0 + torch.outer(s_G, s_A)).clamp_min(SUM_FLOOR))
-
-    def element_inverse_diagonal(self) -> torch.Tensor:
-        """[F̃⁻¹]_(rc),(rc) as an [R, C] matrix."""
-        return self.K_G.square() @ self.D @ self.K_A.square().T
-
-    def inverse_apply(self, V: torch.Tensor) -> torch.Tensor:
-        """F̃⁻¹ vec(V) as a matrix (four GEMMs)."""
-        return self.K_G @ ((self.K_G.T @ V @ self.K_A) * self.D) @ self.K_A.T
 
 
 def damping(diagonal: torch.Tensor, strength: float) -> torch.Tensor:
@@ -290,11 +258,15 @@ def structure_costs(quadratic: torch.Tensor, inverse_diagonal: torch.Tensor) -> 
 
 def row_costs_of(W: torch.Tensor, f: Factors | RootFactors) -> torch.Tensor:
     """L_r = ½ w_rᵀ A w_r / [G⁻¹]_rr (eq. 7, rows)."""
+    if f.A is None:
+        raise ValueError("row costs need the factor A itself, not only its inverse")
     return structure_costs(((W @ f.A) * W).sum(1), f.G_inv_diagonal())
 
 
 def col_costs_of(W: torch.Tensor, f: Factors | RootFactors) -> torch.Tensor:
     """L_c = ½ w_cᵀ G w_c / [A⁻¹]_cc (eq. 7, columns)."""
+    if f.G is None:
+        raise ValueError("column costs need the factor G itself, not only its inverse")
     return structure_costs(((f.G @ W) * W).sum(0), f.A_inv_diagonal())
 
 
@@ -348,7 +320,7 @@ def structured_update_of(
     W: torch.Tensor, f: Factors | RootFactors, rows: torch.Tensor, cols: torch.Tensor,
     correlation: Correlation = "joint",
 ) -> torch.Tensor:
-    """New W with rows P and columns Q removed and the kept block corrected (sec. 3.4, DESIGN.md).
+    """New W with rows P and columns Q removed and the kept block corrected (sec. 3.4, docs/DESIGN.md).
 
     joint: the exact minimiser of ½ tr(ΔWᵀ G ΔW A) with ΔW = −W on P rows and Q columns, i.e.
     Z = −G_KK⁻¹ (G D A)[K_r, K_c] A_KK⁻¹, evaluated with Schur complements of G⁻¹ and A⁻¹:
@@ -428,7 +400,7 @@ def structured_update(
 # ---------------------------------------------------------------- element updates (eqs. 4-5)
 
 
-def row_chunks(rows: torch.Tensor, max_correlate: Optional[int]) -> list[slice]:
+def row_chunks(rows: torch.Tensor, max_correlate: int | None) -> list[slice]:
     """Split row-major pruned indices into chunks of whole rows of at most `max_correlate` entries.
 
     A row with more than `max_correlate` pruned entries is split into pieces of that size.
@@ -456,7 +428,7 @@ def row_chunks(rows: torch.Tensor, max_correlate: Optional[int]) -> list[slice]:
 
 def solve_chunks(
     f: Factors, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor, chunks: list[slice],
-    budget: Optional[int] = None, backend: str = "auto",
+    budget: int | None = None, backend: str = "auto",
 ) -> torch.Tensor:
     """u_S = M_S⁻¹ w_S for every chunk S, with M_S[i, j] = [G⁻¹]_{r_i r_j} [A⁻¹]_{c_i c_j} (eq. 4).
 
@@ -488,8 +460,8 @@ def cg_tolerance(dtype: torch.dtype) -> float:
 
 
 def joint_solve(
-    f: Factors | KroneckerSum, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor, shape: tuple[int, int],
-    tol: Optional[float] = None, max_iter: Optional[int] = None,
+    f: Factors | KroneckerSum, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor,
+    shape: torch.Size | tuple[int, int], tol: float | None = None, max_iter: int | None = None,
 ) -> torch.Tensor:
     """u = M⁻¹ w for all K pruned weights at once, M = F⁻¹[S, S] (eqs. 4-5, one chunk).
 
@@ -536,13 +508,13 @@ def unstructured_update_of(
     W: torch.Tensor,
     f: Factors | KroneckerSum,
     mask: torch.Tensor,
-    max_correlate: Optional[int] = None,
+    max_correlate: int | None = None,
     semantics: ChunkSemantics = "sequential",
-    tol: Optional[float] = None,
-    max_iter: Optional[int] = None,
+    tol: float | None = None,
+    max_iter: int | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """New W with the weights in `mask` removed and the rest corrected (eqs. 4-5, DESIGN.md).
+    """New W with the weights in `mask` removed and the rest corrected (eqs. 4-5, docs/DESIGN.md).
 
     max_correlate=None: all pruned weights solved jointly (exact eqs. 4-5) by `joint_solve`, with
     relative residual `tol` in at most `max_iter` iterations (None: exact, see `joint_solve`).
@@ -562,7 +534,7 @@ def unstructured_update_of(
     if max_correlate is None:
         U[r, c] = joint_solve(f, r, c, W[r, c], W.shape, tol, max_iter)
         delta = f.inverse_apply(U)
-    elif isinstance(f, KroneckerSum):
+    elif not isinstance(f, Factors):
         raise ValueError("a sum of Kronecker factors needs the joint solve (max_correlate=None)")
     else:
         chunks = row_chunks(r, max_correlate)
@@ -588,10 +560,10 @@ def unstructured_update(
     G: torch.Tensor,
     A: torch.Tensor,
     mask: torch.Tensor,
-    max_correlate: Optional[int] = None,
+    max_correlate: int | None = None,
     semantics: ChunkSemantics = "sequential",
-    tol: Optional[float] = None,
-    max_iter: Optional[int] = None,
+    tol: float | None = None,
+    max_iter: int | None = None,
 ) -> torch.Tensor:
     """Remove the weights in `mask` (True = prune) with correlated updates (eqs. 4-5): new W [R, C].
 

@@ -8,16 +8,16 @@ pruned carry cost −inf, so they are always kept pruned and count toward the ta
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional
+from collections.abc import Callable, Sequence
 
 import torch
 
 from surgeon.errors import SurgeonError
 from surgeon_kernels import ops
-from surgeon_kernels.deferred import Deferred, Lazy, materialise
+from surgeon_kernels.ops import Deferred, Lazy, materialise
 
 
-def _select(costs: list[Lazy], k: int, backend: str) -> tuple[float, list[int]]:
+def _select(costs: Sequence[Lazy], k: int, backend: str) -> tuple[float, list[int]]:
     """τ, the k-th smallest of all costs, and how many costs equal to τ each tensor takes (in order, until k)."""
     total = sum(c.numel() for c in costs)
     if not 0 <= k <= total:
@@ -45,7 +45,7 @@ def _below(costs: torch.Tensor, tau: float, ties: int) -> torch.Tensor:
     return mask
 
 
-def smallest_k(costs: list[Lazy], k: int, backend: str = "auto") -> list[Deferred]:
+def smallest_k(costs: Sequence[Lazy], k: int, backend: str = "auto") -> list[Deferred]:
     """Masks (same shapes as `costs`) selecting the k smallest costs over all tensors together.
 
     τ is the k-th smallest cost by selection, never a full sort (`surgeon_kernels.ops.kth_smallest`);
@@ -65,7 +65,7 @@ Masks = list[torch.Tensor]
 
 def structured_selection(
     row_costs: list[torch.Tensor], col_costs: list[torch.Tensor], target_zeros: int,
-    extend: Optional[Callable[[Masks, Masks], tuple[Masks, Masks]]] = None,
+    extend: Callable[[Masks, Masks], tuple[Masks, Masks]] | None = None,
 ) -> tuple[Masks, Masks]:
     """Rows and columns to remove so that at least `target_zeros` weights are zero (sec. 3.3).
 
@@ -108,7 +108,7 @@ def structured_selection(
     return [m.to(r.device) for m, r in zip(rows, row_costs)], [m.to(c.device) for m, c in zip(cols, col_costs)]
 
 
-def nm_selection(costs: list[Lazy], n: int, m: int, target_zeros: int, backend: str = "auto") -> list[Deferred]:
+def nm_selection(costs: Sequence[Lazy], n: int, m: int, target_zeros: int, backend: str = "auto") -> list[Deferred]:
     """Element masks pruning the m−n cheapest weights of the cheapest groups over all layers (sec. 3.3, N:M).
 
     A group's cost is the sum of its m−n cheapest costs; one global τ over group costs. Every

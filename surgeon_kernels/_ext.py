@@ -14,7 +14,7 @@ logger = logging.getLogger(__name__)
 HAS_CPP_OPS = False
 if os.environ.get("SURGEON_DISABLE_CPP", "0") != "1":
     try:
-        from surgeon_kernels import _C  # noqa: F401  (registers torch.ops.surgeon.*)
+        from surgeon_kernels import _C  # type: ignore[attr-defined]  # noqa: F401  (registers torch.ops.surgeon.*)
 
         HAS_CPP_OPS = True
     except ImportError as error:

@@ -8,7 +8,7 @@ without computing it.
 
 from __future__ import annotations
 
-from typing import Callable, Union
+from collections.abc import Callable
 
 import torch
 
@@ -31,7 +31,7 @@ class Deferred:
         return value
 
 
-Lazy = Union[torch.Tensor, Deferred]
+Lazy = torch.Tensor | Deferred
 
 
 def materialise(value: Lazy) -> torch.Tensor:

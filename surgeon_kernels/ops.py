@@ -12,14 +12,14 @@ naming those that are.
 from __future__ import annotations
 
 import os
-from typing import Literal, Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from surgeon_kernels._ext import HAS_CPP_OPS
 from surgeon_kernels._triton import HAS_TRITON, INTERPRET
 from surgeon_kernels.batched_eigh import reference as eigh_reference
-from surgeon_kernels.deferred import Lazy
+from surgeon_kernels.deferred import Deferred, Lazy, materialise
 from surgeon_kernels.kfac_accumulate import reference as kfac_reference
 from surgeon_kernels.kk_gather import reference as kk_reference
 from surgeon_kernels.kk_solve import reference as kk_solve_reference
@@ -28,7 +28,10 @@ from surgeon_kernels.kth_smallest import reference as kth_reference
 from surgeon_kernels.nm_select import reference as nm_reference
 from surgeon_kernels.symmetric import PackedSymmetric
 
-Backend = Literal["auto", "triton", "cpp", "torch"]
+__all__ = [  # the ops, and the data types they take (so that callers need only this module)
+    "Deferred", "Lazy", "PackedSymmetric", "available_backends", "batched_eigh", "kfac_accumulate",
+    "kfac_accumulate_group", "kk_gather", "kk_solve", "kth_smallest", "materialise", "nm_select",
+]
 CPP_OPS = ("kfac_accumulate", "nm_select", "kk_solve")
 CONCAT_MAX = 1 << 28  # torch kth_smallest: concatenate and kthvalue up to this many costs (1 GiB of float32)
 # batched_eigh on CUDA: `auto` runs Triton Jacobi for widths in this range (H100, bench/RESULTS.md:
@@ -40,7 +43,7 @@ JACOBI_WIDTHS = range(33, 65)
 AUTO_TORCH_ON_CUDA = ("kk_gather", "kk_solve")
 
 
-def available_backends(device: torch.device | str = "cpu", op: Optional[str] = "kfac_accumulate") -> list[str]:
+def available_backends(device: torch.device | str = "cpu", op: str | None = "kfac_accumulate") -> list[str]:
     """The backends that have `op` for tensors of `device` (without `op`: that exist here at all)."""
     device = torch.device(device)
     names = ["torch"]
@@ -51,10 +54,10 @@ def available_backends(device: torch.device | str = "cpu", op: Optional[str] = "
     return names
 
 
-def _resolve(backend: Backend, device: torch.device, op: str) -> str:
+def _resolve(backend: str, device: torch.device, op: str) -> str:
     """Pick a concrete backend for `op` on `device`; raise if the requested one is missing."""
     if backend == "auto":
-        backend = os.environ.get("SURGEON_BACKEND", "auto")  # type: ignore[assignment]
+        backend = os.environ.get("SURGEON_BACKEND", "auto")
     available = available_backends(device, op)
     if backend == "auto":
         if device.type == "cuda" and "triton" in available and op not in AUTO_TORCH_ON_CUDA:
@@ -72,7 +75,7 @@ def _resolve(backend: Backend, device: torch.device, op: str) -> str:
 
 
 def kfac_accumulate(
-    out: PackedSymmetric, x: torch.Tensor, scale: float, bias: bool = False, backend: Backend = "auto"
+    out: PackedSymmetric, x: torch.Tensor, scale: float, bias: bool = False, backend: str = "auto"
 ) -> None:
     """Add `scale · [x, 1]ᵀ [x, 1]` to the packed symmetric factor `out` in place (paper eq. 6)."""
     kfac_accumulate_group([out], [x], scale, [bias], backend)
@@ -80,7 +83,7 @@ def kfac_accumulate(
 
 def kfac_accumulate_group(
     outs: Sequence[PackedSymmetric], xs: Sequence[torch.Tensor], scale: float, biases: Sequence[bool],
-    backend: Backend = "auto",
+    backend: str = "auto",
 ) -> None:
     """`kfac_accumulate` for a group of factors (e.g. a block's layers) in one launch (eq. 6).
 
@@ -103,7 +106,8 @@ def kfac_accumulate_group(
             or any(x.dtype not in (torch.float32, torch.bfloat16, torch.float16) for x in xs)):
         kfac_reference.kfac_accumulate_group(outs, xs, scale, biases)
     elif chosen == "cpp":
-        torch.ops.surgeon.kfac_accumulate([out.tiles for out in outs], list(xs), float(scale), [bool(b) for b in biases])
+        torch.ops.surgeon.kfac_accumulate([out.tiles for out in outs], list(xs), float(scale),
+                                          [bool(b) for b in biases])
     else:
         from surgeon_kernels.kfac_accumulate import kernel
 
@@ -112,13 +116,14 @@ def kfac_accumulate_group(
             kernel.kfac_accumulate([outs[i] for i in group], [xs[i] for i in group], scale, [biases[i] for i in group])
 
 
-def nm_select(costs: torch.Tensor, n: int, m: int, backend: Backend = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+def nm_select(costs: torch.Tensor, n: int, m: int, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """(group_costs [R, C/m], mask [R, C]): the m−n cheapest of every m consecutive costs of a row.
 
     Ties go to the lower index. A group's cost is the sum of its m−n cheapest (sec. 3.3, N:M).
     """
     if costs.dim() != 2 or costs.shape[1] % m or not 0 < n < m:
-        raise ValueError(f"nm_select needs [R, C] costs with m | C and 0 < n < m; got {tuple(costs.shape)}, n={n}, m={m}")
+        raise ValueError(f"nm_select needs [R, C] costs with m | C and 0 < n < m; got {tuple(costs.shape)}, "
+                         f"n={n}, m={m}")
     chosen = _resolve(backend, costs.device, "nm_select")
     if chosen == "triton" and costs.dtype == torch.float32:
         from surgeon_kernels.nm_select import kernel
@@ -129,7 +134,7 @@ def nm_select(costs: torch.Tensor, n: int, m: int, backend: Backend = "auto") ->
     return nm_reference.nm_select(costs, n, m)
 
 
-def kth_smallest(values: list[Lazy], k: int, backend: Backend = "auto") -> float:
+def kth_smallest(values: Sequence[Lazy], k: int, backend: str = "auto") -> float:
     """The k-th smallest (1-based) element of all `values` together, without sorting.
 
     Triton: radix selection over order-preserving float32 keys, four byte-histogram passes, no
@@ -153,7 +158,7 @@ def kth_smallest(values: list[Lazy], k: int, backend: Backend = "auto") -> float
 
 
 def kk_gather(G_inv: torch.Tensor, A_inv: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
-              valid: torch.Tensor, backend: Backend = "auto") -> torch.Tensor:
+              valid: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """M [B, K, K], M[b,i,j] = G⁻¹[r_bi, r_bj]·A⁻¹[c_bi, c_bj] of padded chunks, identity on padding (eq. 4)."""
     if rows.shape != cols.shape or rows.shape != valid.shape or rows.dim() != 2:
         raise ValueError(f"rows, cols, valid must share one [B, K] shape; got {tuple(rows.shape)}, "
@@ -166,8 +171,8 @@ def kk_gather(G_inv: torch.Tensor, A_inv: torch.Tensor, rows: torch.Tensor, cols
 
 
 def kk_solve(G_inv: torch.Tensor, A_inv: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, w: torch.Tensor,
-             offsets: torch.Tensor, budget: Optional[int] = None,
-             backend: Backend = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+             offsets: torch.Tensor, budget: int | None = None,
+             backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """(u, failed): u_S = M_S⁻¹ w_S by Cholesky for every chunk S = [offsets[b], offsets[b+1]) of the flat
     (rows, cols, w), M_S[i,j] = G⁻¹[r_i, r_j]·A⁻¹[c_i, c_j] (eq. 4); u_S = 0 and failed[b] where M_S is
     not positive definite.
@@ -184,11 +189,11 @@ def kk_solve(G_inv: torch.Tensor, A_inv: torch.Tensor, rows: torch.Tensor, cols:
         return torch.ops.surgeon.kk_solve(G_inv, A_inv, rows, cols, w, offsets.to(torch.int64))
     gather_backend = "triton" if chosen == "triton" else "torch"
     return kk_solve_reference.kk_solve(G_inv, A_inv, rows, cols, w, offsets, budget or kk_solve_reference.BUDGET,
-                                       lambda *args: kk_gather(*args, backend=gather_backend))
+                                       lambda G, A, r, c, valid: kk_gather(G, A, r, c, valid, gather_backend))
 
 
-def batched_eigh(A: torch.Tensor, Q0: Optional[torch.Tensor] = None,
-                 backend: Backend = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+def batched_eigh(A: torch.Tensor, Q0: torch.Tensor | None = None,
+                 backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """Eigenvalues [B, n] (ascending) and eigenvectors [B, n, n] of symmetric A [B, n, n].
 
     `Q0` [B, n, n] is an optional orthogonal warm start (e.g. the previous shot's eigenvectors).

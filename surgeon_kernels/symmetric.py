@@ -12,8 +12,8 @@ gives it back.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 TILE = 128
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tile_index(nb: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Row and column tile of every stored tile (upper triangle, row-major), cached per device."""
     i, j = torch.triu_indices(nb, nb, device=device)
@@ -42,7 +42,7 @@ class PackedSymmetric:
         return -(-self.n // self.tile)
 
     @classmethod
-    def zeros(cls, n: int, device=None, dtype: torch.dtype = torch.float32, tile: int = TILE) -> "PackedSymmetric":
+    def zeros(cls, n: int, device=None, dtype: torch.dtype = torch.float32, tile: int = TILE) -> PackedSymmetric:
         """The n×n zero matrix."""
         nb = -(-n // tile)
         return cls(torch.zeros(nb * (nb + 1) // 2, tile, tile, device=device, dtype=dtype), n, tile)
@@ -52,7 +52,7 @@ class PackedSymmetric:
         return _tile_index(self.blocks, self.tiles.device, dtype)
 
     @classmethod
-    def pack(cls, dense: torch.Tensor, tile: int = TILE) -> "PackedSymmetric":
+    def pack(cls, dense: torch.Tensor, tile: int = TILE) -> PackedSymmetric:
         """The upper-triangle tiles of the symmetric matrix `dense` [n, n] (its lower triangle is not read
         outside the diagonal tiles)."""
         n = dense.shape[0]

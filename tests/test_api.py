@@ -13,7 +13,6 @@ import pytest
 import torch
 from torch import nn
 
-import surgeon
 from surgeon import PruneConfig, prune, solver
 from tests.conftest import random_spd, tiny_model
 

@@ -9,6 +9,7 @@ from surgeon import PruneConfig, prune, save_model
 from surgeon.model import prunable_layers
 from tests._families import FAMILIES, VOCAB, family_model
 
+
 def calibration() -> torch.Tensor:
     return torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(0))
 

@@ -123,7 +123,7 @@ def test_interleaved_lora_merges_and_keeps_masks():
     a, b = weights(plain), weights(corrected)
     assert any(not torch.equal(a[k], b[k]) for k in a)  # the correction changed weights
     for block in prunable_layers(corrected):
-        for name, module in block:
+        for _, module in block:
             assert type(module) is nn.Linear  # adapters merged and removed
     assert abs(report.sparsity - 0.3) < 0.03  # masks re-applied after merging
     assert all(p.requires_grad for p in corrected.parameters())
@@ -287,11 +287,11 @@ def test_structured_costs_from_the_pass_equal_the_costs_from_the_factors(arch):
 @pytest.mark.parametrize("structure", ["unstructured", "2:4"])
 def test_sum_of_two_kronecker_factors_prunes_with_its_own_update(monkeypatch, arch, structure):
     """kronecker_terms=2: power passes (power_iterations in shot 1, then one), target reached, a different model."""
-    from surgeon import curvature
+    from surgeon import kronecker_sum
 
     passes = []
-    backward = curvature._backward
-    monkeypatch.setattr(curvature, "_backward", lambda *a: passes.append(1) or backward(*a))
+    backward = kronecker_sum._backward
+    monkeypatch.setattr(kronecker_sum, "_backward", lambda *a: passes.append(1) or backward(*a))
     config = dict(structure=structure, target_size=None if structure == "2:4" else 0.6, shots=2)
     one, two = tiny_model(arch), tiny_model(arch)
     prune(one, calibration(), PruneConfig(**config), progress=False)

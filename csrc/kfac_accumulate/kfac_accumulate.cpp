@@ -4,9 +4,9 @@
 // xs[g]: [N_g, C_g] (float32, bfloat16 or float16). outs[g]: the packed symmetric factor of width
 // C_g(+1) (surgeon_kernels/symmetric.py): its upper-triangle tiles [T, t, t], row-major over the
 // upper triangle, diagonal tiles whole. float32 inputs are read in place (no padded copy: it
-// measured 56-340 ms per 512-token SmolLM2 window, bench/RESULTS.md, session 7); bfloat16/float16 inputs are
+// measured 56-340 ms per 512-token SmolLM2 window, bench/RESULTS.md); bfloat16/float16 inputs are
 // converted once to float32, so every product and sum is float32 (bfloat16 GEMMs through oneDNN
-// measured 1.9× faster here but return bfloat16 sums: bench/RESULTS.md, session 6). The work is
+// measured 1.9× faster here but return bfloat16 sums: bench/RESULTS.md). The work is
 // cut into strips of up to kStrip consecutive tiles of one tile row: one GEMM
 // x[:, row i]^T x[:, strip] each (clipped at the last feature), added to the strip's tiles
 // (consecutive in storage). The strips of all factors of the group are spread over threads

@@ -10,8 +10,6 @@ that basis first, so a nearly diagonal problem converges in one or two sweeps.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import triton
 import triton.language as tl
@@ -75,7 +73,7 @@ def _jacobi_kernel(a_ptr, v_ptr, n, players, max_sweeps, tol2, HALF: tl.constexp
         sweep += 1
 
 
-def batched_eigh(A: torch.Tensor, Q0: Optional[torch.Tensor] = None, tol: Optional[float] = None,
+def batched_eigh(A: torch.Tensor, Q0: torch.Tensor | None = None, tol: float | None = None,
                  max_sweeps: int = 30) -> tuple[torch.Tensor, torch.Tensor]:
     """Eigenvalues [B, n] (ascending) and eigenvectors [B, n, n] of symmetric A [B, n, n] by Jacobi."""
     B, n, _ = A.shape

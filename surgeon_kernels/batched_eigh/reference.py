@@ -1,11 +1,10 @@
 """Plain-PyTorch reference of the batched symmetric eigendecomposition."""
 
-from typing import Optional
 
 import torch
 
 
-def batched_eigh(A: torch.Tensor, Q0: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def batched_eigh(A: torch.Tensor, Q0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Eigenvalues [B, n] (ascending) and eigenvectors [B, n, n] of symmetric A [B, n, n].
 
     With a warm start Q0 (e.g. the previous shot's eigenvectors) the problem solved is

@@ -15,7 +15,7 @@ fp32, so only the summation order differs from the GPU path.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import triton
@@ -101,7 +101,9 @@ def kfac_accumulate(outs: Sequence[PackedSymmetric], xs: Sequence[torch.Tensor],
     if len({x.dtype for x in xs}) > 1 or len({out.tile for out in outs}) > 1:
         raise ValueError("triton kfac_accumulate needs one input dtype and one tile size per group")
     device = outs[0].tiles.device
-    programs, factors, live = [], [], []
+    programs: list[torch.Tensor] = []
+    factors: list[list[int]] = []
+    live: list[tuple[PackedSymmetric, torch.Tensor]] = []
     for out, x, bias in zip(outs, xs, biases):
         if out.tiles.dtype != torch.float32 or not out.tiles.is_contiguous():
             raise ValueError("triton kfac_accumulate needs contiguous float32 tiles")
@@ -118,7 +120,8 @@ def kfac_accumulate(outs: Sequence[PackedSymmetric], xs: Sequence[torch.Tensor],
         return
     program_table = torch.cat(programs).to(device)
     factor_table = torch.tensor(factors, dtype=torch.int64).to(device)
-    factor_table.outputs = [out.tiles for out, _ in live]  # what the autotune hooks save and restore
+    # what the autotune hooks save and restore
+    factor_table.outputs = [out.tiles for out, _ in live]  # type: ignore[attr-defined]
     dtype = live[0][1].dtype
     _kfac_accumulate_kernel[(program_table.shape[0],)](
         program_table, factor_table, float(scale), max(x.shape[1] for _, x in live),

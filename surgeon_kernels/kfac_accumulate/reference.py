@@ -1,6 +1,6 @@
 """Plain-PyTorch reference of the Kronecker-factor accumulation (paper eq. 6)."""
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -12,10 +12,10 @@ PAD_RATIO = 0.875  # a batch of K×K solves holds chunks at least this fraction 
 BUDGET = 1 << 24  # padded matrix entries per batch
 
 
-def chunk_batches(lengths: list[int], budget: int = BUDGET) -> list[list[int]]:
+def chunk_batches(lengths: list[int], budget: int = BUDGET, pad_ratio: float = PAD_RATIO) -> list[list[int]]:
     """Group chunks (by index) for batched K×K solves, longest first, so little is padding.
 
-    A batch holds chunks no shorter than `PAD_RATIO` of its longest (so at most 1 − PAD_RATIO² of
+    A batch holds chunks no shorter than `pad_ratio` of its longest (so at most 1 − pad_ratio² of
     any matrix in it is padding) and at most `budget` padded matrix entries.
     """
     batches: list[list[int]] = []
@@ -23,7 +23,7 @@ def chunk_batches(lengths: list[int], budget: int = BUDGET) -> list[list[int]]:
     for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
         k = lengths[index]
         current = batches[-1] if batches else None
-        if current is None or k < PAD_RATIO * top or (len(current) + 1) * top * top > budget:
+        if current is None or k < pad_ratio * top or (len(current) + 1) * top * top > budget:
             batches.append([])
             top = k
         batches[-1].append(index)
@@ -32,7 +32,8 @@ def chunk_batches(lengths: list[int], budget: int = BUDGET) -> list[list[int]]:
 
 def kk_solve(G_inv: torch.Tensor, A_inv: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, w: torch.Tensor,
              offsets: torch.Tensor, budget: int = BUDGET,
-             gather: Callable[..., torch.Tensor] = kk_reference.kk_gather) -> tuple[torch.Tensor, torch.Tensor]:
+             gather: Callable[..., torch.Tensor] = kk_reference.kk_gather,
+             pad_ratio: float = PAD_RATIO) -> tuple[torch.Tensor, torch.Tensor]:
     """(u, failed): u_S = M_S⁻¹ w_S for every chunk S = [offsets[b], offsets[b+1]) (eq. 4), zero where
     Cholesky rejects M_S (failed[b]).
 
@@ -43,7 +44,7 @@ def kk_solve(G_inv: torch.Tensor, A_inv: torch.Tensor, rows: torch.Tensor, cols:
     bounds = offsets.tolist()
     lengths = [end - start for start, end in zip(bounds, bounds[1:])]
     failed = torch.zeros(len(lengths), dtype=torch.bool, device=w.device)
-    for members in chunk_batches(lengths, budget):
+    for members in chunk_batches(lengths, budget, pad_ratio):
         members = [b for b in members if lengths[b]]
         if not members:
             continue

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import triton
 import triton.language as tl
@@ -39,6 +41,6 @@ def byte_histogram(x: torch.Tensor, prefix: int, shift: int) -> torch.Tensor:
     return hist.cpu()
 
 
-def kth_smallest(values: list[Lazy], k: int) -> float:
+def kth_smallest(values: Sequence[Lazy], k: int) -> float:
     """The k-th smallest (1-based) of all elements of `values` together, histograms in Triton."""
     return radix.kth_smallest(values, k, byte_histogram)

@@ -9,7 +9,7 @@ histogram is the only backend-specific piece (Triton on CUDA, `torch.bincount` o
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -39,14 +39,15 @@ def torch_histogram(x: torch.Tensor, prefix: int, shift: int) -> torch.Tensor:
     return torch.bincount((keys >> shift) & 0xFF, minlength=256).cpu()
 
 
-def kth_smallest(values: list[Lazy], k: int, histogram: Histogram = torch_histogram) -> float:
+def kth_smallest(values: Sequence[Lazy], k: int, histogram: Histogram = torch_histogram) -> float:
     """The k-th smallest (1-based) of all elements of `values` together (a `Deferred` is computed once per pass)."""
     total = sum(v.numel() for v in values)
     if not 1 <= k <= total:
         raise ValueError(f"k={k}: must be in [1, {total}]")
     prefix = 0
     for shift in (24, 16, 8, 0):
-        counts = sum(histogram(materialise(v), prefix, shift).to(torch.int64) for v in values if v.numel())
+        counts = torch.stack([histogram(materialise(v), prefix, shift).to(torch.int64)
+                              for v in values if v.numel()]).sum(0)
         cumulative = counts.cumsum(0)
         digit = int(torch.searchsorted(cumulative, torch.tensor(k)))
         k -= int(cumulative[digit - 1]) if digit else 0

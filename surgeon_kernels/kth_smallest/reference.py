@@ -1,11 +1,13 @@
 """Plain-PyTorch reference of the global threshold selection."""
 
+from collections.abc import Sequence
+
 import torch
 
 from surgeon_kernels.deferred import Lazy, materialise
 
 
-def kth_smallest(values: list[Lazy], k: int) -> float:
+def kth_smallest(values: Sequence[Lazy], k: int) -> float:
     """The k-th smallest (1-based) of all elements of `values` together (one global τ, sec. 3.3).
 
     `torch.kthvalue` of their concatenation, filled in place (each `Deferred` computed once).

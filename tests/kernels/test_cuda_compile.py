@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.slow  # each test compiles kernels for sm_90 in a fresh interpreter
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -27,7 +29,7 @@ def run_python(args: list[str], cache: Path, cwd: Path = ROOT, interpret: str = 
 def test_every_dispatched_launch_compiles_for_sm90(tmp_path):
     """All specializations of every op, each autotune configuration, within the H100's limits (the CLI
     exits 1 on a compile failure or a launch with no configuration within the limit)."""
-    run = run_python(["-m", "surgeon_kernels.cuda_compile", "--arch", "90"], tmp_path / "cache")
+    run = run_python(["-m", "tools.cuda_compile", "--arch", "90"], tmp_path / "cache")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "FAILED" not in run.stderr, run.stderr[-3000:]
     rows = [line.split(" | ") for line in run.stdout.splitlines()
@@ -62,7 +64,7 @@ def test_a_kernel_the_interpreter_accepts_fails_here(tmp_path):
     '''))
     run = run_python(["-c", textwrap.dedent("""
         import toy
-        from surgeon_kernels import cuda_compile
+        from tools import cuda_compile
         done, failed = cuda_compile.compile_all(90, [("bad", toy.launch(toy.bad)), ("good", toy.launch(toy.good))])
         print([f.op for f in failed], [e.op for e in done], "FIELDS" in failed[0].error)
     """)], tmp_path / "cache", cwd=tmp_path)
@@ -72,6 +74,6 @@ def test_a_kernel_the_interpreter_accepts_fails_here(tmp_path):
 
 def test_cli_refuses_the_interpreter(tmp_path):
     """Under TRITON_INTERPRET=1 there is nothing to compile: one clear error, exit status 2."""
-    run = run_python(["-m", "surgeon_kernels.cuda_compile", "--arch", "90"], tmp_path / "cache", interpret="1")
+    run = run_python(["-m", "tools.cuda_compile", "--arch", "90"], tmp_path / "cache", interpret="1")
     assert run.returncode == 2
     assert "TRITON_INTERPRET=0" in run.stderr

@@ -1,6 +1,6 @@
 """Compile every Triton kernel for a CUDA architecture without a GPU, and report its resources.
 
-    TRITON_INTERPRET=0 python -m surgeon_kernels.cuda_compile [--arch 80 90]
+    TRITON_INTERPRET=0 python -m tools.cuda_compile [--arch 80 90]
 
 The interpreter (`TRITON_INTERPRET=1`, how the CPU test suite runs the kernels) executes a kernel as
 Python, so it misses what only the compiler checks: globals that are not `tl.constexpr`, operand types
@@ -26,10 +26,10 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional
 from unittest import mock
 
 import torch
@@ -73,7 +73,7 @@ class _TargetDriver:
     def get_current_device(self) -> int:
         return self.target.arch
 
-    def get_current_stream(self, device: Optional[int] = None) -> int:
+    def get_current_stream(self, device: int | None = None) -> int:
         return 0
 
     def get_current_target(self):
@@ -161,7 +161,7 @@ def launches() -> list[tuple[str, Callable[[], object]]]:
     return calls
 
 
-def compile_all(arch: int, calls: Optional[list[tuple[str, Callable[[], object]]]] = None
+def compile_all(arch: int, calls: list[tuple[str, Callable[[], object]]] | None = None
                 ) -> tuple[list[Compiled], list[Failure]]:
     """Compile every launch of `calls` (default: `launches()`) for sm_`arch`; the compiled kernels
     and the failures."""
@@ -195,7 +195,7 @@ def no_config_fits(done: list[Compiled]) -> list[str]:
     return [op for op, any_fits in groups.items() if not any_fits]
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Compile for each architecture, print a table; exit status 1 when anything failed."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--arch", type=int, nargs="+", default=[80, 90], help="compute capabilities, e.g. 80 90")

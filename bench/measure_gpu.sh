@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Everything a GPU session measures, in one call (device tool: `bash bench/gpu_session.sh`).
-# Logs and JSON go to $OUT (or out/gpu): the CUDA kernel tests, the kernel microbenchmarks and
-# the end-to-end shot timings given as arguments ("BLOCKS:SHOTS:BATCH", e.g. 8:4:1 32:4:2; a
-# fourth field "profile" also writes torch.profiler's table, or a number sets --group-bytes, e.g.
-# 32:4:2:0 for one factor-accumulation launch per factor; a fifth field names another structure,
-# pruned to 50% instead of 80%, e.g. 32:1:2::unstructured). SKIP_TESTS=1 and SKIP_MICRO=1 leave out the
-# tests (≤ 300 s) and the microbenchmarks (≤ MICRO_TIMEOUT, 300 s); each shot spec may take 420 s, so
-# under a per-call limit of 600 s give each part its own call.
+# Re-measures every GPU figure in bench/RESULTS.md on a CUDA machine: the CUDA kernel tests, the
+# kernel microbenchmarks (bench/gpu_kernels.py) and the Llama-2-7B-shaped shot timings given as
+# arguments ("BLOCKS:SHOTS:BATCH", e.g. 8:4:1 32:4:2; a fourth field "profile" also writes
+# torch.profiler's table, or a number sets --group-bytes, e.g. 32:4:2:0 for one factor-accumulation
+# launch per factor; a fifth field names another structure, pruned to 50% instead of 80%, e.g.
+# 32:1:2::unstructured). Logs and JSON go to $OUT (default out/gpu). SKIP_TESTS=1 and SKIP_MICRO=1
+# leave out the tests (at most 300 s) and the microbenchmarks (at most MICRO_TIMEOUT, 300 s); each
+# shot spec may take 420 s.
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"

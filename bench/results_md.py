@@ -1,0 +1,313 @@
+"""Write bench/RESULTS.md, and the README's results table, from the JSON files under bench/results/.
+
+    python bench/results_md.py            # rewrite both (`make results`)
+    python bench/results_md.py --check    # exit 1 if the README's table differs from the quality runs
+
+Every figure names the commit it was measured at (the `@<commit>` of its file name, or the commit
+recorded inside it). Time and kernel rows are marked stale when `surgeon/`, `surgeon_kernels/` or
+`csrc/` changed between that commit and the working tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+CODE = ("surgeon", "surgeon_kernels", "csrc")
+HEADLINE_START, HEADLINE_END = "<!-- results-table:start -->", "<!-- results-table:end -->"
+# The README's headline rows: (quality row prefix, label).
+HEADLINE = (("structured-0.8", "structured 80%"), ("unstructured-0.5", "unstructured 50%"), ("2of4-0.5", "2:4"))
+
+
+def load(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def commit_of(path: Path) -> str:
+    """The commit in a result file's name (`name@commit.json`)."""
+    return path.stem.rsplit("@", 1)[1] if "@" in path.stem else "unknown"
+
+
+def git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+# Kernel microbenchmark → the code it measures (anything else: all of CODE).
+KERNEL_CODE = {
+    "kfac_accumulate": ("surgeon_kernels/kfac_accumulate", "csrc/kfac_accumulate", "surgeon_kernels/symmetric.py"),
+    "kk_gather": ("surgeon_kernels/kk_gather",),
+    "kk_solve": ("surgeon_kernels/kk_solve", "surgeon_kernels/kk_gather", "csrc/kk_solve"),
+    "nm_select": ("surgeon_kernels/nm_select", "csrc/nm_select"),
+    "global_threshold": ("surgeon_kernels/kth_smallest",),
+    "kth_smallest": ("surgeon_kernels/kth_smallest",),
+    "batched_eigh": ("surgeon_kernels/batched_eigh",),
+    "unstructured_update": ("surgeon/solver.py", "surgeon_kernels/kk_solve", "surgeon_kernels/kk_gather"),
+}
+
+
+def stale(commit: str, paths: tuple[str, ...] = CODE) -> bool:
+    """Whether `paths` changed between `commit` and the working tree (unknown commits count as changed)."""
+    return git("diff", "--quiet", commit, "--", *paths).returncode != 0
+
+
+def commit_order() -> dict[str, int]:
+    """Short hash → position in the history (0 = newest)."""
+    hashes = git("log", "--format=%h", "--abbrev=7").stdout.split()
+    return {h: i for i, h in enumerate(hashes)}
+
+
+def newest(paths: list[Path]) -> Path | None:
+    order = commit_order()
+    known = [p for p in paths if commit_of(p) in order]
+    return min(known, key=lambda p: order[commit_of(p)]) if known else None
+
+
+def mark(commit: str, paths: tuple[str, ...] = CODE) -> str:
+    return f"`{commit}`" + (" (stale: the code changed since)" if stale(commit, paths) else "")
+
+
+# ---------------------------------------------------------------- quality
+
+
+def quality_runs() -> tuple[str, dict[str, dict[str, Any]]]:
+    """The newest commit with a complete set of quality runs, and its runs by row name."""
+    dense = newest(sorted((RESULTS / "quality").glob("dense@*.json")))
+    if dense is None:
+        raise SystemExit("no bench/results/quality/dense@<commit>.json: run `python bench/quality.py`")
+    commit = commit_of(dense)
+    runs = {p.stem.rsplit("@", 1)[0]: load(p) for p in sorted((RESULTS / "quality").glob(f"*@{commit}.json"))}
+    return commit, runs
+
+
+def method_label(config: dict[str, Any]) -> str:
+    method = config["method"]
+    if method == "surgeon" and config["structure"] == "structured":
+        return f"surgeon/{config['correlation']}"
+    if method == "surgeon":
+        return f"surgeon/m={config['max_correlate']} {config['chunk_semantics']}" if config["max_correlate"] \
+            else "surgeon/exact"
+    return method
+
+
+def quality_table(runs: dict[str, dict[str, Any]]) -> str:
+    lines = ["| run | structure | kept | method | shots | λ_G / λ_A | sparsity | ppl | seconds |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    dense = runs["dense"]
+    lines.append(f"| dense | - | 1.0 | - | - | - | 0 | {dense['ppl']:.3f} | {dense['seconds']:.0f} |")
+    for name, run in runs.items():
+        if name == "dense":
+            continue
+        c = run["config"]
+        lines.append(f"| {name} | {c['structure']} | {c['target_size']:g} | {method_label(c)} | {c['shots']} | "
+                     f"{c['damp_g']} / {c['damp_a']} | {run['sparsity']:.4f} | {run['ppl']:.3f} | "
+                     f"{run['seconds']:.0f} |")
+    return "\n".join(lines)
+
+
+def headline_table(runs: dict[str, dict[str, Any]]) -> str:
+    """Per structure: magnitude, the best other baseline, and LLM Surgeon (the README's table)."""
+    lines = ["| structure | magnitude | best other baseline | LLM Surgeon |", "| --- | --- | --- | --- |"]
+    for prefix, label in HEADLINE:
+        rows = {name[len(prefix) + 1:]: run for name, run in runs.items() if name.startswith(prefix + "-")}
+        baselines = {m: r["ppl"] for m, r in rows.items() if m in ("lobd", "kobd", "sparsegpt", "wanda")}
+        if not baselines or "magnitude" not in rows or "surgeon" not in rows:
+            continue  # not run yet
+        best = min(baselines, key=baselines.__getitem__)
+        names = {"lobd": "L-OBD", "kobd": "K-OBD", "sparsegpt": "SparseGPT", "wanda": "Wanda"}
+        lines.append(f"| {label} | {rows['magnitude']['ppl']:.4g} | {names[best]} {baselines[best]:.1f} | "
+                     f"**{rows['surgeon']['ppl']:.1f}** |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- time and memory
+
+
+def cpu_time_section() -> list[str]:
+    path = newest(sorted((RESULTS / "cpu").glob("smollm2-structured80@*.json")))
+    if path is None:
+        return ["No CPU protocol run saved yet (`make demo`, then copy out/demo/report.json)."]
+    run, commit = load(path), commit_of(path)
+    out = [f"SmolLM2-135M structured to 80% kept, {run['config']['shots']} shots of {run['run']['nsamples']} × "
+           f"{run['run']['seqlen']} calibration tokens, at {mark(commit)} ([{path.name}](results/cpu/{path.name})): "
+           f"perplexity {run['ppl_before']:.4f} → {run['ppl_after']:.4f}, {run['seconds']:.1f} s in all.", "",
+           "| shot | curvature s | costs s | threshold s | update s | peak RSS GiB |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for shot in run["shots"]:
+        s = shot["seconds"]
+        out.append(f"| {shot['shot']} | {s['curvature']:.1f} | {s.get('costs', 0):.2f} | {s.get('threshold', 0):.2f} | "
+                   f"{s.get('update', 0):.2f} | {shot['peak_memory_gb']:.2f} |")
+    return out
+
+
+def gpu_time_section() -> list[str]:
+    out = ["| run | device | commit | shots | s per shot | total s | peak GiB |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for path in sorted((RESULTS / "gpu").glob("shot-*.json")):
+        run = load(path)
+        per_shot = [sum(v for k, v in s["seconds"].items() if k in ("curvature", "prune")) for s in run["shots"]]
+        peak = max(s["peak_memory_gb"] for s in run["shots"])
+        out.append(f"| [{path.stem.rsplit('@', 1)[0]}](results/gpu/{path.name}) | {run['device']} | "
+                   f"{mark(commit_of(path))} | {len(run['shots'])} | {min(per_shot):.1f}–{max(per_shot):.1f} | "
+                   f"{run['seconds']:.0f} | {peak:.1f} |")
+    return out
+
+
+# ---------------------------------------------------------------- kernels
+
+
+def kernel_section() -> list[str]:
+    out = ["| op | provider | shape | dtype | median | spread | rate | of ceiling | machine | commit |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    cpu = RESULTS / "micro-cpu.json"
+    if cpu.exists():
+        data = load(cpu)
+        commit = data["commit_info"]["id"][:7]
+        for bench in data["benchmarks"]:
+            op = bench["name"].split("[")[0].removeprefix("test_")
+            params = bench["params"]
+            provider = params.get("backend") or params.get("method") or "torch"
+            shape = ", ".join(f"{k}={v}" for k, v in params.items() if k not in ("backend", "method")) or "-"
+            info, stats = bench["extra_info"], bench["stats"]
+            rate = f"{info['gflops']:.0f} GFLOP/s" if "gflops" in info else (
+                f"{info['gbytes_per_s']:.1f} GB/s" if "gbytes_per_s" in info else "-")
+            fraction = info.get("gemm_fraction", info.get("bandwidth_fraction"))
+            out.append(f"| {op} | {provider} | {shape} | float32 | {stats['median'] * 1e3:.2f} ms | "
+                       f"IQR {stats['iqr'] * 1e3:.2f} ms | {rate} | {'-' if fraction is None else f'{fraction:.0%}'} | "
+                       f"{info.get('machine', 'CPU')} | {mark(commit, KERNEL_CODE.get(op, CODE))} |")
+    for path in sorted((RESULTS / "gpu").glob("micro-*.json")):
+        data = load(path)
+        for row in data["rows"]:
+            rate = f"{row['tflops']:.1f} TFLOP/s" if "tflops" in row else (
+                f"{row['gbytes_per_s']:.0f} GB/s" if "gbytes_per_s" in row else "-")
+            fraction = row.get("fraction_of_bf16_gemm", row.get("fraction_of_copy"))
+            dtype = row["dtype"].removeprefix("torch.")
+            out.append(f"| {row['op']} | {row['provider']} | {row['shape']} | {dtype} | "
+                       f"{row['ms']:.3f} ms | p20–p80 {row['ms_20']:.3f}–{row['ms_80']:.3f} ms | {rate} | "
+                       f"{'-' if fraction is None else f'{fraction:.0%}'} | {data['device']} | "
+                       f"{mark(commit_of(path), KERNEL_CODE.get(row['op'], CODE))} |")
+    return out
+
+
+# ---------------------------------------------------------------- findings
+
+
+def findings(kind: str) -> list[str]:
+    out = []
+    for path in sorted((RESULTS / "findings").glob("*.json")):
+        item = load(path)
+        if item.get("kind") != kind:
+            continue
+        where = f" ([{path.stem}](results/findings/{path.name})"
+        where += f", `{item['commit']}`)" if item.get("commit") else ")"
+        out.append(f"- {item['title']}{where}")
+    return out
+
+
+def not_measured() -> list[str]:
+    path = RESULTS / "findings" / "_not-yet-measured.json"
+    return [f"- {line}" for line in load(path)["items"]] if path.exists() else []
+
+
+# ---------------------------------------------------------------- assembly
+
+
+def machines(runs: dict[str, dict[str, Any]]) -> list[str]:
+    lines = [f"- CPU: {runs['dense'].get('machine', 'unknown')} (quality and time rows)."]
+    devices = sorted({f"{load(p)['device']}, torch {load(p).get('torch', '?')}"
+                      for p in (RESULTS / "gpu").glob("shot-*.json")})
+    lines += [f"- GPU: {device}." for device in devices]
+    return lines
+
+
+def results_md() -> str:
+    commit, runs = quality_runs()
+    sections = [
+        "# Results",
+        "",
+        "Generated by `python bench/results_md.py` (`make results`) from the JSON under `bench/results/`; "
+        "do not edit by hand. The design behind these numbers: `docs/DESIGN.md`.",
+        "",
+        "## Machines",
+        "",
+        *machines(runs),
+        "",
+        "## Quality: SmolLM2-135M, every method at one commit",
+        "",
+        f"All rows at {mark(commit)}, `python bench/quality.py`: 8 calibration windows of 512 tokens from the "
+        "WikiText-2 validation split (seed 0), 4 shots (SparseGPT and Wanda: 1, as published), perplexity on the "
+        "first 8 windows of 2048 tokens of the WikiText-2 test split. \"kept\" is the target size (fraction of "
+        "prunable weights kept); \"sparsity\" the fraction removed. Seconds include the pruning only.",
+        "",
+        quality_table(runs),
+        "",
+        "## Time and memory",
+        "",
+        "### CPU, per shot",
+        "",
+        *cpu_time_section(),
+        "",
+        "### GPU, Llama-2-7B and OPT shapes with random weights (`bench/shot_time.py`)",
+        "",
+        *gpu_time_section(),
+        "",
+        "## Kernels",
+        "",
+        "CPU rows: `make bench` (pytest-benchmark, median and interquartile range). GPU rows: "
+        "`python bench/gpu_kernels.py` (`triton.testing.do_bench`, median and 20th–80th percentiles). "
+        "The ceiling is the measured GEMM rate (compute-bound ops) or copy bandwidth (memory-bound ops).",
+        "",
+        *kernel_section(),
+        "",
+        "## Design decisions and their evidence",
+        "",
+        *findings("decision"),
+        "",
+        "## Tried and not adopted",
+        "",
+        *findings("not-adopted"),
+        "",
+        "## Not yet measured",
+        "",
+        *not_measured(),
+        "",
+    ]
+    return "\n".join(sections)
+
+
+def readme_with_headline(readme: str, runs: dict[str, dict[str, Any]], commit: str) -> str:
+    note = (f"Perplexity on WikiText-2 (dense {runs['dense']['ppl']:.2f}), all at commit `{commit}`; every row and "
+            "method in `bench/RESULTS.md`.")
+    table = f"{HEADLINE_START}\n{headline_table(runs)}\n\n{note}\n{HEADLINE_END}"
+    pattern = re.compile(re.escape(HEADLINE_START) + ".*?" + re.escape(HEADLINE_END), re.S)
+    if not pattern.search(readme):
+        raise SystemExit(f"README.md has no {HEADLINE_START} … {HEADLINE_END} block")
+    return pattern.sub(lambda _: table, readme)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="only check that README.md's table is current")
+    args = parser.parse_args()
+    commit, runs = quality_runs()
+    readme_path = ROOT / "README.md"
+    readme = readme_path.read_text()
+    updated = readme_with_headline(readme, runs, commit)
+    if args.check:
+        if updated != readme:
+            print("README.md's results table differs from bench/results/quality: run `make results`", file=sys.stderr)
+            return 1
+        return 0
+    readme_path.write_text(updated)
+    (ROOT / "bench" / "RESULTS.md").write_text(results_md())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
