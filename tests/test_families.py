@@ -35,7 +35,6 @@ def test_family_prunes_to_target_and_loads_back(family, structure, tmp_path):
         assert removed <= report.removed <= removed + largest_structure(model) + report.shots[0].freed
     else:
         assert report.removed == removed
-    assert report.sparsity == pytest.approx(report.removed / total)
     assert zeros == report.removed  # random weights hold no zeros of their own
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
@@ -43,3 +42,24 @@ def test_family_prunes_to_target_and_loads_back(family, structure, tmp_path):
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / family)
     for (name, param), (_, again) in zip(model.state_dict().items(), loaded.state_dict().items()):
         assert torch.equal(param, again), name
+
+
+@pytest.mark.parametrize("structure", ["structured", "unstructured", "2:4"])
+def test_weights_that_are_already_zero_do_not_count_as_pruned(structure):
+    """A dequantized checkpoint holds exact zeros; the target counts what pruning removes, not those."""
+    model = family_model("qwen2")
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for block in prunable_layers(model):
+            for _, module in block:
+                module.weight[torch.rand(module.weight.shape, generator=generator) < 0.05] = 0
+    size = None if structure == "2:4" else 0.9
+    report = prune(model, calibration(), PruneConfig(structure=structure, target_size=size, shots=1), progress=False)
+    total = sum(m.weight.numel() for block in prunable_layers(model) for _, m in block)
+    removed = round((1 - report.config["target_size"]) * total)
+    if structure == "structured":
+        assert removed <= report.removed <= removed + largest_structure(model) + report.shots[0].freed
+        assert report.zero_fraction > report.sparsity + 0.03  # scattered zeros remain beside the removed rows
+    else:
+        assert report.removed == removed
+        assert report.zero_fraction >= report.sparsity  # zeros cost nothing: they are the first weights chosen

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -26,8 +28,15 @@ def test_opt_layers_found_and_head_excluded():
     assert "lm_head" not in names and not any("embed" in n for n in names)
 
 
-def test_generic_fallback_and_unsupported_architecture():
+def test_generic_fallback_and_unsupported_architecture(caplog):
     from transformers import GPT2Config, GPT2LMHeadModel
+
+    known = tiny_model("llama")
+    expected = [[name for name, _ in block] for block in prunable_layers(known)]
+    known.config.model_type = "unknown"
+    with caplog.at_level("WARNING"):
+        assert [[name for name, _ in block] for block in prunable_layers(known)] == expected
+    assert "not a tested family" in caplog.text
 
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=32, n_positions=16))
     with pytest.raises(SurgeonError, match="architecture 'gpt2'"):
@@ -47,7 +56,8 @@ def test_resolve_source_errors(tmp_path):
 
 def test_embedded_model_resolves_to_gguf():
     source = resolve_source("smollm2-135m")
-    assert source.gguf_file == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    path = Path(source.path) / source.gguf_file
+    assert path.read_bytes()[:4] == b"GGUF"  # the file's magic number
 
 
 def test_model_dir_without_tokenizer_needs_tokenizer_option(tmp_path, smollm2_tokenizer_dir):

@@ -32,5 +32,3 @@ def test_environment_overrides_auto(monkeypatch):
     assert ops._resolve("auto", CPU, "kfac_accumulate") == "torch"
 
 
-def test_jacobi_widths_follow_the_measured_crossover():
-    assert 64 in ops.JACOBI_WIDTHS and 32 not in ops.JACOBI_WIDTHS and 128 not in ops.JACOBI_WIDTHS

@@ -7,6 +7,7 @@ import torch
 
 from surgeon_kernels import HAS_CPP_OPS, available_backends, ops
 from surgeon_kernels.kk_solve import reference
+from tests._tolerances import FLOAT64, assert_within_reference_error
 from tests.conftest import random_spd
 
 BACKENDS = available_backends("cpu", "kk_solve")
@@ -41,8 +42,12 @@ def test_matches_dense_solves(lengths, dtype, backend):
     G_inv, A_inv, rows, cols, w, offsets = problem(9, 11, lengths, dtype, seed=len(lengths))
     u, failed = ops.kk_solve(G_inv, A_inv, rows, cols, w, offsets, budget=200, backend=backend)
     assert u.dtype == dtype and u.shape == w.shape and failed.shape == (len(lengths),) and not failed.any()
-    tol = dict(rtol=1e-9, atol=1e-9) if dtype == torch.float64 else dict(rtol=2e-3, atol=2e-3)
-    torch.testing.assert_close(u.double(), dense(G_inv, A_inv, rows, cols, w, offsets), **tol)
+    exact = dense(G_inv, A_inv, rows, cols, w, offsets)
+    if dtype == torch.float64:
+        torch.testing.assert_close(u.double(), exact, **FLOAT64)
+    else:
+        plain, _ = reference.kk_solve(G_inv, A_inv, rows, cols, w, offsets, budget=200)
+        assert_within_reference_error(u, exact, plain)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -54,7 +59,7 @@ def test_singular_chunk_is_flagged_and_left_zero(backend):
     u, failed = ops.kk_solve(G_inv, A_inv, rows, cols, w, offsets, backend=backend)
     assert failed.tolist() == [False, True]
     assert torch.equal(u[2:], torch.zeros(3, dtype=torch.float64))
-    torch.testing.assert_close(u[:2], dense(G_inv, A_inv, rows[:2], cols[:2], w[:2], offsets[:2]), rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(u[:2], dense(G_inv, A_inv, rows[:2], cols[:2], w[:2], offsets[:2]), **FLOAT64)
 
 
 @pytest.mark.skipif(not HAS_CPP_OPS, reason="compiled ops not built")
