@@ -15,6 +15,8 @@ def roofline(benchmark):
     """`roofline(flops=…, bytes=…)` stores achieved rates and fractions of the measured ceilings."""
 
     def record(flops: float = 0.0, bytes: float = 0.0, device: str = "cpu") -> None:
+        if benchmark.stats is None:  # --benchmark-disable: the function ran once, untimed
+            return
         seconds = benchmark.stats.stats.median
         info = benchmark.extra_info
         info["machine"] = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"

@@ -74,7 +74,10 @@ def main() -> None:
     test_ids = tokenize(tokenizer, evaluation_text("wikitext2"))
     windows = calibration_windows(tokenize(tokenizer, calibration_text("wikitext2-valid")),
                                   args.calib_windows, args.calib_seqlen, seed=0)
-    machine = f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}"
+    import transformers
+
+    machine = (f"{platform.machine()} {torch.get_num_threads()} threads, Python {platform.python_version()}, "
+               f"torch {torch.__version__}, transformers {transformers.__version__}")
     commit = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip()
     protocol = {"calib_windows": args.calib_windows, "calib_seqlen": args.calib_seqlen,

@@ -219,7 +219,12 @@ def not_measured() -> list[str]:
 
 
 def machines(runs: dict[str, dict[str, Any]]) -> list[str]:
-    lines = [f"- CPU: {runs['dense'].get('machine', 'unknown')} (quality and time rows)."]
+    cpu = RESULTS / "micro-cpu.json"
+    brand = ""
+    if cpu.exists():
+        info = load(cpu)["machine_info"]
+        brand = f"{info['cpu']['brand_raw']}, {info['cpu']['count']} cores, Python {info['python_version']}; "
+    lines = [f"- CPU: {brand}{runs['dense'].get('machine', 'unknown')} (quality and time rows)."]
     devices = sorted({f"{load(p)['device']}, torch {load(p).get('torch', '?')}"
                       for p in (RESULTS / "gpu").glob("shot-*.json")})
     lines += [f"- GPU: {device}." for device in devices]
@@ -243,7 +248,9 @@ def results_md() -> str:
         f"All rows at {mark(commit)}, `python bench/quality.py`: 8 calibration windows of 512 tokens from the "
         "WikiText-2 validation split (seed 0), 4 shots (SparseGPT and Wanda: 1, as published), perplexity on the "
         "first 8 windows of 2048 tokens of the WikiText-2 test split. \"kept\" is the target size (fraction of "
-        "prunable weights kept); \"sparsity\" the fraction removed. Seconds include the pruning only.",
+        "prunable weights kept); \"sparsity\" the fraction removed. Seconds are the pruning's wall time, indicative "
+        "only: the 2 cores were shared with other jobs during parts of the run (uncontended per-shot time: next "
+        "section).",
         "",
         quality_table(runs),
         "",
