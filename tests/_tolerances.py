@@ -19,13 +19,18 @@ TINY = 1e-6
 
 
 def error(actual: torch.Tensor, exact: torch.Tensor) -> float:
-    """Largest absolute deviation of `actual` from the float64 `exact`."""
-    return float((actual.double() - exact.double()).abs().max()) if exact.numel() else 0.0
+    """Largest absolute deviation of `actual` from the float64 `exact`; ±inf must match exactly."""
+    actual, exact = actual.double(), exact.double()
+    finite = torch.isfinite(exact)
+    if not torch.equal(actual[~finite], exact[~finite]):
+        return float("inf")
+    return float((actual[finite] - exact[finite]).abs().max()) if finite.any() else 0.0
 
 
 def assert_within_reference_error(actual: torch.Tensor, exact: torch.Tensor, reference: torch.Tensor) -> None:
     """`actual` deviates from `exact` by at most 2× the deviation of `reference` (same dtype) + TINY·scale."""
-    scale = float(exact.double().abs().max()) if exact.numel() else 0.0
+    finite = exact[torch.isfinite(exact)]
+    scale = float(finite.double().abs().max()) if finite.numel() else 0.0
     own = error(reference, exact)
     got = error(actual, exact)
     assert got <= 2 * own + TINY * scale, f"error {got:.3g} exceeds 2× the reference's {own:.3g} (+{TINY * scale:.3g})"
