@@ -154,7 +154,7 @@ def test_backends_give_the_same_pruned_model(structure, max_correlate):
     for backend, got in results.items():
         for name, W in reference.items():
             assert torch.equal(got[name] == 0, W == 0), (backend, name)
-            torch.testing.assert_close(got[name], W, rtol=1e-4, atol=1e-5, msg=f"{backend} {name}")
+            torch.testing.assert_close(got[name], W, **FLOAT32, msg=f"{backend} {name}")
 
 
 
