@@ -92,7 +92,7 @@ def method_label(config: dict[str, Any]) -> str:
         return f"surgeon/{config['correlation']}"
     if method == "surgeon":
         return f"surgeon/m={config['max_correlate']} {config['chunk_semantics']}" if config["max_correlate"] \
-            else "surgeon/exact"
+            else "surgeon/all jointly (CG)"
     return method
 
 

@@ -150,6 +150,7 @@ def _quiet_libraries(quiet: bool) -> None:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     if quiet:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TQDM_DISABLE", "1")  # bars drawn with tqdm directly (GGUF dequantization)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
