@@ -224,7 +224,12 @@ def test_update_changes_kept_weights(gen):
 
 @pytest.mark.parametrize("budget", [1, 40, 1 << 20], ids=["one-per-batch", "small-batches", "one-batch"])
 @pytest.mark.parametrize("backend", [b for b in available_backends("cpu", "kk_solve") if b != "triton"])
-def test_solve_chunks_batched_equals_one_by_one(budget, backend, gen):
+def test_solve_chunks_batched_equals_one_by_one(budget, backend, gen, monkeypatch):
+    from surgeon_kernels.kk_solve import reference
+
+    batches: list[int] = []
+    chunk_batches = reference.chunk_batches
+    monkeypatch.setattr(reference, "chunk_batches", lambda *a: batches.append(len(out := chunk_batches(*a))) or out)
     W, G, A = problem(7, 9, gen)
     f = solver.Factors.of(G, A)
     r, c = (torch.rand(7, 9, generator=gen) < 0.6).nonzero(as_tuple=True)
@@ -235,6 +240,11 @@ def test_solve_chunks_batched_equals_one_by_one(budget, backend, gen):
     for s in chunks:
         M = f.G_inv[r[s]][:, r[s]] * f.A_inv[c[s]][:, c[s]]
         torch.testing.assert_close(batched[s], torch.linalg.solve(M, w[s]), **FLOAT64)
+    if backend == "torch":  # the budget decides how the PyTorch path batches (the compiled op does not batch)
+        if budget == 1:
+            assert batches == [len(chunks)]  # one chunk a batch
+        else:
+            assert len(batches) == 1 and batches[0] < len(chunks)  # chunks share batches
 
 
 @pytest.mark.parametrize("backend", [b for b in available_backends("cpu", "kk_solve") if b != "triton"])
