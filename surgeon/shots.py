@@ -73,11 +73,11 @@ class Layer:
 
 
 def _damped_diag(matrix: PackedSymmetric | None, size: int, strength: float, device) -> torch.Tensor:
-    """diag(M) + λ·mean(diag M), or ones when the factor is not used (I)."""
+    """diag(M) + λ·mean(diag M) (`solver.damping`), or ones when the factor is not used (I)."""
     if matrix is None:
         return torch.ones(size, device=device)
     d = matrix.diagonal()
-    return d + strength * d.mean()
+    return d + solver.damping(d, strength)
 
 
 def _damped_diagonals(entry: curvature.LayerFactors | None, shape: Sequence[int], device: torch.device,

@@ -66,7 +66,8 @@ def test_costs_hand_computed():
 @pytest.mark.parametrize("R,C", SHAPES + [pytest.param(6, 9, id="R6-C9")])
 @pytest.mark.parametrize("n_rows,n_cols", [(1, 0), (0, 2), (2, 1), (1, 1)])
 def test_structured_joint_equals_closed_form(R, C, n_rows, n_cols, gen):
-    n_rows, n_cols = min(n_rows, R - 1), min(n_cols, C - 1)  # never the whole matrix
+    if n_rows >= R or n_cols >= C:
+        pytest.skip("would remove every row or every column: nothing is left to update")
     W, G, A = problem(R, C, gen)
     rows = torch.randperm(R, generator=gen)[:n_rows]
     cols = torch.randperm(C, generator=gen)[:n_cols]
