@@ -52,6 +52,22 @@ def test_warm_start_from_nearby_matrix(backend):
     check(moved, values, vectors, torch.float64)
 
 
+@pytest.mark.skipif("triton" not in available_backends("cpu", "batched_eigh"), reason="needs the Triton kernel")
+def test_warm_start_converges_in_one_sweep_where_a_cold_start_does_not():
+    """Rotated into the previous eigenvectors, a nearby matrix is nearly diagonal: one Jacobi sweep suffices."""
+    from surgeon_kernels.batched_eigh import kernel
+
+    A = symmetric(2, 9, torch.float32, seed=1)
+    _, Q0 = torch.linalg.eigh(A)
+    moved = A + 1e-3 * symmetric(2, 9, torch.float32, seed=2)
+    exact = torch.linalg.eigvalsh(moved.double())
+    warm, _ = kernel.batched_eigh(moved, Q0, max_sweeps=1)
+    cold, _ = kernel.batched_eigh(moved, None, max_sweeps=1)
+    scale = float(exact.abs().max())
+    assert float((warm.double().sort(-1).values - exact).abs().max()) < 1e-5 * scale
+    assert float((cold.double().sort(-1).values - exact).abs().max()) > 1e-2 * scale
+
+
 def test_repeated_eigenvalues():
     A = torch.diag_embed(torch.tensor([[2.0, 2.0, 1.0, 2.0]], dtype=torch.float64))
     for backend in available_backends("cpu", "batched_eigh"):
