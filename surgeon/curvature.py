@@ -21,6 +21,7 @@ The paper's appendix alternative, a sum of two Kronecker factors, is `surgeon.kr
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -224,6 +225,28 @@ def _backward(model: nn.Module, batch: torch.Tensor, fisher: str, generator: tor
     logits.backward(_logit_gradient(logits, batch, fisher, generator))
 
 
+def _collect(
+    layers: list[tuple[str, nn.Linear]], passes: Iterable[Callable[[], object]], tokens: int, need_g: bool,
+    backend: str, autocast: str | None, group_bytes: int | None,
+) -> dict[str, LayerFactors]:
+    """The factors (eq. 6) that the hooks on `layers` accumulate while each of `passes` runs, checked finite."""
+    device = layers[0][1].weight.device
+    low = None if autocast is None else getattr(torch, autocast)
+    collector = _Collector(layers, tokens, need_g, backend, _group_bytes(device, group_bytes), low)
+    with collector.hooks(), torch.autocast(device.type, dtype=low, enabled=low is not None):
+        for run in passes:
+            run()
+            collector.flush()
+    for name, entry in collector.factors.items():
+        _check_finite(name, entry)
+    return collector.factors
+
+
+@torch.no_grad()
+def _forward(model: nn.Module, batch: torch.Tensor) -> None:
+    model(batch)
+
+
 def estimate(
     model: nn.Module,
     layers: list[tuple[str, nn.Linear]],
@@ -245,25 +268,19 @@ def estimate(
     `group_bytes`: queued bytes per grouped accumulation (None: `DEFAULT_GROUP_BYTES` of the device).
     """
     device = next(model.parameters()).device
-    low = None if autocast is None else getattr(torch, autocast)
-    collector = _Collector(layers, windows.numel(), need_g, backend, _group_bytes(device, group_bytes), low)
     generator = torch.Generator().manual_seed(seed)
-    with collector.hooks(), _frozen(model), torch.autocast(device.type, dtype=low, enabled=low is not None):
-        for batch in tqdm(windows.split(batch_size), desc=desc, leave=False, disable=not progress):
-            batch = batch.to(device)
-            if need_g:
-                _backward(model, batch, fisher, generator)
-            else:
-                with torch.no_grad():
-                    model(batch)
-            collector.flush()
-    for name, entry in collector.factors.items():
-        _check_finite(name, entry)
+    batches = (batch.to(device) for batch in tqdm(windows.split(batch_size), desc=desc, leave=False,
+                                                   disable=not progress))
+    passes = (functools.partial(_backward, model, batch, fisher, generator) if need_g
+              else functools.partial(_forward, model, batch) for batch in batches)
+    with _frozen(model):
+        factors = _collect(layers, passes, windows.numel(), need_g, backend, autocast, group_bytes)
+    for name, entry in factors.items():
         if need_g and entry.G is None:
             raise SurgeonError(f"layer {name} received no gradient: it does not affect the loss")
         if need_g and entry.col_quadratic is None:
             raise SurgeonError(f"layer {name} passed no gradient to its input: it does not depend on the embeddings")
-    return collector.factors
+    return factors
 
 
 def estimate_inputs(
@@ -275,13 +292,5 @@ def estimate_inputs(
     Each callable runs one batch through the layers (e.g. one decoder block on its cached inputs,
     as SparseGPT and Wanda prune block by block); no gradients are computed.
     """
-    device = layers[0][1].weight.device
-    low = None if autocast is None else getattr(torch, autocast)
-    collector = _Collector(layers, tokens, False, backend, _group_bytes(device, group_bytes), low)
-    with collector.hooks(), torch.no_grad(), torch.autocast(device.type, dtype=low, enabled=low is not None):
-        for forward in forwards:
-            forward()
-            collector.flush()
-    for name, entry in collector.factors.items():
-        _check_finite(name, entry)
-    return collector.factors
+    with torch.no_grad():
+        return _collect(layers, forwards, tokens, False, backend, autocast, group_bytes)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from surgeon import hub
-from surgeon.errors import SurgeonError
+from surgeon.errors import SurgeonError, first_line
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +55,7 @@ def _hub(name: str, split: str) -> Text:
         with hub.cache_only_when_unreachable():
             return _load_hub_split(load_dataset, name, split)
     except Exception as error:  # noqa: BLE001 - datasets raises many types for an unreachable hub
-        detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
-        where = hub.unreachable_reason() if not hub.reachable() else detail
+        where = hub.unreachable_reason() if not hub.reachable() else first_line(error)[:200]
         raise SurgeonError(f"cannot load dataset {name!r} split {split!r} from the hub: {where}") from error
 
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from surgeon import hub
-from surgeon.errors import SurgeonError
+from surgeon.errors import SurgeonError, first_line
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +46,11 @@ class ModelSource:
     def explain(self, name: str, error: BaseException) -> str:
         """One line on why `name` did not load: the hub's state and the built-in names for a hub id."""
         if not self.on_hub:
-            return _first_line(error)
+            return first_line(error)
         if not hub.reachable():
             return (f"not a local folder, a .gguf file or a built-in model ({', '.join(EMBEDDED_MODELS)}), "
                     f"and not in the local cache: {hub.unreachable_reason()}")
-        return f"{_first_line(error)} (built-in models: {', '.join(EMBEDDED_MODELS)})"
+        return f"{first_line(error)} (built-in models: {', '.join(EMBEDDED_MODELS)})"
 
 
 def resolve_source(name: str) -> ModelSource:
@@ -74,11 +74,6 @@ def resolve_source(name: str) -> ModelSource:
     if not path.exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1):
         raise SurgeonError(f"model directory {name!r} does not exist")
     return ModelSource(str(path) if path.is_dir() else name)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def load_tokenizer(name: str, gguf_file: str | None = None):
