@@ -11,6 +11,7 @@ recorded inside it). Time and kernel rows are marked stale when `surgeon/`, `sur
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import subprocess
@@ -52,11 +53,13 @@ KERNEL_CODE = {
 }
 
 
+@functools.cache
 def stale(commit: str, paths: tuple[str, ...] = CODE) -> bool:
     """Whether `paths` changed between `commit` and the working tree (unknown commits count as changed)."""
     return git("diff", "--quiet", commit, "--", *paths).returncode != 0
 
 
+@functools.cache
 def commit_order() -> dict[str, int]:
     """Short hash → position in the history (0 = newest)."""
     hashes = git("log", "--format=%h", "--abbrev=7").stdout.split()
