@@ -139,7 +139,12 @@ def cpu_time_section() -> list[str]:
     run, commit = load(path), commit_of(path)
     out = [f"SmolLM2-135M structured to 80% kept, {run['config']['shots']} shots of {run['run']['nsamples']} × "
            f"{run['run']['seqlen']} calibration tokens, at {mark(commit)} ([{path.name}](results/cpu/{path.name})): "
-           f"perplexity {run['ppl_before']:.4f} → {run['ppl_after']:.4f}, {run['seconds']:.1f} s in all.", "",
+           f"perplexity {run['ppl_before']:.4f} → {run['ppl_after']:.4f}, {run['seconds']:.1f} s in all, on the CPU "
+           "of the Machines section:", "",
+           f"    surgeon prune --model {run['run']['model']} --structure {run['config']['structure']} --target-size "
+           f"{run['config']['target_size']} --shots {run['config']['shots']} --nsamples {run['run']['nsamples']} "
+           f"--seqlen {run['run']['seqlen']} --eval-seqlen {run['run']['eval_seqlen']} --eval-windows "
+           f"{run['run']['eval_windows']} --calibration {run['run']['calibration']} --output DIR", "",
            "| shot | curvature s | costs s | threshold s | update s | peak RSS GiB |",
            "| --- | --- | --- | --- | --- | --- |"]
     for shot in run["shots"]:
@@ -159,6 +164,9 @@ def gpu_time_section() -> list[str]:
         out.append(f"| [{path.stem.rsplit('@', 1)[0]}](results/gpu/{path.name}) | {run['device']} | "
                    f"{mark(commit_of(path))} | {len(run['shots'])} | {min(per_shot):.1f}–{max(per_shot):.1f} | "
                    f"{run['seconds']:.0f} | {peak:.1f} |")
+    out += ["", "Commands, as recorded in each file (paths of the measuring machine):", ""]
+    out += [f"- {path.stem.rsplit('@', 1)[0]}: `python {load(path)['command']}`"
+            for path in sorted((RESULTS / "gpu").glob("shot-*.json"))]
     return out
 
 
