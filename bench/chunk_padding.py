@@ -5,7 +5,7 @@
 One 576×1536 layer at 50% (the problem of `bench/bench_kk_solve.py`), pruned weights cut into row
 chunks of at most 64 and 576: the fraction of padded matrix entries of the PyTorch path's batches
 (`kk_solve.reference.PAD_RATIO` as shipped), against batches of equal-length chunks only (PAD_RATIO
-= 1: no padding, more batches); and `solver.solve_chunks` seconds (best of 3, interleaved) for
+= 1: no padding, more batches); and `updates.solve_chunks` seconds (best of 3, interleaved) for
 those two and for the compiled op (each chunk gathered at its own size and solved, no padding).
 """
 
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from bench.bench_kk_solve import _problem  # noqa: E402
-from surgeon import solver  # noqa: E402
+from surgeon import updates  # noqa: E402
 from surgeon_kernels import available_backends  # noqa: E402
 from surgeon_kernels.kk_solve import reference  # noqa: E402
 
@@ -31,7 +31,7 @@ def main() -> None:
     r, c = mask.nonzero(as_tuple=True)
     shipped = reference.PAD_RATIO
     for max_correlate in (64, 576):
-        chunks = solver.row_chunks(r, max_correlate)
+        chunks = updates.row_chunks(r, max_correlate)
         lengths = [chunk.stop - chunk.start for chunk in chunks]
         for ratio in (shipped, 1.0):
             batches = reference.chunk_batches(lengths, pad_ratio=ratio)
@@ -41,10 +41,10 @@ def main() -> None:
                   f"{waste:.2%} of matrix entries are padding")
         offsets = torch.tensor([0] + [chunk.stop for chunk in chunks])
         variants = {f"torch, PAD_RATIO {ratio}": functools.partial(
-            reference.kk_solve, f.G_inv, f.A_inv, r, c, W[r, c], offsets, pad_ratio=ratio) for ratio in (shipped, 1.0)}
+            reference.kk_solve, f.G, f.A, r, c, W[r, c], offsets, pad_ratio=ratio) for ratio in (shipped, 1.0)}
         if "cpp" in available_backends("cpu", "kk_solve"):
             variants["cpp, each chunk at its size"] = functools.partial(
-                solver.solve_chunks, f, r, c, W[r, c], chunks, backend="cpp")
+                updates.solve_chunks, f, r, c, W[r, c], chunks, backend="cpp")
         best: dict[str, float] = {}
         for _ in range(3):
             for label, run in variants.items():

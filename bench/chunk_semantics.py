@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from surgeon import curvature, solver
+from surgeon import costs, curvature, solver, updates
+from surgeon.damping import damp
 from surgeon.data import calibration_text, calibration_windows, tokenize
+from surgeon.inverses import KroneckerInverse
 from surgeon.model import load_model, prunable_layers
 
 
@@ -32,15 +34,15 @@ def main() -> None:
     for name, module in layers:
         W, G, A = module.weight.detach().double(), raw[name].G.dense().double(), raw[name].A.dense().double()
         for damp_g in args.damp_g:
-            f = solver.Factors.of(solver.damp(G, damp_g), solver.damp(A, 0.01))
-            costs = solver.element_costs_of(W, f)
-            mask = costs <= costs.flatten().kthvalue(W.numel() // 2).values
+            f = KroneckerInverse.of(damp(G, damp_g), damp(A, 0.01))
+            element = costs.element_costs(W, f)
+            mask = element <= element.flatten().kthvalue(W.numel() // 2).values
             variants = {"none": lambda: W.masked_fill(mask, 0.0)}
             for m in args.chunks:
                 for semantics in ("independent", "sequential"):
                     variants[f"{semantics} m={m}"] = (
-                        lambda m=m, s=semantics: solver.unstructured_update_of(W, f, mask, m, s))
-            variants["joint (CG)"] = lambda: solver.unstructured_update_of(W, f, mask, None, tol=1e-6, max_iter=400)
+                        lambda m=m, s=semantics: updates.unstructured(W, f, mask, m, s))
+            variants["joint (CG)"] = lambda: updates.unstructured(W, f, mask, None, tol=1e-6, max_iter=400)
             for label, fn in variants.items():
                 start = time.perf_counter()
                 new = fn()

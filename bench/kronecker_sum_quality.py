@@ -21,9 +21,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from surgeon import curvature, kronecker_sum, solver  # noqa: E402
+from surgeon import costs, curvature, kronecker_sum, updates  # noqa: E402
 from surgeon.config import PruneConfig  # noqa: E402
+from surgeon.damping import damp  # noqa: E402
 from surgeon.data import calibration_text, calibration_windows, tokenize  # noqa: E402
+from surgeon.inverses import KroneckerInverse  # noqa: E402
 from surgeon.model import load_model, prunable_layers  # noqa: E402
 
 
@@ -50,7 +52,7 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=2)
     parser.add_argument("--iterations", type=int, default=4)
     args = parser.parse_args()
-    damp = PruneConfig()
+    config = PruneConfig()
     model, tokenizer = load_model("smollm2-135m", None, "float32", "cpu")
     windows = calibration_windows(tokenize(tokenizer, calibration_text("wikitext2-valid")), args.windows, 512, 0)
     layers = prunable_layers(model)[args.block]
@@ -62,18 +64,18 @@ def main() -> None:
         a, g = recorded[name]
         W = module.weight.detach().double()
         k, s = kfac[name], summed[name]
-        single = solver.Factors.of(solver.damp(k.G.dense().double(), damp.damp_g),
-                                   solver.damp(k.A.dense().double(), damp.damp_a))
-        pair = kronecker_sum.KroneckerSum.of(solver.damp(s.G.dense().double(), damp.damp_g),
-                                      solver.damp(s.A.dense().double(), damp.damp_a),
+        single = KroneckerInverse.of(damp(k.G.dense().double(), config.damp_g),
+                                   damp(k.A.dense().double(), config.damp_a))
+        pair = kronecker_sum.KroneckerSum.of(damp(s.G.dense().double(), config.damp_g),
+                                      damp(s.A.dense().double(), config.damp_a),
                                       s.G2.dense().double(), s.A2.dense().double(), "torch")
-        costs = solver.element_costs_of(W, single)
-        mask = costs <= costs.flatten().kthvalue(W.numel() // 2).values
+        element = costs.element_costs(W, single)
+        mask = element <= element.flatten().kthvalue(W.numel() // 2).values
 
         def loss(delta: torch.Tensor) -> float:
             return 0.5 * float(((g @ delta) * a).sum(1).square().sum())
 
-        scores = [loss(solver.unstructured_update_of(W, f, mask, None, tol=1e-8, max_iter=300) - W)
+        scores = [loss(updates.unstructured(W, f, mask, None, tol=1e-8, max_iter=300) - W)
                   for f in (single, pair)]
         norms = [float(x.dense().norm() * y.dense().norm()) for x, y in ((k.G, k.A), (s.G, s.A), (s.G2, s.A2))]
         floored = float((pair.D >= 1 / kronecker_sum.SUM_FLOOR * (1 - 1e-6)).double().mean())

@@ -21,8 +21,9 @@ sys.path.insert(0, str(Path.cwd()))
 from surgeon import channels, curvature  # noqa: E402
 from surgeon.config import PruneConfig  # noqa: E402
 from surgeon.data import calibration_text, calibration_windows, tokenize  # noqa: E402
+from surgeon.layer import Layer  # noqa: E402
 from surgeon.model import load_model, prunable_layers  # noqa: E402
-from surgeon.shots import Layer, _structured_shot  # noqa: E402
+from surgeon.shots import _structured_shot  # noqa: E402
 
 
 def main() -> None:

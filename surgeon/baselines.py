@@ -1,20 +1,15 @@
-"""Baselines in the same framework (docs/DESIGN.md): magnitude, L-OBD, K-OBD, SparseGPT, Wanda.
+"""The per-layer baselines as published: SparseGPT (Frantar & Alistarh, 2023) and Wanda (Sun et al., 2023).
 
-Magnitude, L-OBD and K-OBD are costs from the diagonal of a curvature (I⊗I, I⊗A, G⊗A), pruned
-with the global threshold and no weight update. SparseGPT (Frantar & Alistarh, 2023) and Wanda
-(Sun et al., 2023) use their own published per-layer algorithms with uniform sparsity.
+Each prunes every layer to the same sparsity with its own algorithm (docs/DESIGN.md). The OBD
+baselines (magnitude, L-OBD, K-OBD) are costs in the shot loop: `costs.diagonal_costs`.
 """
 
 from __future__ import annotations
 
 import torch
 
+from surgeon.damping import damp
 from surgeon_kernels import ops
-
-
-def diagonal_costs(W: torch.Tensor, g: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-    """OBD element costs ½ W_rc² g_r a_c for a diagonal curvature diag(g) ⊗ diag(a): [R, C]."""
-    return 0.5 * W.square() * torch.outer(g, a)
 
 
 def wanda_scores(W: torch.Tensor, a_diag: torch.Tensor) -> torch.Tensor:
@@ -55,7 +50,7 @@ def sparsegpt(
     dead = H.diagonal() == 0
     H[dead, dead] = 1
     W[:, dead] = 0
-    H += percdamp * H.diagonal().mean() * torch.eye(C, dtype=H.dtype, device=H.device)
+    H = damp(H, percdamp)
     Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
     mask = torch.zeros_like(previous)
     for i1 in range(0, C, blocksize):

@@ -3,8 +3,8 @@
 `estimate_sum` fits the nearest such sum to each layer's F = Σ_n (g_n g_nᵀ) ⊗ (a_n a_nᵀ) by the
 Kronecker power method with deflation (one pass over the data per iteration, warm-started across
 shots); `KroneckerSum` is F̃⁻¹ through a simultaneous diagonalisation of (G, G₂) and (A, A₂), with
-the same `element_inverse_diagonal` and `inverse_apply` the element costs and the joint update read
-of `solver.Factors`. Off by default (`--kronecker-terms 2`): measured far worse than G ⊗ A on
+the same `element_diagonal` and `apply` that element costs and the joint update read of
+`inverses.KroneckerInverse`. Off by default (`--kronecker-terms 2`): measured far worse than G ⊗ A on
 SmolLM2 (bench/RESULTS.md).
 """
 
@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from surgeon.curvature import LayerFactors, _backward, _check_finite, _frozen, _layer_hooks
 from surgeon.errors import SurgeonError
-from surgeon.solver import inverse_root
+from surgeon.inverses import inverse_root
 from surgeon_kernels import ops
 from surgeon_kernels.ops import PackedSymmetric
 
@@ -63,11 +63,11 @@ class KroneckerSum:
         K_A, s_A = simultaneous_diagonalisation(A1, A2, backend)
         return cls(K_G, K_A, 1.0 / (1.0 + torch.outer(s_G, s_A)).clamp_min(SUM_FLOOR))
 
-    def element_inverse_diagonal(self) -> torch.Tensor:
+    def element_diagonal(self) -> torch.Tensor:
         """[F̃⁻¹]_(rc),(rc) as an [R, C] matrix."""
         return self.K_G.square() @ self.D @ self.K_A.square().T
 
-    def inverse_apply(self, V: torch.Tensor) -> torch.Tensor:
+    def apply(self, V: torch.Tensor) -> torch.Tensor:
         """F̃⁻¹ vec(V) as a matrix (four GEMMs)."""
         return self.K_G @ ((self.K_G.T @ V @ self.K_A) * self.D) @ self.K_A.T
 

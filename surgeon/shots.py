@@ -11,220 +11,26 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from surgeon import baselines, channels, curvature, kronecker_sum, solver, threshold
+from surgeon import baselines, channels, costs, curvature, inverses, kronecker_sum, threshold, updates
 from surgeon.block_inputs import BlockInputs
 from surgeon.config import PruneConfig
+from surgeon.damping import damp
 from surgeon.errors import SurgeonError
+from surgeon.layer import Layer, put_submatrix, submatrix
 from surgeon.model import decoder_blocks, max_seqlen, prunable_layers
 from surgeon.report import PruneReport, ShotReport, peak_memory_gb, removed_fractions, zero_fraction
-from surgeon_kernels.ops import Deferred, PackedSymmetric
+from surgeon_kernels.ops import Deferred
 
 logger = logging.getLogger(__name__)
 
 NEEDS_G = ("surgeon", "kobd")
 NEEDS_A = ("surgeon", "kobd", "lobd")  # from one whole-model pass per shot
 PER_LAYER = ("sparsegpt", "wanda")  # estimate each block's inputs themselves, block by block
-
-
-@dataclass
-class Layer:
-    """A prunable layer and what has been removed from it so far (True = pruned)."""
-
-    name: str
-    module: nn.Linear
-    mask: torch.Tensor
-    rows: torch.Tensor
-    cols: torch.Tensor
-
-    @classmethod
-    def unpruned(cls, name: str, module: nn.Linear) -> Layer:
-        """The layer before any shot: nothing removed."""
-        R, C = module.weight.shape
-        device = module.weight.device
-        return cls(name, module, torch.zeros(R, C, dtype=torch.bool, device=device),
-                   torch.zeros(R, dtype=torch.bool, device=device), torch.zeros(C, dtype=torch.bool, device=device))
-
-    @property
-    def bias(self) -> bool:
-        return self.module.bias is not None
-
-    def weight(self) -> torch.Tensor:
-        """[W | b] in float32: the bias is an extra input column (docs/DESIGN.md)."""
-        W = self.module.weight.detach().float()
-        return torch.cat([W, self.module.bias.detach().float().unsqueeze(1)], 1) if self.bias else W.clone()
-
-    def store(self, W: torch.Tensor) -> None:
-        """Write [W | b] back, after checking it is finite, zeroing pruned weights and pruned rows' bias."""
-        if not torch.isfinite(W).all():
-            raise SurgeonError(f"non-finite weights computed for layer {self.name}; increase damping")
-        C = self.module.in_features
-        W[:, :C][self.mask] = 0
-        W[self.rows] = 0
-        self.module.weight.data.copy_(W[:, :C])
-        if self.bias:
-            self.module.bias.data.copy_(W[:, C])
-
-
-def _damped_diag(matrix: PackedSymmetric | None, size: int, strength: float, device) -> torch.Tensor:
-    """diag(M) + λ·mean(diag M) (`solver.damping`), or ones when the factor is not used (I)."""
-    if matrix is None:
-        return torch.ones(size, device=device)
-    d = matrix.diagonal()
-    return d + solver.damping(d, strength)
-
-
-def _damped_diagonals(entry: curvature.LayerFactors | None, shape: Sequence[int], device: torch.device,
-                      config: PruneConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """The method's diagonal curvature diag(g) ⊗ diag(a) of an R×C [W | b] (identity where not estimated), damped."""
-    return (_damped_diag(entry.G if entry else None, shape[0], config.damp_g, device),
-            _damped_diag(entry.A if entry else None, shape[1], config.damp_a, device))
-
-
-def _element_costs(layer: Layer, weigh: Callable[[torch.Tensor], torch.Tensor],
-                   dead: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-    """Element costs `weigh(W)` (eq. 7) of the layer's weights as they are now: dead ones 0, pruned ones −inf."""
-    e = weigh(layer.weight())[:, : layer.module.in_features]
-    if dead is not None:
-        e = e.masked_fill(dead[0].unsqueeze(1) | dead[1].unsqueeze(0), 0)
-    return e.masked_fill(layer.mask, float("-inf"))
-
-
-def _structure_costs(W: torch.Tensor, entry: curvature.LayerFactors, f: solver.Factors | solver.RootFactors,
-                     keep_r: torch.Tensor, keep_c: torch.Tensor, real: int,
-                     config: PruneConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Costs (eq. 7) of the kept rows and the first `real` kept columns of W, numerators from the curvature pass.
-
-    Removed rows and columns of W are zero, so the pass's diag(W A Wᵀ) and diag(Wᵀ G W) are those
-    of the kept block W[keep_r, keep_c]; damping adds δ‖w‖² (`solver.damped_quadratic`) with the
-    δ of the damped factors in `f`. A bias column (last in `keep_c`) adds to row costs only.
-    """
-    assert entry.G is not None and entry.row_quadratic is not None and entry.col_quadratic is not None  # need_g pass
-    sub = solver.submatrix(W, keep_r, keep_c)
-    row_q = solver.damped_quadratic(entry.row_quadratic[keep_r], sub, entry.A.diagonal()[keep_c], config.damp_a, 1)
-    col_q = solver.damped_quadratic(entry.col_quadratic[keep_c[:real]], sub[:, :real], entry.G.diagonal()[keep_r],
-                                    config.damp_g, 0)
-    return solver.structure_costs(row_q, f.G_inv_diagonal()), solver.structure_costs(col_q, f.A_inv_diagonal()[:real])
-
-
-def _dead(entry: curvature.LayerFactors, rows, cols, R: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Which of `rows` (of R) and `cols` have an exactly zero raw curvature diagonal.
-
-    Such a row's output never reaches the loss (G_rr = 0: e.g. a gate row whose down-projection
-    column was removed) or such a column's input is always zero (A_cc = 0: e.g. the down-projection
-    column of a removed gate row). Removing it changes nothing, so its cost is exactly 0 — the
-    damped factors alone would price it like a live structure. Rows are never dead without G.
-    """
-    dead_cols = entry.A.diagonal()[cols] == 0
-    if entry.G is None:
-        return torch.zeros(R, dtype=torch.bool, device=dead_cols.device)[rows], dead_cols
-    return entry.G.diagonal()[rows] == 0, dead_cols
-
-
-def _with_bias_col(mask: torch.Tensor, layer: Layer, value: bool) -> torch.Tensor:
-    """Extend an [R, C] mask with the bias column when the layer has a bias."""
-    return torch.cat([mask, mask.new_full((mask.shape[0], 1), value)], 1) if layer.bias else mask
-
-
-@dataclass
-class _Kept:
-    """One layer's packed inverses (or inverse roots), kept from its costs to its update.
-
-    Structured shots keep the upper-triangular roots U (U Uᵀ = G⁻¹, `solver.RootFactors`), element
-    shots the full inverses; a root or inverse of A is shared by sibling layers.
-    """
-
-    G_inv: PackedSymmetric
-    A_inv: PackedSymmetric
-    roots: bool
-
-
-class _Unpacker:
-    """The dense roots or inverses of each layer's `_Kept`, all an update needs.
-
-    Sibling layers (q/k/v, gate/up) are updated one after another and share one packed A: it is
-    unpacked once for all of them.
-    """
-
-    def __init__(self) -> None:
-        self._last: tuple[PackedSymmetric, torch.Tensor] | None = None
-
-    def __call__(self, kept: _Kept) -> solver.Factors | solver.RootFactors:
-        unpack = PackedSymmetric.upper if kept.roots else PackedSymmetric.dense
-        if self._last is None or self._last[0] is not kept.A_inv:
-            self._last = (kept.A_inv, unpack(kept.A_inv))
-        kind = solver.RootFactors if kept.roots else solver.Factors
-        return kind(None, None, unpack(kept.G_inv), self._last[1])
-
-
-def _principal(packed: PackedSymmetric, index) -> torch.Tensor:
-    """The principal submatrix M[index, index] of a packed factor (one gather; all of it for a slice)."""
-    dense = packed.dense()
-    return solver.submatrix(dense, index, index)
-
-
-class _FactorInverter:
-    """Damped G[rows, rows], A[cols, cols] of each layer, their inverses (or inverse roots), packed.
-
-    `roots`: structured shots need only inverse diagonals and a few rows (`solver.RootFactors`:
-    one triangular inverse per factor; bench/RESULTS.md: a SmolLM2 shot's prune phase on the
-    2-core CPU 11.3-13.5 -> 9.0-11.6 s, a 7B shot's costs on an H100 15-17 -> 11-13 s), element shots the full inverses
-    (`solver.Factors`).
-    Layers reading the same input (q/k/v, gate/up) come one after another and share the raw A:
-    the damped A and its inverse are reused while the same A is asked for with the same columns
-    (the slot holds a reference, so an identity match cannot be a recycled object).
-    """
-
-    def __init__(self, config: PruneConfig, roots: bool):
-        self.config, self.roots = config, roots
-        self._invert = solver.inverse_root if roots else solver.spd_inverse
-        self._slot: tuple | None = None
-
-    def __call__(self, f: curvature.LayerFactors, rows, cols) -> tuple[solver.Factors | solver.RootFactors, _Kept]:
-        assert f.G is not None  # surgeon's curvature pass estimates G
-        G = solver.damp(_principal(f.G, rows), self.config.damp_g)
-        key = None if isinstance(cols, slice) else cols.tolist()
-        if self._slot is None or self._slot[0] is not f.A or self._slot[1] != key:
-            A = solver.damp(_principal(f.A, cols), self.config.damp_a)
-            A_inv = self._invert(A)
-            self._slot = (f.A, key, A, A_inv, PackedSymmetric.pack(A_inv))
-        _, _, A, A_inv, A_packed = self._slot
-        G_inv = self._invert(G)
-        kind = solver.RootFactors if self.roots else solver.Factors
-        return kind(G, A, G_inv, A_inv), _Kept(PackedSymmetric.pack(G_inv), A_packed, self.roots)
-
-
-RETRIES = 3
-
-
-def _finite_update(name: str, f: solver.Factors | solver.RootFactors | kronecker_sum.KroneckerSum, update,
-                   config: PruneConfig) -> torch.Tensor:
-    """`update(f)`, retried with 10× stronger damping (up to RETRIES times) while it is not finite.
-
-    The stronger damping is added to G and A recovered from their inverses (the raw factors are
-    freed by then). If every retry fails, the non-finite result goes back and `Layer.store`
-    refuses it with an error naming the layer, so no NaN weight is ever written.
-    """
-    W = update(f)
-    if isinstance(f, kronecker_sum.KroneckerSum):
-        return W  # no single G⁻¹, A⁻¹ to re-damp: a non-finite result is refused by `Layer.store`
-    strength = max(config.damp_g, config.damp_a)
-    for _ in range(RETRIES):
-        if torch.isfinite(W).all():
-            break
-        strength *= 10
-        logger.warning("layer %s: non-finite update; retrying with damping %g", name, strength)
-        G_inv, A_inv = f.dense_inverses()
-        f = solver.Factors.of(solver.damp(solver.spd_inverse(G_inv), strength),
-                              solver.damp(solver.spd_inverse(A_inv), strength)).inverses_only()
-        W = update(f)
-    return W
 
 
 def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig,
@@ -234,55 +40,55 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
     The rows and columns that the chosen ones leave dead (`coupled` channels) are removed too and
     count toward the target; they take no part in the updates (their inputs or outputs are gone).
 
-    Between costs and updates each layer keeps only its packed inverses (weights are read again),
+    Between costs and updates each layer keeps only its packed inverse roots (weights are read again),
     so a shot never holds more than the factors' packed size plus one layer's dense work.
     Returns the seconds spent on costs, threshold and updates, and the number of dead weights freed.
     """
     plans, row_costs, col_costs = [], [], []
     device = layers[0].mask.device
-    factors = _FactorInverter(config, roots=True)
+    strengths = (config.damp_g, config.damp_a)
+    sibling: inverses.Sibling | None = None
     times = [_clock(device)]
     for layer in layers:
         W, R, C = layer.weight(), layer.module.out_features, layer.module.in_features
-        keep_r = (~layer.rows).nonzero().squeeze(1)
-        real_c = (~layer.cols).nonzero().squeeze(1)  # kept columns that are structures (not the bias)
-        keep_c = torch.cat([real_c, real_c.new_tensor([C])]) if layer.bias else real_c
+        keep_r, keep_c, real_c = layer.kept()
         rows = torch.full((R,), float("-inf"), device=W.device)
         cols = torch.full((C,), float("-inf"), device=W.device)
         entry = raw.pop(layer.name, None)  # frees each raw factor after its last layer
         kept = None
         if config.method == "surgeon":
-            f, kept = factors(entry, keep_r, keep_c)
-            rc, cc = _structure_costs(W, entry, f, keep_r, keep_c, real_c.numel(), config)
+            f, kept = inverses.layer_inverse(entry, keep_r, keep_c, strengths, roots=True, sibling=sibling)
+            sibling = (entry, keep_c, kept, f.A)
+            rc, cc = costs.layer_structure_costs(W, entry, f, keep_r, keep_c, real_c.numel(), strengths)
         else:
-            g, a = _damped_diagonals(entry, W.shape, W.device, config)
-            e = baselines.diagonal_costs(solver.submatrix(W, keep_r, keep_c), g[keep_r], a[keep_c])
+            g, a = costs.diagonal_curvature(entry, W.shape, W.device, strengths)
+            e = costs.diagonal_costs(submatrix(W, keep_r, keep_c), g[keep_r], a[keep_c])
             rc, cc = e.sum(1), e.sum(0)[: real_c.numel()]
         if entry is not None:
-            dead_r, dead_c = _dead(entry, keep_r, real_c, R)
+            dead_r, dead_c = costs.dead(entry, keep_r, real_c, R)
             rc, cc = rc.masked_fill(dead_r, 0), cc.masked_fill(dead_c, 0)
         rows[keep_r] = rc
         cols[real_c] = cc
         plans.append((keep_r, keep_c, kept))
         row_costs.append(rows)
         col_costs.append(cols)
+    del sibling
     times.append(_clock(device))
     with_dead = functools.partial(channels.with_dead, coupled)
     row_sel, col_sel = threshold.structured_selection(row_costs, col_costs, target_zeros, with_dead)
     removed_rows, removed_cols = with_dead(row_sel, col_sel)
     freed = _zeros(removed_rows, removed_cols) - _zeros(row_sel, col_sel)
     times.append(_clock(device))
-    unpack = _Unpacker()
-    for layer, (keep_r, keep_c, kept), new_rows, new_cols, rows_out, cols_out in zip(
-            layers, plans, row_sel, col_sel, removed_rows, removed_cols):
+    dense = inverses.unpacked(kept for _, _, kept in plans)
+    for layer, (keep_r, keep_c, _), inverse, new_rows, new_cols, rows_out, cols_out in zip(
+            layers, plans, dense, row_sel, col_sel, removed_rows, removed_cols):
         W = layer.weight()
-        if kept is not None:
+        if inverse is not None:
             p = new_rows[keep_r].nonzero().squeeze(1)
             q = torch.isin(keep_c, new_cols.nonzero().squeeze(1)).nonzero().squeeze(1)
-            sub = solver.submatrix(W, keep_r, keep_c)
-            solver.put_submatrix(W, keep_r, keep_c, _finite_update(
-                layer.name, unpack(kept), lambda g: solver.structured_update_of(sub, g, p, q, config.correlation),
-                config))
+            sub = submatrix(W, keep_r, keep_c)
+            put_submatrix(W, keep_r, keep_c, updates.finite_update(
+                layer.name, inverse, lambda g: updates.structured(sub, g, p, q, config.correlation), max(strengths)))
         layer.rows, layer.cols = rows_out, cols_out
         layer.mask = rows_out.unsqueeze(1) | cols_out.unsqueeze(0)
         layer.store(W)
@@ -298,48 +104,51 @@ def _zeros(rows: list[torch.Tensor], cols: list[torch.Tensor]) -> int:
 def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig) -> dict[str, float]:
     """Elements (unstructured or N:M): costs, global threshold, correlated update (eqs. 4-5).
 
-    Costs are not held: each layer keeps what they are computed from (the inverse diagonals, or the
-    diagonal curvature), and the threshold recomputes them when it reads them (`Deferred`). They read
-    the layer's weights and mask as they are, so each layer's mask is made before its update.
-    Returns the seconds spent on costs, threshold and updates.
+    Costs are not held: each layer keeps what they are computed from (its packed inverse, whose
+    diagonals are all eq. 7 reads, or the diagonal curvature), and the threshold recomputes them when
+    it reads them (`Deferred`). They read the layer's weights and mask as they are, so each layer's
+    mask is made before its update. Returns the seconds spent on costs, threshold and updates.
     """
-    plans, costs = [], []
-    factors = _FactorInverter(config, roots=False)
+    plans, element_costs = [], []
     device = layers[0].mask.device
+    strengths = (config.damp_g, config.damp_a)
+    sibling: inverses.Sibling | None = None
     times = [_clock(device)]
     for layer in layers:
         R, C = layer.module.out_features, layer.module.in_features
         entry = raw.pop(layer.name, None)  # frees each raw factor after its last layer
-        kept: kronecker_sum.KroneckerSum | _Kept | None = None
+        kept: kronecker_sum.KroneckerSum | inverses.KroneckerInverse | None = None
         if config.method == "surgeon" and entry.G2 is not None:
-            kept = kronecker_sum.KroneckerSum.of(solver.damp(entry.G.dense(), config.damp_g),
-                                          solver.damp(entry.A.dense(), config.damp_a), entry.G2.dense(),
-                                          entry.A2.dense(), config.backend)
-            weigh = functools.partial(solver.element_costs_of, f=kept)
+            kept = kronecker_sum.KroneckerSum.of(damp(entry.G.dense(), config.damp_g),
+                                                 damp(entry.A.dense(), config.damp_a), entry.G2.dense(),
+                                                 entry.A2.dense(), config.backend)
+            weigh = functools.partial(costs.element_costs, f=kept)
         elif config.method == "surgeon":
-            f, kept = factors(entry, slice(None), slice(None))
-            weigh = functools.partial(solver.element_costs_of, f=solver.InverseDiagonals.of(f))
+            f, kept = inverses.layer_inverse(entry, slice(None), slice(None), strengths, roots=False, sibling=sibling)
+            sibling = (entry, slice(None), kept, f.A)
+            weigh = functools.partial(costs.element_costs, f=kept)
         else:
-            g, a = _damped_diagonals(entry, (R, C + layer.bias), layer.mask.device, config)
-            weigh = functools.partial(baselines.diagonal_costs, g=g, a=a)
-        dead = _dead(entry, slice(None), slice(0, C), R) if entry is not None else None
+            g, a = costs.diagonal_curvature(entry, (R, C + layer.bias), layer.mask.device, strengths)
+            weigh = functools.partial(costs.diagonal_costs, g=g, a=a)
+        dead = costs.dead(entry, slice(None), slice(0, C), R) if entry is not None else None
         plans.append(kept)
-        costs.append(Deferred(R * C, layer.mask.device, functools.partial(_element_costs, layer, weigh, dead)))
+        element_costs.append(Deferred(R * C, layer.mask.device,
+                                      functools.partial(costs.layer_element_costs, layer, weigh, dead)))
+    del sibling
     times.append(_clock(device))
     nm = config.nm
-    masks = (threshold.nm_selection(costs, *nm, target_zeros, config.backend) if nm
-             else threshold.smallest_k(costs, target_zeros, config.backend))
+    masks = (threshold.nm_selection(element_costs, *nm, target_zeros, config.backend) if nm
+             else threshold.smallest_k(element_costs, target_zeros, config.backend))
     times.append(_clock(device))
-    unpack = _Unpacker()
-    for layer, kept, mask in zip(layers, plans, masks):
+    dense = inverses.unpacked(kept if isinstance(kept, inverses.KroneckerInverse) else None for kept in plans)
+    for layer, kept, inverse, mask in zip(layers, plans, dense, masks):
         layer.mask = mask() | layer.mask  # computed from the layer's costs before its mask and weights change
         W = layer.weight()
         if kept is not None:
-            pruned, original = _with_bias_col(layer.mask, layer, False), W
-            inverse = kept if isinstance(kept, kronecker_sum.KroneckerSum) else unpack(kept)
-            W = _finite_update(layer.name, inverse, lambda g: solver.unstructured_update_of(
+            pruned, original = layer.with_bias_col(layer.mask, False), W
+            W = updates.finite_update(layer.name, kept if inverse is None else inverse, lambda g: updates.unstructured(
                 original, g, pruned, config.max_correlate or None, config.chunk_semantics, config.cg_tol,
-                config.cg_max_iter, config.backend), config)
+                config.cg_max_iter, config.backend), max(strengths))
         layer.store(W)
     times.append(_clock(device))
     return _phases(times)

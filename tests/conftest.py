@@ -18,6 +18,12 @@ def random_spd(n: int, generator: torch.Generator, dtype=torch.float64) -> torch
     return x @ x.T / x.shape[1] + 0.1 * torch.eye(n, dtype=dtype)
 
 
+def problem(R: int, C: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A random float64 layer W [R, C] with SPD Kronecker factors G [R, R] and A [C, C]."""
+    return (torch.randn(R, C, generator=generator, dtype=torch.float64), random_spd(R, generator),
+            random_spd(C, generator))
+
+
 @pytest.fixture
 def gen() -> torch.Generator:
     return torch.Generator().manual_seed(1234)

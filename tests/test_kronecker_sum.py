@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from surgeon import kronecker_sum, solver
+from surgeon import costs, kronecker_sum, updates
 from surgeon.kronecker_sum import KroneckerSum, estimate_sum, simultaneous_diagonalisation
 from surgeon.model import prunable_layers
 from tests._tolerances import FLOAT64
@@ -64,10 +64,10 @@ def test_kronecker_sum_inverse_matches_dense(R, C, gen):
     assert f.D.max() < 1 / kronecker_sum.SUM_FLOOR  # no floor needed here: this is the exact inverse
     F_inv = torch.linalg.inv(torch.kron(G1, A1) + torch.kron(G2, A2))
     V = torch.randn(R, C, generator=gen, dtype=torch.float64)
-    torch.testing.assert_close(f.inverse_apply(V).reshape(-1), F_inv @ V.reshape(-1), **FLOAT64)
-    torch.testing.assert_close(f.element_inverse_diagonal().reshape(-1), F_inv.diagonal(), **FLOAT64)
+    torch.testing.assert_close(f.apply(V).reshape(-1), F_inv @ V.reshape(-1), **FLOAT64)
+    torch.testing.assert_close(f.element_diagonal().reshape(-1), F_inv.diagonal(), **FLOAT64)
     W = torch.randn(R, C, generator=gen, dtype=torch.float64)
-    torch.testing.assert_close(solver.element_costs_of(W, f), 0.5 * W.square() / F_inv.diagonal().reshape(R, C),
+    torch.testing.assert_close(costs.element_costs(W, f), 0.5 * W.square() / F_inv.diagonal().reshape(R, C),
                                **FLOAT64)
 
 
@@ -79,10 +79,10 @@ def test_kronecker_sum_joint_update_equals_closed_form(R, C, gen):
     mask[0, 0] = True
     expected, _ = closed_form_of(W, torch.linalg.inv(torch.kron(G1, A1) + torch.kron(G2, A2)), mask)
     f = KroneckerSum.of(G1, A1, G2, A2, backend="torch")
-    new = solver.unstructured_update_of(W, f, mask, None, tol=1e-14, max_iter=10 * R * C)
+    new = updates.unstructured(W, f, mask, None, tol=1e-14, max_iter=10 * R * C)
     torch.testing.assert_close(new, expected.masked_fill(mask, 0.0), **FLOAT64)
     with pytest.raises(ValueError, match="joint solve"):
-        solver.unstructured_update_of(W, f, mask, 4)
+        updates.unstructured(W, f, mask, 4)
 
 
 def test_kronecker_sum_floor_keeps_the_inverse_positive_definite(gen):
@@ -92,4 +92,4 @@ def test_kronecker_sum_floor_keeps_the_inverse_positive_definite(gen):
     torch.testing.assert_close(f.D, torch.full((4, 3), 1 / kronecker_sum.SUM_FLOOR, dtype=torch.float64), **FLOAT64)
     expected = torch.kron(torch.linalg.inv(G1), torch.linalg.inv(A1)) / kronecker_sum.SUM_FLOOR
     V = torch.randn(4, 3, generator=gen, dtype=torch.float64)
-    torch.testing.assert_close(f.inverse_apply(V).reshape(-1), expected @ V.reshape(-1), **FLOAT64)
+    torch.testing.assert_close(f.apply(V).reshape(-1), expected @ V.reshape(-1), **FLOAT64)

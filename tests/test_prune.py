@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from surgeon import PruneConfig, prune
+from surgeon.damping import damp
 from surgeon.errors import SurgeonError
 from surgeon.model import prunable_layers
 from tests._tolerances import FLOAT32
@@ -76,8 +77,8 @@ def test_surgeon_update_changes_kept_weights_and_beats_no_update():
     after = weights(surgeon)
     ratios = []
     for name, _ in named:
-        G = solver.damp(raw[name].G.dense().double(), 0.1)
-        A = solver.damp(raw[name].A.dense().double(), 0.01)
+        G = damp(raw[name].G.dense().double(), 0.1)
+        A = damp(raw[name].A.dense().double(), 0.01)
         W = before[name].double()
         mask = after[name] == 0
         with_update = solver.quadratic_loss(after[name].double() - W, G, A)
@@ -199,19 +200,18 @@ def test_per_layer_methods_see_inputs_of_pruned_blocks(method, monkeypatch):
         assert all(s == 0 for s in sparsities[done:])  # this and later blocks still dense
 
 
-@pytest.mark.parametrize("structure,update", [("structured", "structured_update_of"),
-                                              ("unstructured", "unstructured_update_of")])
-def test_non_finite_update_is_retried_with_more_damping(structure, update, monkeypatch, caplog):
-    from surgeon import solver
+@pytest.mark.parametrize("structure", ["structured", "unstructured"])
+def test_non_finite_update_is_retried_with_more_damping(structure, monkeypatch, caplog):
+    from surgeon import updates
 
-    real, calls = getattr(solver, update), []
+    real, calls = getattr(updates, structure), []
 
     def first_call_fails(*args, **kwargs):
         out = real(*args, **kwargs)
         calls.append(1)
         return torch.full_like(out, float("nan")) if len(calls) == 1 else out
 
-    monkeypatch.setattr(solver, update, first_call_fails)
+    monkeypatch.setattr(updates, structure, first_call_fails)
     model = tiny_model("llama")
     report = prune(model, calibration(), PruneConfig(structure=structure, target_size=0.7, shots=1), progress=False)
     assert "retrying with damping 1\n" in caplog.text + "\n"  # 10 × max(λ_G, λ_A) = 10 × 0.1
@@ -220,9 +220,9 @@ def test_non_finite_update_is_retried_with_more_damping(structure, update, monke
 
 
 def test_update_that_stays_non_finite_is_refused(monkeypatch):
-    from surgeon import solver
+    from surgeon import updates
 
-    monkeypatch.setattr(solver, "unstructured_update_of", lambda W, *a, **k: torch.full_like(W, float("nan")))
+    monkeypatch.setattr(updates, "unstructured", lambda W, *a, **k: torch.full_like(W, float("nan")))
     model = tiny_model("llama")
     with pytest.raises(SurgeonError, match="non-finite weights computed for layer"):
         prune(model, calibration(), PruneConfig(structure="unstructured", target_size=0.7, shots=1), progress=False)
@@ -264,8 +264,8 @@ def test_element_shot_removes_the_weights_of_least_cost(arch, method):
         W = module.weight.detach().double()
         if module.bias is not None:
             W = torch.cat([W, module.bias.detach().double().unsqueeze(1)], 1)
-        G = solver.damp(raw[name].G.dense().double(), config.damp_g)
-        A = solver.damp(raw[name].A.dense().double(), config.damp_a)
+        G = damp(raw[name].G.dense().double(), config.damp_g)
+        A = damp(raw[name].A.dense().double(), config.damp_a)
         e = solver.element_costs(W, G, A) if method == "surgeon" else 0.5 * W.square() * torch.outer(G.diag(), A.diag())
         costs[name] = e[:, : module.in_features]
     flat = torch.cat([e.reshape(-1) for e in costs.values()])
@@ -279,14 +279,14 @@ def test_element_shot_removes_the_weights_of_least_cost(arch, method):
 @pytest.mark.parametrize("arch", ["llama", "opt"])
 def test_structured_costs_from_the_pass_equal_the_costs_from_the_factors(arch):
     """After a shot (rows and columns removed, OPT biases), the pass's numerators give eq. 7 (float32)."""
-    from surgeon import curvature, solver
-    from surgeon.shots import _FactorInverter, _structure_costs
+    from surgeon import costs, curvature, inverses, solver
+    from surgeon.layer import submatrix
 
     model = tiny_model(arch)
     prune(model, calibration(), PruneConfig(structure="structured", target_size=0.75, shots=1), progress=False)
     named = [pair for block in prunable_layers(model) for pair in block]
     raw = curvature.estimate(model, named, calibration(seed=1))
-    config = PruneConfig(structure="structured", damp_a=0.5, damp_g=0.5)  # strong damping: its algebra shows
+    strengths = (0.5, 0.5)  # strong damping: its algebra shows
     removed = 0
     for name, module in named:
         W = module.weight.detach()
@@ -295,12 +295,14 @@ def test_structured_costs_from_the_pass_equal_the_costs_from_the_factors(arch):
         keep_r = (W != 0).any(1).nonzero().squeeze(1)
         keep_c = (W != 0).any(0).nonzero().squeeze(1)
         removed += (W.shape[0] - keep_r.numel()) + (W.shape[1] - keep_c.numel())
-        f, _ = _FactorInverter(config, roots=True)(raw[name], keep_r, keep_c)
+        f, _ = inverses.layer_inverse(raw[name], keep_r, keep_c, strengths, roots=True)
         real = int((keep_c < module.in_features).sum())
-        rows, cols = _structure_costs(W, raw[name], f, keep_r, keep_c, real, config)
-        sub = solver.submatrix(W, keep_r, keep_c)
-        torch.testing.assert_close(rows, solver.row_costs_of(sub, f), rtol=1e-5, atol=1e-9)
-        torch.testing.assert_close(cols, solver.col_costs_of(sub, f)[:real], rtol=1e-5, atol=1e-9)
+        rows, cols = costs.layer_structure_costs(W, raw[name], f, keep_r, keep_c, real, strengths)
+        sub = submatrix(W, keep_r, keep_c)
+        G = damp(submatrix(raw[name].G.dense(), keep_r, keep_r), strengths[0])
+        A = damp(submatrix(raw[name].A.dense(), keep_c, keep_c), strengths[1])
+        torch.testing.assert_close(rows, solver.row_costs(sub, G, A), rtol=1e-5, atol=1e-9)
+        torch.testing.assert_close(cols, solver.col_costs(sub, G, A)[:real], rtol=1e-5, atol=1e-9)
     assert removed > 0
 
 

@@ -1,14 +1,15 @@
-"""surgeon.solver against the paper's general closed form (eqs. 4-5) built with explicit kron(G, A)."""
+"""surgeon.solver and surgeon.updates against the closed form of eqs. 4-5 built with explicit kron(G, A)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from surgeon import solver
+from surgeon import solver, updates
+from surgeon.inverses import KroneckerInverse
 from surgeon_kernels import available_backends
 from tests._tolerances import FLOAT64, assert_within_reference_error
-from tests.conftest import random_spd
+from tests.conftest import problem
 
 SHAPES = [pytest.param(5, 7, id="R5-C7"), pytest.param(8, 3, id="R8-C3"), pytest.param(1, 6, id="R1-C6")]
 
@@ -26,10 +27,6 @@ def closed_form_of(W, F_inv, pruned: torch.Tensor):
     delta = -F_inv[:, k] @ inner @ theta[k]
     cost = 0.5 * theta[k] @ inner @ theta[k]
     return W + delta.reshape(W.shape), cost
-
-
-def problem(R, C, gen):
-    return (torch.randn(R, C, generator=gen, dtype=torch.float64), random_spd(R, gen), random_spd(C, gen))
 
 
 @pytest.mark.parametrize("R,C", SHAPES)
@@ -91,9 +88,9 @@ def test_joint_never_worse_than_within(seed):
     gen = torch.Generator().manual_seed(seed)
     W, G, A = problem(9, 11, gen)
     rows, cols = torch.tensor([1, 4]), torch.tensor([0, 3, 7])
-    f = solver.Factors.of(G, A)
-    joint = solver.structured_update_of(W, f, rows, cols, "joint")
-    within = solver.structured_update_of(W, f, rows, cols, "within")
+    f = KroneckerInverse.of(G, A)
+    joint = updates.structured(W, f, rows, cols, "joint")
+    within = updates.structured(W, f, rows, cols, "within")
     loss_joint = solver.quadratic_loss(joint - W, G, A)
     loss_within = solver.quadratic_loss(within - W, G, A)
     assert loss_joint <= loss_within * (1 + FLOAT64["rtol"])
@@ -102,10 +99,10 @@ def test_joint_never_worse_than_within(seed):
 
 def test_within_rows_only_equals_joint(gen):
     W, G, A = problem(6, 5, gen)
-    f = solver.Factors.of(G, A)
+    f = KroneckerInverse.of(G, A)
     rows, empty = torch.tensor([2, 3]), torch.empty(0, dtype=torch.long)
-    torch.testing.assert_close(solver.structured_update_of(W, f, rows, empty, "within"),
-                               solver.structured_update_of(W, f, rows, empty, "joint"), **FLOAT64)
+    torch.testing.assert_close(updates.structured(W, f, rows, empty, "within"),
+                               updates.structured(W, f, rows, empty, "joint"), **FLOAT64)
 
 
 def test_previously_pruned_rows_stay_zero(gen):
@@ -143,11 +140,11 @@ def test_joint_solve_default_conjugate_gradients_are_exact_in_float64(gen):
     W, G, A = problem(R, C, gen)
     mask = torch.rand(R, C, generator=gen) < 0.5
     r, c = mask.nonzero(as_tuple=True)
-    assert r.numel() > solver.DIRECT_SOLVE_MAX
-    f = solver.Factors.of(G, A)
-    M = f.G_inv[r][:, r] * f.A_inv[c][:, c]
+    assert r.numel() > updates.DIRECT_SOLVE_MAX
+    f = KroneckerInverse.of(G, A)
+    M = f.G[r][:, r] * f.A[c][:, c]
     expected = torch.linalg.solve(M, W[r, c])
-    torch.testing.assert_close(solver.joint_solve(f, r, c, W[r, c], (R, C)), expected, **FLOAT64)
+    torch.testing.assert_close(updates.joint_solve(f, r, c, W[r, c], (R, C)), expected, **FLOAT64)
 
 
 def test_joint_solve_float32_default_tolerance_reaches_the_minimum(gen):
@@ -155,10 +152,10 @@ def test_joint_solve_float32_default_tolerance_reaches_the_minimum(gen):
     mask = torch.rand(24, 30, generator=gen) < 0.5
     expected, _ = closed_form(W, G, A, mask)
     r, c = mask.nonzero(as_tuple=True)
-    f = solver.Factors.of(G.float(), A.float())
+    f = KroneckerInverse.of(G.float(), A.float())
     U = torch.zeros(24, 30)
-    U[r, c] = solver.joint_solve(f, r, c, W.float()[r, c], (24, 30), tol=solver.cg_tolerance(torch.float32))
-    new = (W.float() - f.inverse_apply(U)).masked_fill(mask, 0.0)
+    U[r, c] = updates.joint_solve(f, r, c, W.float()[r, c], (24, 30), tol=updates.cg_tolerance(torch.float32))
+    new = (W.float() - f.apply(U)).masked_fill(mask, 0.0)
     best = solver.quadratic_loss(expected.masked_fill(mask, 0.0) - W, G, A)
     got = solver.quadratic_loss(new.double() - W, G, A)
     assert best <= got <= best * 1.001
@@ -177,7 +174,7 @@ def chunked_reference(W, G, A, mask, max_correlate, semantics):
     """Chunked updates by the definition: explicit per-chunk closed form on the current W."""
     r, c = mask.nonzero(as_tuple=True)
     current, total = W.clone(), torch.zeros_like(W)
-    for chunk in solver.row_chunks(r, max_correlate):
+    for chunk in updates.row_chunks(r, max_correlate):
         chunk_mask = torch.zeros_like(mask)
         chunk_mask[r[chunk], c[chunk]] = True
         source = current if semantics == "sequential" else W
@@ -200,10 +197,10 @@ def test_unstructured_chunks_match_definition(max_correlate, semantics, gen):
 
 def test_row_chunks_keep_whole_rows():
     rows = torch.tensor([0, 0, 1, 1, 1, 2, 3, 3, 3, 3, 3])
-    chunks = solver.row_chunks(rows, 4)
+    chunks = updates.row_chunks(rows, 4)
     assert [(s.start, s.stop) for s in chunks] == [(0, 2), (2, 6), (6, 10), (10, 11)]
-    assert solver.row_chunks(rows, None) == [slice(0, 11)]
-    assert solver.row_chunks(torch.empty(0, dtype=torch.long), 3) == []
+    assert updates.row_chunks(rows, None) == [slice(0, 11)]
+    assert updates.row_chunks(torch.empty(0, dtype=torch.long), 3) == []
 
 
 def test_float32_matches_float64(gen):
@@ -232,14 +229,14 @@ def test_solve_chunks_batched_equals_one_by_one(budget, backend, gen, monkeypatc
     chunk_batches = reference.chunk_batches
     monkeypatch.setattr(reference, "chunk_batches", lambda *a: batches.append(len(out := chunk_batches(*a))) or out)
     W, G, A = problem(7, 9, gen)
-    f = solver.Factors.of(G, A)
+    f = KroneckerInverse.of(G, A)
     r, c = (torch.rand(7, 9, generator=gen) < 0.6).nonzero(as_tuple=True)
     w = W[r, c]
-    chunks = solver.row_chunks(r, 6)
+    chunks = updates.row_chunks(r, 6)
     assert len({s.stop - s.start for s in chunks}) > 1  # ragged chunks
-    batched = solver.solve_chunks(f, r, c, w, chunks, budget=budget, backend=backend)
+    batched = updates.solve_chunks(f, r, c, w, chunks, budget=budget, backend=backend)
     for s in chunks:
-        M = f.G_inv[r[s]][:, r[s]] * f.A_inv[c[s]][:, c[s]]
+        M = f.G[r[s]][:, r[s]] * f.A[c[s]][:, c[s]]
         torch.testing.assert_close(batched[s], torch.linalg.solve(M, w[s]), **FLOAT64)
     if backend == "torch":  # the budget decides how the PyTorch path batches (the compiled op does not batch)
         if budget == 1:
@@ -251,118 +248,13 @@ def test_solve_chunks_batched_equals_one_by_one(budget, backend, gen, monkeypatc
 @pytest.mark.parametrize("backend", [b for b in available_backends("cpu", "kk_solve") if b != "triton"])
 def test_solve_chunks_singular_system_falls_back_to_least_squares(backend, gen):
     _, G, A = problem(3, 3, gen)
-    f = solver.Factors.of(G, A)
+    f = KroneckerInverse.of(G, A)
     r, c = torch.tensor([0, 1, 1]), torch.tensor([0, 2, 2])  # the same weight twice: the second M is singular
     w = torch.tensor([3.0, 1.0, 1.0], dtype=torch.float64)
-    u = solver.solve_chunks(f, r, c, w, [slice(0, 1), slice(1, 3)], backend=backend)
-    m = f.G_inv[1, 1] * f.A_inv[2, 2]
+    u = updates.solve_chunks(f, r, c, w, [slice(0, 1), slice(1, 3)], backend=backend)
+    m = f.G[1, 1] * f.A[2, 2]
     torch.testing.assert_close(u[1:], torch.full((2,), 0.5 / m.item(), dtype=torch.float64), **FLOAT64)
-    torch.testing.assert_close(u[0], 3.0 / (f.G_inv[0, 0] * f.A_inv[0, 0]), **FLOAT64)
-    assert solver.solve_chunks(f, r[:0], c[:0], w[:0], [], backend=backend).numel() == 0
+    torch.testing.assert_close(u[0], 3.0 / (f.G[0, 0] * f.A[0, 0]), **FLOAT64)
+    assert updates.solve_chunks(f, r[:0], c[:0], w[:0], [], backend=backend).numel() == 0
     with pytest.raises(ValueError, match="tile"):
-        solver.solve_chunks(f, r, c, w, [slice(0, 1), slice(2, 3)], backend=backend)
-
-
-def test_eigen_solve_equals_solve_on_spd(gen):
-    M = torch.stack([random_spd(6, gen) for _ in range(3)])
-    rhs = torch.randn(3, 6, 1, generator=gen, dtype=torch.float64)
-    torch.testing.assert_close(solver.eigen_solve(M, rhs), torch.linalg.solve(M, rhs), **FLOAT64)
-    torch.testing.assert_close(solver.eigen_solve(M), torch.linalg.inv(M), **FLOAT64)
-
-
-def test_spd_inverse_of_singular_matrix_is_finite_pseudo_inverse(gen):
-    x = torch.randn(6, 3, generator=gen, dtype=torch.float64)
-    M = x @ x.T  # rank 3: Cholesky fails
-    assert int(torch.linalg.cholesky_ex(M).info) != 0
-    inverse = solver.spd_inverse(M)
-    assert torch.isfinite(inverse).all()
-    torch.testing.assert_close(M @ inverse @ M, M, rtol=1e-6, atol=1e-6)
-
-
-def test_inverse_root_is_upper_triangular_root_of_the_inverse(gen):
-    M = random_spd(7, gen)
-    U = solver.inverse_root(M)
-    assert torch.equal(U, torch.triu(U))
-    torch.testing.assert_close(U @ U.T, torch.linalg.inv(M), **FLOAT64)
-
-
-@pytest.mark.parametrize("rank", [0, 3])
-def test_inverse_root_of_singular_matrix_is_finite(gen, rank):
-    x = torch.randn(6, rank, generator=gen, dtype=torch.float64)
-    M = x @ x.T  # Cholesky fails; rank 0 is the all-zero factor of a layer the loss does not see
-    U = solver.inverse_root(M)
-    assert torch.isfinite(U).all() and torch.equal(U, torch.triu(U))
-    if rank:
-        torch.testing.assert_close(M @ (U @ U.T) @ M, M, rtol=1e-6, atol=1e-6)
-
-
-def test_root_factors_agree_with_full_inverses(gen):
-    W, G, A = problem(9, 11, gen)
-    roots, full = solver.RootFactors.of(G, A), solver.Factors.of(G, A)
-    torch.testing.assert_close(roots.G_inv_diagonal(), full.G_inv_diagonal(), **FLOAT64)
-    torch.testing.assert_close(roots.A_inv_diagonal(), full.A_inv_diagonal(), **FLOAT64)
-    rows, cols = torch.tensor([1, 4]), torch.tensor([0, 3, 7])
-    for got, expected in zip(roots.inverse_rows(rows, cols), full.inverse_rows(rows, cols)):
-        torch.testing.assert_close(got, expected, **FLOAT64)
-    for got, expected in zip(roots.dense_inverses(), full.dense_inverses()):
-        torch.testing.assert_close(got, expected, **FLOAT64)
-    for correlation in ("joint", "within"):
-        torch.testing.assert_close(solver.structured_update_of(W, roots, rows, cols, correlation),
-                                   solver.structured_update_of(W, full, rows, cols, correlation), **FLOAT64)
-    torch.testing.assert_close(solver.row_costs_of(W, roots), solver.row_costs_of(W, full), **FLOAT64)
-    torch.testing.assert_close(solver.col_costs_of(W, roots), solver.col_costs_of(W, full), **FLOAT64)
-
-
-@pytest.mark.parametrize("n", [1, 7, 128, 129, 200, 256, 257, 513])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("row_major", [False, True])
-def test_lower_inverse_matches_triangular_solve(n, dtype, row_major, gen):
-    """Row blocks (n > INVERSE_BLOCK, a last block of any width included) write L⁻¹ over L, lower-triangular."""
-    L = torch.linalg.cholesky(random_spd(n, gen)).to(dtype)  # column-major, as Cholesky returns it
-    expected = torch.linalg.solve_triangular(L.double(), torch.eye(n, dtype=torch.float64), upper=False)
-    L = L.contiguous() if row_major else L
-    plain = torch.linalg.solve_triangular(L, torch.eye(n, dtype=dtype), upper=False)  # PyTorch in the same dtype
-    X = solver.lower_inverse_(L)
-    assert X is L
-    assert torch.equal(X, X.tril())
-    if dtype == torch.float64:
-        torch.testing.assert_close(X, expected, **FLOAT64)
-    else:
-        assert_within_reference_error(X, expected, plain)
-
-
-def test_submatrix_and_put_submatrix_match_advanced_indexing(gen):
-    M = torch.randn(9, 7, generator=gen)
-    rows, cols = torch.tensor([0, 3, 4, 8]), torch.tensor([1, 2, 6])
-    assert torch.equal(solver.submatrix(M, rows, cols), M[rows.unsqueeze(1), cols])
-    assert torch.equal(solver.submatrix(M, slice(None), cols), M[:, cols])
-    block = torch.randn(4, 3, generator=gen)
-    expected = M.clone()
-    expected[rows.unsqueeze(1), cols] = block
-    assert torch.equal(solver.put_submatrix(M.clone(), rows, cols, block), expected)
-
-
-@pytest.mark.parametrize("R,C", SHAPES)
-def test_damped_quadratic_is_the_quadratic_form_of_the_damped_factor(R, C, gen):
-    W, G, A = problem(R, C, gen)
-    for strength in (0.0, 0.1, 3.0):
-        rows = solver.damped_quadratic(((W @ A) * W).sum(1), W, A.diagonal(), strength, 1)
-        torch.testing.assert_close(rows, ((W @ solver.damp(A, strength)) * W).sum(1), **FLOAT64)
-        cols = solver.damped_quadratic(((G @ W) * W).sum(0), W, G.diagonal(), strength, 0)
-        torch.testing.assert_close(cols, ((solver.damp(G, strength) @ W) * W).sum(0), **FLOAT64)
-    assert not torch.allclose(solver.damped_quadratic(((W @ A) * W).sum(1), W, A.diagonal(), 0.5, 1),
-                              ((W @ A) * W).sum(1))
-
-
-def test_whole_index_reads_and_writes_without_copies_and_permutations_still_gather(gen):
-    M = torch.randn(5, 4, generator=gen)
-    every_row, every_col = torch.arange(5), torch.arange(4)
-    assert solver.submatrix(M, every_row, every_col).data_ptr() == M.data_ptr()  # no copy
-    permuted = torch.tensor([1, 0, 2, 3, 4])  # as many entries as rows, but not the identity
-    assert torch.equal(solver.submatrix(M, permuted, every_col), M[permuted])
-    assert torch.equal(solver.submatrix(M, every_row, torch.tensor([0, 1, 2, 2])), M[:, [0, 1, 2, 2]])
-    block = torch.randn(5, 4, generator=gen)
-    target = torch.zeros(5, 4)
-    assert solver.put_submatrix(target, every_row, every_col, block) is target and torch.equal(target, block)
-    scattered = solver.put_submatrix(torch.zeros(5, 4), permuted, every_col, block)
-    assert torch.equal(scattered[permuted], block)
+        updates.solve_chunks(f, r, c, w, [slice(0, 1), slice(2, 3)], backend=backend)

@@ -1,0 +1,82 @@
+"""A prunable layer as the shots see it: its weights [W | b], what has been removed, its kept block."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from surgeon.errors import SurgeonError
+
+
+@dataclass
+class Layer:
+    """A prunable layer and what has been removed from it so far (True = pruned)."""
+
+    name: str
+    module: nn.Linear
+    mask: torch.Tensor
+    rows: torch.Tensor
+    cols: torch.Tensor
+
+    @classmethod
+    def unpruned(cls, name: str, module: nn.Linear) -> Layer:
+        """The layer before any shot: nothing removed."""
+        R, C = module.weight.shape
+        device = module.weight.device
+        return cls(name, module, torch.zeros(R, C, dtype=torch.bool, device=device),
+                   torch.zeros(R, dtype=torch.bool, device=device), torch.zeros(C, dtype=torch.bool, device=device))
+
+    @property
+    def bias(self) -> bool:
+        return self.module.bias is not None
+
+    def weight(self) -> torch.Tensor:
+        """[W | b] in float32: the bias is an extra input column (docs/DESIGN.md)."""
+        W = self.module.weight.detach().float()
+        return torch.cat([W, self.module.bias.detach().float().unsqueeze(1)], 1) if self.bias else W.clone()
+
+    def kept(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Indices of the kept rows, of the kept columns of [W | b] (the bias last) and of the kept columns of W."""
+        keep_r = (~self.rows).nonzero().squeeze(1)
+        real_c = (~self.cols).nonzero().squeeze(1)
+        keep_c = torch.cat([real_c, real_c.new_tensor([self.module.in_features])]) if self.bias else real_c
+        return keep_r, keep_c, real_c
+
+    def with_bias_col(self, mask: torch.Tensor, value: bool) -> torch.Tensor:
+        """An [R, C] mask extended with the bias column when the layer has a bias."""
+        return torch.cat([mask, mask.new_full((mask.shape[0], 1), value)], 1) if self.bias else mask
+
+    def store(self, W: torch.Tensor) -> None:
+        """Write [W | b] back, after checking it is finite, zeroing pruned weights and pruned rows' bias."""
+        if not torch.isfinite(W).all():
+            raise SurgeonError(f"non-finite weights computed for layer {self.name}; increase damping")
+        C = self.module.in_features
+        W[:, :C][self.mask] = 0
+        W[self.rows] = 0
+        self.module.weight.data.copy_(W[:, :C])
+        if self.bias:
+            self.module.bias.data.copy_(W[:, C])
+
+
+def _whole(index: torch.Tensor | slice, size: int) -> bool:
+    """Whether `index` is a tensor holding 0, 1, …, size−1: indexing with it changes nothing."""
+    return (isinstance(index, torch.Tensor) and index.numel() == size
+            and bool((index == torch.arange(size, device=index.device)).all()))
+
+
+def submatrix(M: torch.Tensor, rows: torch.Tensor | slice, cols: torch.Tensor | slice) -> torch.Tensor:
+    """M[rows][:, cols] for reading: index tensors through `index_select` (several times faster than advanced
+    indexing on the CPU); M itself, not a copy, where both take everything (a first shot's kept rows and columns)."""
+    if _whole(rows, M.shape[0]) and _whole(cols, M.shape[1]):
+        return M
+    M = M.index_select(0, rows) if isinstance(rows, torch.Tensor) else M[rows]
+    return M.index_select(1, cols) if isinstance(cols, torch.Tensor) else M[:, cols]
+
+
+def put_submatrix(M: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+    """M[rows[:, None], cols] = block through two `index_copy_` (2× faster than 2-D advanced indexing); returns M."""
+    if _whole(rows, M.shape[0]) and _whole(cols, M.shape[1]):
+        return M.copy_(block)
+    return M.index_copy_(0, rows, M.index_select(0, rows).index_copy_(1, cols, block))
