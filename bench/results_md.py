@@ -49,7 +49,8 @@ KERNEL_CODE = {
     "global_threshold": ("surgeon_kernels/kth_smallest",),
     "kth_smallest": ("surgeon_kernels/kth_smallest",),
     "batched_eigh": ("surgeon_kernels/batched_eigh",),
-    "unstructured_update": ("surgeon/solver.py", "surgeon_kernels/kk_solve", "surgeon_kernels/kk_gather"),
+    "unstructured_update": ("surgeon/updates.py", "surgeon/inverses.py", "surgeon_kernels/kk_solve",
+                            "surgeon_kernels/kk_gather"),
 }
 
 
