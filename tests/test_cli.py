@@ -12,6 +12,7 @@ import time
 import pytest
 
 from surgeon.cli import main
+from tests._tolerances import assert_reaches_target
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -48,8 +49,10 @@ def test_prune_writes_report_and_loadable_checkpoint(tiny_model_dir, tmp_path):
     report = json.loads((out / "report.json").read_text())
     for key in ("ppl_before", "ppl_after", "sparsity", "layers", "shots"):
         assert key in report
-    assert abs(report["sparsity"] - 0.3) < 0.05 and len(report["shots"]) == 2
+    assert len(report["shots"]) == 2
     model = AutoModelForCausalLM.from_pretrained(out)
+    shapes = [tuple(model.get_submodule(name).weight.shape) for name in report["layers"]]
+    assert_reaches_target(report["removed"], shapes, 0.7, "structured", freed=sum(s["freed"] for s in report["shots"]))
     zeros = [(m.weight == 0).float().mean().item() for n, m in model.named_modules() if n in report["layers"]]
     assert zeros == pytest.approx(list(report["layers"].values()))
     assert not list(tmp_path.glob(".pruned.*"))  # no temporary leftovers
@@ -85,7 +88,7 @@ def test_nm_structure_records_what_it_does(tiny_model_dir, tmp_path):
                  "--eval-windows", "1", "--output", str(out)])
     assert code == 0
     report = json.loads((out / "report.json").read_text())
-    assert report["config"]["target_size"] == 0.5 and report["sparsity"] == pytest.approx(0.5)
+    assert report["config"]["target_size"] == 0.5 and report["sparsity"] == 0.5
 
 
 def test_refuses_a_non_empty_output_before_any_work(tmp_path):
