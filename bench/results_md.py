@@ -171,6 +171,26 @@ def gpu_time_section() -> list[str]:
     return out
 
 
+def generation_section() -> list[str]:
+    paths = sorted((RESULTS / "cpu").glob("generation-*.json")) + sorted((RESULTS / "gpu").glob("generation-*.json"))
+    if not paths:
+        return ["Not yet measured (`python bench/generation_speed.py MODEL …`)."]
+    out = ["| model | machine | commit | parameters | prunable zeros | safetensors MB | prefill tokens/s | "
+           "decode tokens/s (context) | peak GiB |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for path in paths:
+        run = load(path)
+        size = "-" if run["safetensors_bytes"] is None else f"{run['safetensors_bytes'] / 1e6:.0f}"
+        prefill = ", ".join(f"{v:.0f} at {k}" for k, v in run["prefill_tokens_per_s"].items())
+        decode = ", ".join(f"{v:.1f} at batch {k}" for k, v in run["decode_tokens_per_s"].items())
+        link = f"[{run['label']}](results/{path.parent.name}/{path.name})"
+        out.append(f"| {link} | {run['machine']} | {mark(commit_of(path))} | {run['parameters'] / 1e6:.1f} M | "
+                   f"{run['prunable_zero_fraction']:.3f} | {size} | {prefill} | {decode} ({run['context']}) | "
+                   f"{run['peak_memory_gb']:.2f} |")
+    out += ["", "Commands, as recorded in each file:", ""]
+    out += [f"- {load(path)['label']}: `{load(path)['command']}`" for path in paths]
+    return out
+
+
 # ---------------------------------------------------------------- kernels
 
 
@@ -275,6 +295,10 @@ def results_md() -> str:
         "### GPU, Llama-2-7B and OPT shapes with random weights (`bench/shot_time.py`)",
         "",
         *gpu_time_section(),
+        "",
+        "### Generation speed of the pruned models (`bench/generation_speed.py`)",
+        "",
+        *generation_section(),
         "",
         "## Kernels",
         "",
