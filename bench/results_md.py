@@ -205,12 +205,13 @@ def kernel_section() -> list[str]:
             op = bench["name"].split("[")[0].removeprefix("test_")
             params = bench["params"]
             provider = params.get("backend") or params.get("method") or "torch"
-            shape = ", ".join(f"{k}={v}" for k, v in params.items() if k not in ("backend", "method")) or "-"
+            shape = ", ".join(f"{k}={v}" for k, v in params.items() if k not in ("backend", "method", "dtype")) or "-"
+            dtype = re.sub(r"UNSERIALIZABLE\[torch\.(\w+)\]", r"\1", str(params.get("dtype", "float32")))
             info, stats = bench["extra_info"], bench["stats"]
             rate = f"{info['gflops']:.0f} GFLOP/s" if "gflops" in info else (
                 f"{info['gbytes_per_s']:.1f} GB/s" if "gbytes_per_s" in info else "-")
             fraction = info.get("gemm_fraction", info.get("bandwidth_fraction"))
-            out.append(f"| {op} | {provider} | {shape} | float32 | {stats['median'] * 1e3:.2f} ms | "
+            out.append(f"| {op} | {provider} | {shape} | {dtype} | {stats['median'] * 1e3:.2f} ms | "
                        f"IQR {stats['iqr'] * 1e3:.2f} ms | {rate} | {'-' if fraction is None else f'{fraction:.0%}'} | "
                        f"{info.get('machine', 'CPU')} | {mark(commit, KERNEL_CODE.get(op, CODE))} |")
     for path in sorted((RESULTS / "gpu").glob("micro-*.json")):
