@@ -1,4 +1,4 @@
-"""Command line: `surgeon eval …` and `surgeon prune …` (also `python -m surgeon`).
+"""Command line: `surgeon eval …`, `surgeon prune …` and `surgeon export …` (also `python -m surgeon`).
 
 Options are generated from the fields of `RunConfig` and `PruneConfig`. Bad input, argparse's
 own complaints included, ends with one line `surgeon: error: …` and exit status 2 (`--debug`
@@ -22,13 +22,14 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from surgeon import __version__
-from surgeon.config import PruneConfig, RunConfig
+from surgeon.config import ExportConfig, PruneConfig, RunConfig
 from surgeon.errors import SurgeonError
 
 EVAL_FIELDS = ("model", "tokenizer", "dataset", "seqlen", "eval_windows", "eval_seqlen", "device", "dtype", "output")
 OUTPUT_HELP = {
     "eval": "write the result as JSON to this file",
     "prune": "a new or empty folder for the pruned checkpoint and report.json",
+    "export": "a new or empty folder for the exported checkpoint and report.json",
 }
 # Exit statuses of a process ended by a signal, as shells report them: 128 + the signal number.
 EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM
@@ -112,14 +113,25 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    config = _build(ExportConfig, args)
+    from surgeon.run import run_export
+
+    report = run_export(config)
+    export = report["export"]
+    print(f"{export['parameters'] / 1e6:.1f} M of {export['parameters_before'] / 1e6:.1f} M parameters "
+          f"({export['fraction']:.3f}), {export['format']} format; saved to {config.output}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The `surgeon` argument parser with its `eval` and `prune` subcommands."""
+    """The `surgeon` argument parser with its `eval`, `prune` and `export` subcommands."""
     parser = _Parser(prog="surgeon", description="Prune large language models with LLM Surgeon "
                      "(structured, N:M semi-structured, unstructured) and measure their perplexity.")
     parser.add_argument("--version", action="version", version=f"surgeon {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     parser.add_argument("--quiet", action="store_true", help="no progress bars; only warnings and results")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{eval,prune}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{eval,prune,export}")
     evaluate = sub.add_parser("eval", help="perplexity of a model on a test text",
                               description="Perplexity of a model on consecutive windows of a test text.")
     _add_fields(evaluate, RunConfig, EVAL_FIELDS, helps={"output": OUTPUT_HELP["eval"]})
@@ -130,6 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fields(prune, RunConfig, required=("output",), helps={"output": OUTPUT_HELP["prune"]})
     _add_fields(prune, PruneConfig)
     prune.set_defaults(func=_cmd_prune)
+    export = sub.add_parser("export", help="write a pruned model without its removed neurons and heads",
+                            description="Write the model of a `surgeon prune` output folder with the MLP neurons "
+                            "and attention heads whose output is exactly zero cut out, as a checkpoint that "
+                            "AutoModelForCausalLM.from_pretrained loads.")
+    export.add_argument("run", metavar="RUN_DIR", help=ExportConfig.__dataclass_fields__["run"].metadata["help"])
+    _add_fields(export, ExportConfig, ("compact", "format", "output", "overwrite"), required=("output",),
+                helps={"output": OUTPUT_HELP["export"]})
+    export.set_defaults(func=_cmd_export)
     return parser
 
 

@@ -185,3 +185,26 @@ class RunConfig:
         if self.eval_windows is not None and self.eval_windows < 1:
             raise ValueError(f"eval_windows={self.eval_windows}: must be at least 1")
 
+
+
+EXPORT_FORMATS = ("standard",)
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """Settings of `surgeon export`: which pruning run, how to export it, where to."""
+
+    run: str = _opt("", "a folder written by `surgeon prune`")
+    compact: bool = _opt(False, "cut out the MLP neurons and attention heads whose output is exactly zero")
+    format: str = _opt(
+        "standard", "standard: the original architecture and model_type, one width for every block (blocks that "
+        "need fewer units keep zero ones, which add exactly 0)", EXPORT_FORMATS,
+    )
+    output: str | None = _opt(None, "a new or empty folder for the exported checkpoint and report.json")
+    overwrite: bool = _opt(False, "export into an existing non-empty --output folder, replacing only its files")
+
+    def __post_init__(self) -> None:
+        if not self.compact:
+            raise ValueError("nothing to export: pass --compact to write the model without its removed units")
+        if self.format not in EXPORT_FORMATS:
+            raise ValueError(f"format {self.format!r} is not one of {', '.join(EXPORT_FORMATS)}")

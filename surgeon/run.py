@@ -1,4 +1,4 @@
-"""`surgeon prune`: check the output, load, evaluate, prune, evaluate, and save model + report.json atomically."""
+"""`surgeon prune` and `surgeon export`: check the output, do the work, save model + report.json atomically."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import logging
 import time
 from typing import Any
 
-from surgeon.config import PruneConfig, RunConfig
+from surgeon.config import ExportConfig, PruneConfig, RunConfig
 from surgeon.data import calibration_text, calibration_windows, evaluation_text, tokenize
-from surgeon.errors import SurgeonError
+from surgeon.errors import SurgeonError, first_line
 from surgeon.evaluate import perplexity
-from surgeon.io import OutputDirectory, write_checkpoint
+from surgeon.io import COMPLETE_MARKER, OutputDirectory, write_checkpoint
 from surgeon.model import load_model, max_seqlen
 from surgeon.shots import prune
 
@@ -61,3 +61,43 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool) -> 
         "seconds": time.perf_counter() - start,
     }
     return result, model, tokenizer
+
+
+def run_export(config: ExportConfig) -> dict:
+    """Write `config.run`'s pruned model without its removable units to `config.output`; return its report.
+
+    The compact model's logits are checked against the pruned model's on one window of random tokens
+    (float32: within twice the pruned model's own float32 error against float64, plus 1e-5 of their
+    scale) before anything is written.
+    """
+    import json
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from surgeon.compact import compact_model, same_logits
+
+    source = Path(config.run)
+    if not (source / COMPLETE_MARKER).is_file():
+        raise SurgeonError(f"{config.run!r} is not a `surgeon prune` output folder (it has no {COMPLETE_MARKER})")
+    if config.output is None:
+        raise SurgeonError("export needs --output DIR for the exported checkpoint")
+    if Path(config.output).resolve() == source.resolve():
+        raise SurgeonError("--output must be another folder than the pruning run it exports")
+    with OutputDirectory(config.output, config.overwrite) as output:
+        report = json.loads((source / COMPLETE_MARKER).read_text())
+        try:
+            model = AutoModelForCausalLM.from_pretrained(source, dtype="auto").eval()
+            tokenizer = AutoTokenizer.from_pretrained(source)
+        except (OSError, ValueError) as error:
+            raise SurgeonError(f"cannot load the pruned model in {config.run!r}: {first_line(error)}") from error
+        compact = compact_model(model)
+        same_logits(model, compact)
+        count = sum(p.numel() for p in model.parameters())
+        kept = sum(p.numel() for p in compact.parameters())
+        report["export"] = {"format": config.format, "source": str(source), "parameters_before": count,
+                            "parameters": kept, "fraction": kept / count}
+        write_checkpoint(output.staging, compact, tokenizer, report)
+        output.commit()
+    logger.info("compact %s model: %d of %d parameters (%.3f)", config.format, kept, count, kept / count)
+    return report

@@ -1,0 +1,216 @@
+"""Compact export: a pruned model with its removed MLP neurons and attention heads cut out (docs/DESIGN.md).
+
+A unit leaves the model exactly when its contribution to the block's output is zero for every input:
+
+- MLP neuron j, `down[:, j] · act(gate_j · x) · (up_j · x)`: down column j is zero, or up row j is
+  zero, or gate row j is zero and act(0) = 0 (OPT: `fc2[:, j] · act(fc1_j · x + b_j)`, fc2 column j
+  zero, or fc1 row j and b_j zero and act(0) = 0).
+- Query head h, `o[:, h] · softmax(q_h k_gᵀ) v_g`: o's columns of head h are zero, or the rows of its
+  KV head g in v (and v's bias) are zero.
+- KV head g: every query head that reads it can leave.
+
+The "standard" format keeps the architecture and its `model_type`, whose config holds one width for
+every block: each block keeps the most units any block needs, its own live units first, then removable
+ones (whose output is exactly zero) as padding. The head count stays a multiple of the KV heads and,
+for Llama (whose config requires it), a divisor of `hidden_size`; `head_dim` is written explicitly.
+OPT keeps its heads (its attention has no `head_dim`: q, k, v stay hidden × hidden) and compacts its MLP.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+
+from surgeon.errors import SurgeonError
+from surgeon.model import decoder_blocks
+
+logger = logging.getLogger(__name__)
+
+GATED = ("llama", "mistral", "qwen2", "qwen3", "smollm")  # gate/up/down MLP and q/k/v/o attention with head_dim
+FAMILIES = (*GATED, "opt")
+
+
+@dataclass(frozen=True)
+class BlockUnits:
+    """Which units of one decoder block must stay (True) because their output is not exactly zero."""
+
+    neurons: torch.Tensor  # [intermediate]
+    heads: torch.Tensor  # [kv_heads, heads per kv head]
+
+
+def _zero_rows(weight: torch.Tensor, bias: torch.Tensor | None, groups: int) -> torch.Tensor:
+    """Per group of consecutive rows: whether every weight (and bias entry) in it is zero."""
+    zero = (weight == 0).all(1)
+    if bias is not None:
+        zero = zero & (bias == 0)
+    return zero.reshape(groups, -1).all(1)
+
+
+def _zero_cols(weight: torch.Tensor, groups: int) -> torch.Tensor:
+    """Per group of consecutive columns: whether every weight in it is zero."""
+    return (weight == 0).all(0).reshape(groups, -1).all(1)
+
+
+def _linear(block: nn.Module, name: str) -> nn.Linear:
+    """The `nn.Linear` at `name` inside a decoder block."""
+    module = block.get_submodule(name)
+    if not isinstance(module, nn.Linear):
+        raise SurgeonError(f"compact export: {name} is {type(module).__name__}, not nn.Linear")
+    return module
+
+
+def _config(model: nn.Module) -> Any:
+    """The transformers config of `model`."""
+    return model.config
+
+
+def _maps_zero_to_zero(config: Any) -> bool:
+    act = next((getattr(config, key) for key in ("hidden_activation", "hidden_act", "activation_function")
+                if getattr(config, key, None)), None)
+    return act in ACT2FN and bool((ACT2FN[act](torch.zeros(1)) == 0).all())
+
+
+def _head_layout(config: Any) -> tuple[int, int, int]:
+    """(KV heads, query heads per KV head, head_dim) of a gated-family config."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return kv_heads, heads // kv_heads, head_dim
+
+
+def live_units(model: nn.Module) -> list[BlockUnits]:
+    """Per decoder block, the MLP neurons and query heads whose output can be non-zero."""
+    config = _config(model)
+    family = getattr(config, "model_type", "")
+    if family not in FAMILIES:
+        raise SurgeonError(f"compact export supports {', '.join(FAMILIES)}; the model is {family!r}")
+    zero_act = _maps_zero_to_zero(config)
+    units = []
+    for block in decoder_blocks(model):
+        if family == "opt":
+            fc1, fc2 = _linear(block, "fc1"), _linear(block, "fc2")
+            dead = _zero_cols(fc2.weight, fc2.in_features)
+            if zero_act:
+                dead = dead | _zero_rows(fc1.weight, fc1.bias, fc1.out_features)
+            heads = torch.ones(config.num_attention_heads, 1, dtype=torch.bool)
+            units.append(BlockUnits(~dead, heads))
+            continue
+        gate, up, down = (_linear(block, f"mlp.{name}_proj") for name in ("gate", "up", "down"))
+        o, v = _linear(block, "self_attn.o_proj"), _linear(block, "self_attn.v_proj")
+        inner = down.in_features
+        dead = _zero_cols(down.weight, inner) | _zero_rows(up.weight, up.bias, inner)
+        if zero_act:
+            dead = dead | _zero_rows(gate.weight, gate.bias, inner)
+        kv_heads, per_kv, _ = _head_layout(config)
+        dead_heads = _zero_cols(o.weight, kv_heads * per_kv).reshape(kv_heads, per_kv)
+        dead_heads = dead_heads | _zero_rows(v.weight, v.bias, kv_heads).unsqueeze(1)
+        units.append(BlockUnits(~dead, ~dead_heads))
+    return units
+
+
+def _first(live: torch.Tensor, count: int) -> torch.Tensor:
+    """`count` indices of a 1-D mask: the live ones, in order, then padding from the rest, in order."""
+    order = torch.cat([live.nonzero().squeeze(1), (~live).nonzero().squeeze(1)])
+    return order[:count].sort().values
+
+
+def standard_widths(model: nn.Module, units: list[BlockUnits]) -> tuple[int, int, int]:
+    """(intermediate size, KV heads, query heads per KV head) that every block of the standard format keeps."""
+    config = _config(model)
+    inner = max(int(u.neurons.sum()) for u in units)
+    if config.model_type == "opt":
+        return max(inner, 1), config.num_attention_heads, 1
+    kv_heads, per_kv, _ = _head_layout(config)
+    kv = max(max(int(u.heads.any(1).sum()) for u in units), 1)
+    per = max(max(int(u.heads.sum(1).max()) for u in units), 1)
+    if config.model_type == "llama":  # LlamaConfig requires hidden_size % num_attention_heads == 0
+        fits = [(k, p) for k in range(kv, kv_heads + 1) for p in range(per, per_kv + 1)
+                if config.hidden_size % (k * p) == 0]
+        kv, per = min(fits, key=lambda pair: (pair[0] * pair[1], pair))
+    return max(inner, 1), kv, per
+
+
+def _select(module: nn.Linear, rows: torch.Tensor | None = None, cols: torch.Tensor | None = None,
+            ) -> dict[str, torch.Tensor]:
+    """The weight (and bias) of `module` restricted to `rows` and `cols` (None: all)."""
+    weight = module.weight.detach()
+    weight = weight if rows is None else weight.index_select(0, rows)
+    weight = weight if cols is None else weight.index_select(1, cols)
+    out = {"weight": weight}
+    if module.bias is not None:
+        out["bias"] = module.bias.detach() if rows is None else module.bias.detach().index_select(0, rows)
+    return out
+
+
+def _head_rows(heads: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Row indices of `heads` (head numbers) in a projection of `head_dim` rows per head."""
+    return (heads.unsqueeze(1) * head_dim + torch.arange(head_dim)).reshape(-1)
+
+
+def compact_model(model: nn.Module) -> nn.Module:
+    """A new model of the same architecture without the units that `live_units` finds removable (standard format).
+
+    Its logits equal the pruned model's up to float rounding; the pruned model is left as it is.
+    """
+    units = live_units(model)
+    inner, kv, per = standard_widths(model, units)
+    config = copy.deepcopy(_config(model))
+    opt = config.model_type == "opt"
+    if opt:
+        config.ffn_dim = inner
+    else:
+        kv_heads, per_kv, head_dim = _head_layout(config)
+        config.intermediate_size, config.num_key_value_heads = inner, kv
+        config.num_attention_heads, config.head_dim = kv * per, head_dim
+    dtype = next(model.parameters()).dtype
+    from transformers import AutoModelForCausalLM
+
+    compact = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    for index, (block, unit) in enumerate(zip(decoder_blocks(model), units)):
+        prefix = next(name for name, module in model.named_modules() if module is block) + "."
+        neurons = _first(unit.neurons, inner)
+        if opt:
+            parts = {"fc1": _select(_linear(block, "fc1"), rows=neurons),
+                     "fc2": _select(_linear(block, "fc2"), cols=neurons)}
+        else:
+            groups = _first(unit.heads.any(1), kv)
+            heads = torch.cat([g * per_kv + _first(unit.heads[g], per) for g in groups.tolist()])
+            q_rows = _head_rows(heads, head_dim)
+            kv_rows = _head_rows(groups, head_dim)
+            selection = {"mlp.gate_proj": (neurons, None), "mlp.up_proj": (neurons, None),
+                         "mlp.down_proj": (None, neurons), "self_attn.q_proj": (q_rows, None),
+                         "self_attn.k_proj": (kv_rows, None), "self_attn.v_proj": (kv_rows, None),
+                         "self_attn.o_proj": (None, q_rows)}
+            parts = {name: _select(_linear(block, name), rows, cols) for name, (rows, cols) in selection.items()}
+        for name, tensors in parts.items():
+            for kind, tensor in tensors.items():
+                state[f"{prefix}{name}.{kind}"] = tensor
+        logger.debug("block %d keeps %d of %d neurons", index, int(unit.neurons.sum()), unit.neurons.numel())
+    missing, unexpected = compact.load_state_dict(state, strict=False)
+    if unexpected or [name for name in missing if not name.endswith("lm_head.weight")]:
+        raise SurgeonError(f"compact export: the new model's weights do not match ({(missing + unexpected)[:3]})")
+    compact.tie_weights()
+    return compact.eval()
+
+
+def same_logits(model: nn.Module, compact: nn.Module, tokens: int = 32) -> None:
+    """Refuse a compact model whose logits on `tokens` random tokens differ from the pruned model's by more than
+    max(1e-5, 8·eps of the dtype) of their largest magnitude (a wrong unit anywhere differs by O(1))."""
+    vocab = _config(model).vocab_size
+    device = next(model.parameters()).device
+    ids = torch.randint(0, vocab, (1, tokens), generator=torch.Generator().manual_seed(0)).to(device)
+    with torch.no_grad():
+        expected, got = model(ids).logits.float(), compact.to(device)(ids).logits.float()
+    dtype = next(model.parameters()).dtype
+    tolerance = max(1e-5, 8 * torch.finfo(dtype).eps) * float(expected.abs().max())
+    difference = float((got - expected).abs().max())
+    if not difference <= tolerance:
+        raise SurgeonError(f"compact export: logits differ from the pruned model's by {difference:.3g} "
+                           f"(allowed {tolerance:.3g}); nothing was written")

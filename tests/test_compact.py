@@ -1,0 +1,168 @@
+"""Compact export: removable neurons and heads leave, the logits stay, the checkpoint loads with from_pretrained."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from surgeon.cli import main
+from surgeon.compact import compact_model, live_units
+from surgeon.errors import SurgeonError
+from surgeon.model import decoder_blocks
+from tests._families import VOCAB, family_model
+from tests._tolerances import assert_within_reference_error
+from tests.test_cli import one_error_line, run_cli
+
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "opt"]
+
+
+def head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def remove_units(model: torch.nn.Module, seed: int = 0) -> None:
+    """Zero what makes units removable, differently per block: down columns, up rows, gate rows (MLP neurons),
+    o columns (one query head per block) and v rows with their bias (a whole KV head in block 1)."""
+    generator = torch.Generator().manual_seed(seed)
+    d = head_dim(model.config)
+    with torch.no_grad():
+        for index, block in enumerate(decoder_blocks(model)):
+            if model.config.model_type == "opt":
+                block.fc2.weight[:, torch.rand(block.fc2.in_features, generator=generator) < 0.3 + 0.2 * index] = 0
+                dead = torch.rand(block.fc1.out_features, generator=generator) < 0.2
+                block.fc1.weight[dead], block.fc1.bias[dead] = 0, 0
+                continue
+            mlp, attn = block.mlp, block.self_attn
+            mlp.down_proj.weight[:, torch.rand(mlp.down_proj.in_features, generator=generator) < 0.2 + 0.2 * index] = 0
+            mlp.up_proj.weight[torch.rand(mlp.up_proj.out_features, generator=generator) < 0.1] = 0
+            mlp.gate_proj.weight[torch.rand(mlp.gate_proj.out_features, generator=generator) < 0.1] = 0
+            attn.o_proj.weight[:, index * d:(index + 1) * d] = 0
+            if index == 1:
+                attn.v_proj.weight[:d] = 0
+                if attn.v_proj.bias is not None:
+                    attn.v_proj.bias[:d] = 0
+
+
+def logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def assert_same_logits(masked: torch.nn.Module, compact: torch.nn.Module) -> None:
+    """float32 compact logits within twice the masked model's own float32 error against float64 (the policy)."""
+    ids = torch.randint(3, masked.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(5))
+    exact = logits(masked.double(), ids)
+    masked.float()
+    assert_within_reference_error(logits(compact, ids), exact, logits(masked, ids))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compact_model_drops_removable_units_and_keeps_the_logits(family, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = family_model(family)
+    remove_units(model)
+    units = live_units(model)
+    compact = compact_model(model)
+    config = compact.config
+    assert config.model_type == model.config.model_type
+    width = "ffn_dim" if family == "opt" else "intermediate_size"
+    widest = max(int(u.neurons.sum()) for u in units)
+    assert getattr(config, width) == widest < getattr(model.config, width)
+    assert sum(p.numel() for p in compact.parameters()) < sum(p.numel() for p in model.parameters())
+    assert_same_logits(model, compact)
+    compact.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()  # no remote code: the standard architecture
+    ids = torch.randint(3, VOCAB, (1, 12), generator=torch.Generator().manual_seed(2))
+    assert torch.equal(logits(loaded, ids), logits(compact, ids))
+
+
+def test_llama_head_count_is_padded_to_a_divisor_of_the_hidden_size():
+    """8 heads in 4 KV groups of 2 (hidden 112, head_dim 14): 3 live groups of 1 head would be 3 heads, which
+    LlamaConfig refuses for hidden 112; the export keeps 4 (a padding group of zero output) and the same logits."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=112, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=8, num_key_value_heads=4, head_dim=14)).eval()
+    with torch.no_grad():
+        for block in decoder_blocks(model):
+            o = block.self_attn.o_proj.weight.view(112, 4, 2, 14)
+            o[:, :, 1] = 0  # the second query head of every group
+            o[:, 3] = 0  # all of group 3
+    compact = compact_model(model)
+    config = compact.config
+    assert (config.num_key_value_heads, config.num_attention_heads, config.head_dim) == (4, 4, 14)
+    assert_same_logits(model, compact)
+
+
+def test_attention_heads_leave_where_the_layout_allows():
+    """With one live query head per KV group in every block, the llama export halves its query heads."""
+    model = family_model("mistral")
+    d = head_dim(model.config)
+    with torch.no_grad():
+        for block in decoder_blocks(model):
+            block.self_attn.o_proj.weight.view(-1, 2, 2, d)[:, :, 0] = 0
+    compact = compact_model(model)
+    assert compact.config.num_attention_heads == model.config.num_attention_heads // 2
+    assert compact.model.layers[0].self_attn.q_proj.out_features == 2 * d
+    assert_same_logits(model, compact)
+
+
+def test_unsupported_family_is_refused_by_name():
+    with pytest.raises(SurgeonError, match="compact export supports .*'gemma'"):
+        compact_model(family_model("gemma"))
+
+
+def test_export_command_writes_a_compact_checkpoint(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    run = tmp_path / "run"
+    assert main(["--quiet", "prune", "--model", str(tiny_model_dir), "--structure", "structured", "--target-size",
+                 "0.5", "--shots", "1", "--nsamples", "2", "--seqlen", "64", "--calibration", "wikitext2-valid",
+                 "--eval-windows", "1", "--output", str(run)]) == 0
+    masked = AutoModelForCausalLM.from_pretrained(run)
+    with torch.no_grad():  # a neuron whose down column is zero can leave
+        for block in decoder_blocks(masked):
+            block.mlp.down_proj.weight[:, :3] = 0
+    masked.save_pretrained(run)
+    out = tmp_path / "compact"
+    assert main(["--quiet", "export", str(run), "--compact", "--output", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    compact = AutoModelForCausalLM.from_pretrained(out)
+    assert report["export"]["parameters"] == sum(p.numel() for p in compact.parameters())
+    assert report["export"]["parameters"] < report["export"]["parameters_before"]
+    assert report["sparsity"] == json.loads((run / "report.json").read_text())["sparsity"]
+    assert_same_logits(masked, compact)
+
+
+@pytest.mark.parametrize("case,message", [
+    ("not-a-run", "is not a `surgeon prune` output folder"),
+    ("no-compact", "nothing to export: pass --compact"),
+    ("same-folder", "--output must be another folder"),
+    ("output-not-empty", "is not empty"),
+])
+def test_export_bad_input_is_one_line_and_writes_nothing(case, message, tiny_model_dir, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "report.json").write_text("{}")
+    out = tmp_path / "out"
+    args = [str(run), "--compact", "--output", str(out)]
+    if case == "not-a-run":
+        args[0] = str(tiny_model_dir)
+    elif case == "no-compact":
+        args.remove("--compact")
+    elif case == "same-folder":
+        args[-1] = str(run)
+    else:
+        out.mkdir()
+        (out / "keep.txt").write_text("mine")
+    line = one_error_line(run_cli("export", *args))
+    assert message in line
+    if case == "output-not-empty":
+        assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    else:
+        assert not out.exists()
+    assert not list(tmp_path.glob(".out.*"))
