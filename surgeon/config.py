@@ -41,7 +41,8 @@ class PruneConfig:
     """Settings of one pruning run (docs/DESIGN.md: schedule, damping, correlation)."""
 
     structure: str = _opt(
-        "structured", "structured (rows+columns), unstructured, or N:M such as 2:4 (N kept of every M)"
+        "structured", "structured (rows+columns), coupled (MLP neurons and attention heads, each across the layers "
+        "it spans), unstructured, or N:M such as 2:4 (N kept of every M)"
     )
     target_size: float | None = _opt(
         None, "fraction of prunable weights kept (non-zero) at the end, in (0, 1]; 0.8 keeps 80%, removes 20%",
@@ -89,8 +90,8 @@ class PruneConfig:
 
     def __post_init__(self) -> None:
         nm = parse_nm(self.structure)
-        if self.structure not in ("structured", "unstructured") and nm is None:
-            raise ValueError(f"structure={self.structure!r}: use structured, unstructured, or N:M such as 2:4")
+        if self.structure not in ("structured", "coupled", "unstructured") and nm is None:
+            raise ValueError(f"structure={self.structure!r}: use structured, coupled, unstructured, or N:M such as 2:4")
         if nm is not None and not 0 < nm[0] < nm[1]:
             raise ValueError(f"structure={self.structure!r}: N:M needs 0 < N < M")
         if nm is not None:
@@ -108,8 +109,8 @@ class PruneConfig:
             raise ValueError(f"shots={self.shots}: must be at least 1")
         if self.method not in METHODS:
             raise ValueError(f"method={self.method!r}: choose one of {', '.join(METHODS)}")
-        if self.method in ("sparsegpt", "wanda") and self.structure == "structured":
-            raise ValueError(f"method={self.method!r} prunes unstructured or N:M, not structured")
+        if self.method in ("sparsegpt", "wanda") and self.structure in ("structured", "coupled"):
+            raise ValueError(f"method={self.method!r} prunes unstructured or N:M, not {self.structure}")
         if self.max_correlate is not None and self.max_correlate < 0:
             raise ValueError(f"max_correlate={self.max_correlate}: must be >= 0 (0 = all)")
         if self.cg_tol < 0 or self.cg_max_iter < 1:
@@ -124,7 +125,7 @@ class PruneConfig:
             raise ValueError(f"batch_size={self.batch_size}: must be at least 1")
         if self.kronecker_terms not in (1, 2):
             raise ValueError(f"kronecker_terms={self.kronecker_terms}: use 1 or 2")
-        if self.kronecker_terms == 2 and (self.structure == "structured" or self.method != "surgeon"
+        if self.kronecker_terms == 2 and (self.structure in ("structured", "coupled") or self.method != "surgeon"
                                           or self.max_correlate not in (0, None)):
             raise ValueError("kronecker_terms=2 needs method surgeon, unstructured or N:M structure and "
                              "max_correlate 0 "

@@ -96,3 +96,17 @@ def layer_element_costs(layer: Layer, weigh: Callable[[torch.Tensor], torch.Tens
     if dead_structures is not None:
         e = e.masked_fill(dead_structures[0].unsqueeze(1) | dead_structures[1].unsqueeze(0), 0)
     return e.masked_fill(layer.mask, float("-inf"))
+
+
+def set_costs(W: torch.Tensor, root: torch.Tensor, M: torch.Tensor, size: int) -> torch.Tensor:
+    """Cost of removing each set P of `size` consecutive rows of W whole (eq. 7 for a set): [rows / size].
+
+    With F⁻¹ = G⁻¹ ⊗ A⁻¹ and S = P × all columns, [F⁻¹]_SS = G⁻¹[P, P] ⊗ A⁻¹, so
+    L_P = ½ vec(W_P)ᵀ ((G⁻¹[P, P])⁻¹ ⊗ A) vec(W_P) = ½ tr((G⁻¹[P, P])⁻¹ W_P A W_Pᵀ), with
+    G⁻¹[P, P] = U_P U_Pᵀ from the root U of G⁻¹ (`root`, [rows, rows]) and `M` the damped A. A single
+    row is eq. 7's row cost. For sets of columns pass Wᵀ, the root of A⁻¹ and the damped G.
+    """
+    n = W.shape[0] // size
+    numerators = (W @ M).reshape(n, size, -1) @ W.reshape(n, size, -1).mT
+    blocks = root.reshape(n, size, -1)
+    return 0.5 * torch.linalg.solve(blocks @ blocks.mT, numerators).diagonal(dim1=1, dim2=2).sum(1)

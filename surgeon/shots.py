@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from surgeon import baselines, channels, costs, curvature, inverses, kronecker_sum, threshold, updates
+from surgeon import baselines, channels, costs, curvature, inverses, kronecker_sum, threshold, units, updates
 from surgeon.block_inputs import BlockInputs
 from surgeon.config import PruneConfig
 from surgeon.damping import damp
@@ -24,7 +24,7 @@ from surgeon.errors import SurgeonError
 from surgeon.layer import Layer, put_submatrix, submatrix
 from surgeon.model import decoder_blocks, max_seqlen, prunable_layers
 from surgeon.report import PruneReport, ShotReport, peak_memory_gb, removed_fractions, zero_fraction
-from surgeon_kernels.ops import Deferred
+from surgeon_kernels.ops import Deferred, PackedSymmetric
 
 logger = logging.getLogger(__name__)
 
@@ -34,11 +34,15 @@ PER_LAYER = ("sparsegpt", "wanda")  # estimate each block's inputs themselves, b
 
 
 def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig,
-                     coupled: list[channels.Coupling]) -> tuple[dict[str, float], int]:
-    """Rows and columns: costs (eq. 7), global threshold, joint or within update (sec. 3.4).
+                     coupled: list[channels.Coupling], kinds: list[units.UnitKind] | None = None,
+                     ) -> tuple[dict[str, float], int]:
+    """Rows and columns, or coupled units: costs (eq. 7), global threshold, joint or within update (sec. 3.4).
 
-    The rows and columns that the chosen ones leave dead (`coupled` channels) are removed too and
-    count toward the target; they take no part in the updates (their inputs or outputs are gone).
+    With `kinds` (structure coupled) the structures are neurons and heads (`surgeon.units`): a unit costs
+    the sum over the layers it spans of the joint cost of its rows or columns there (`costs.set_costs`;
+    the OBD baselines: the sum of their element costs), and its rows and columns are removed together.
+    The rows and columns that the chosen ones leave dead (`coupled` channels, freed KV heads) are removed
+    too and count toward the target; they take no part in the updates (their inputs or outputs are gone).
 
     Between costs and updates each layer keeps only its packed inverse roots (weights are read again),
     so a shot never holds more than the factors' packed size plus one layer's dense work.
@@ -47,9 +51,12 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
     plans, row_costs, col_costs = [], [], []
     device = layers[0].mask.device
     strengths = (config.damp_g, config.damp_a)
+    sets: dict[tuple[int, str], int] = {(m.layer, m.axis): m.size for kind in kinds or [] for m in kind.members
+                                        if m.size > 1}
+    set_cost: dict[tuple[int, str], torch.Tensor] = {}
     sibling: inverses.Sibling | None = None
     times = [_clock(device)]
-    for layer in layers:
+    for index, layer in enumerate(layers):
         W, R, C = layer.weight(), layer.module.out_features, layer.module.in_features
         keep_r, keep_c, real_c = layer.kept()
         rows = torch.full((R,), float("-inf"), device=W.device)
@@ -69,15 +76,43 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
             rc, cc = rc.masked_fill(dead_r, 0), cc.masked_fill(dead_c, 0)
         rows[keep_r] = rc
         cols[real_c] = cc
+        for axis, full, kept_index in (("rows", rows, keep_r), ("cols", cols, real_c)):
+            size = sets.get((index, axis))
+            if size is None:
+                continue
+            per_set = full.reshape(-1, size).sum(1)  # OBD: the sum of the set's costs; removed sets stay −inf
+            if config.method == "surgeon":
+                sub = submatrix(W, keep_r, keep_c)
+                if axis == "rows":
+                    joint = costs.set_costs(sub, _dense(f.G), damp(submatrix(entry.A.dense(), keep_c, keep_c),
+                                                                   strengths[1]), size)
+                else:
+                    joint = costs.set_costs(sub[:, : real_c.numel()].T, _dense(f.A)[: real_c.numel()],
+                                            damp(submatrix(entry.G.dense(), keep_r, keep_r), strengths[0]), size)
+                per_set[kept_index.reshape(-1, size)[:, 0] // size] = joint
+            set_cost[index, axis] = per_set
         plans.append((keep_r, keep_c, kept))
         row_costs.append(rows)
         col_costs.append(cols)
     del sibling
     times.append(_clock(device))
     with_dead = functools.partial(channels.with_dead, coupled)
-    row_sel, col_sel = threshold.structured_selection(row_costs, col_costs, target_zeros, with_dead)
-    removed_rows, removed_cols = with_dead(row_sel, col_sel)
-    freed = _zeros(removed_rows, removed_cols) - _zeros(row_sel, col_sel)
+    if kinds is None:
+        row_sel, col_sel = threshold.structured_selection(row_costs, col_costs, target_zeros, with_dead)
+        removed_rows, removed_cols = with_dead(row_sel, col_sel)
+    else:
+        before = ([layer.rows for layer in layers], [layer.cols for layer in layers])
+        single = {"rows": row_costs, "cols": col_costs}
+        unit_costs = [torch.stack([set_cost[m.layer, m.axis] if m.size > 1 else single[m.axis][m.layer]
+                                   for m in kind.members]).sum(0) for kind in kinds]
+
+        def zeros(chosen: list[torch.Tensor]) -> int:
+            return threshold.removed_weights(*with_dead(*units.masks_of(kinds, chosen, *before, free_kv=True)))
+
+        chosen = threshold.cheapest_prefix(unit_costs, zeros, target_zeros, "neurons and heads")
+        row_sel, col_sel = units.masks_of(kinds, chosen, *before, free_kv=False)
+        removed_rows, removed_cols = with_dead(*units.masks_of(kinds, chosen, *before, free_kv=True))
+    freed = threshold.removed_weights(removed_rows, removed_cols) - threshold.removed_weights(row_sel, col_sel)
     times.append(_clock(device))
     dense = inverses.unpacked(kept for _, _, kept in plans)
     for layer, (keep_r, keep_c, _), inverse, new_rows, new_cols, rows_out, cols_out in zip(
@@ -96,9 +131,10 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
     return _phases(times), freed
 
 
-def _zeros(rows: list[torch.Tensor], cols: list[torch.Tensor]) -> int:
-    """Weights removed by removing `rows` and `cols` of each layer: RC − (R − p)(C − q)."""
-    return sum(r.numel() * c.numel() - int((~r).sum()) * int((~c).sum()) for r, c in zip(rows, cols))
+def _dense(matrix: torch.Tensor | PackedSymmetric) -> torch.Tensor:
+    """A dense inverse root (the costs phase holds them dense)."""
+    assert isinstance(matrix, torch.Tensor)
+    return matrix
 
 
 def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig) -> dict[str, float]:
@@ -246,6 +282,7 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
         raise SurgeonError(f"{config.method} prunes N:M in one shot; use --shots 1")
     total = sum(layer.module.weight.numel() for layer in layers)
     coupled = channels.couplings(model, [name for name, _ in named])
+    kinds = units.coupled_units(model, [name for name, _ in named]) if config.structure == "coupled" else None
     device = next(model.parameters()).device
     report = PruneReport(config=dataclasses.asdict(config))
     power_state: dict[str, list[kronecker_sum.PowerIterate]] = {}  # kronecker_terms=2: warm start across shots
@@ -272,8 +309,8 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
         with torch.no_grad():
             if config.method in PER_LAYER:  # "prune" time includes their input estimation
                 _per_layer_shot(model, layers, calibration_ids, target_size, config, progress)
-            elif config.structure == "structured":
-                phases, freed = _structured_shot(layers, raw, target_zeros, config, coupled)
+            elif config.structure in ("structured", "coupled"):
+                phases, freed = _structured_shot(layers, raw, target_zeros, config, coupled, kinds)
             else:
                 phases = _element_shot(layers, raw, target_zeros, config)
         t2 = _clock(device)

@@ -63,6 +63,40 @@ def smallest_k(costs: Sequence[Lazy], k: int, backend: str = "auto") -> list[Def
 Masks = list[torch.Tensor]
 
 
+def cheapest_prefix(costs: list[torch.Tensor], zeros: Callable[[list[torch.Tensor]], int], target_zeros: int,
+                    what: str) -> list[torch.Tensor]:
+    """Masks (True = chosen) of the shortest prefix of all `costs` in one order, cheapest first (ties in order),
+    whose removal zeroes at least `target_zeros` weights as counted by `zeros(masks)` (sec. 3.3).
+
+    `zeros` must not decrease as the prefix grows; the prefix is found by bisection. `what` names the
+    structures in the error raised when even all of them do not reach the target.
+    """
+    flat = torch.cat([c.reshape(-1).double().cpu() for c in costs])
+    order = torch.argsort(flat, stable=True)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel())
+    ranks = list(rank.split([c.numel() for c in costs]))
+
+    def chosen(prefix: int) -> list[torch.Tensor]:
+        return [r < prefix for r in ranks]
+
+    if target_zeros > zeros(chosen(flat.numel())):
+        raise SurgeonError(f"cannot zero {target_zeros} weights by removing {what}")
+    low, high = 0, flat.numel()
+    while low < high:
+        mid = (low + high) // 2
+        if zeros(chosen(mid)) >= target_zeros:
+            high = mid
+        else:
+            low = mid + 1
+    return [m.reshape(c.shape).to(c.device) for m, c in zip(chosen(low), costs)]
+
+
+def removed_weights(rows: Masks, cols: Masks) -> int:
+    """Weights zeroed by removing `rows` and `cols` of each layer: RC − (R − p)(C − q)."""
+    return sum(r.numel() * c.numel() - int((~r).sum()) * int((~c).sum()) for r, c in zip(rows, cols))
+
+
 def structured_selection(
     row_costs: list[torch.Tensor], col_costs: list[torch.Tensor], target_zeros: int,
     extend: Callable[[Masks, Masks], tuple[Masks, Masks]] | None = None,
@@ -72,40 +106,17 @@ def structured_selection(
     Structures are taken cheapest first over all layers; a row of a layer with q removed
     columns newly removes C − q weights (and vice versa), so removing p rows and q columns of an
     R×C layer zeroes RC − (R−p)(C−q). `extend` adds what a choice removes along with it (dead
-    channels, `surgeon.channels`), counted too. The shortest prefix of the cost order that reaches
-    the target is found by bisection. Returns the chosen structures (without the extension).
+    channels, `surgeon.channels`), counted too. Returns the chosen structures (without the extension).
     """
-    shapes = [(r.numel(), c.numel()) for r, c in zip(row_costs, col_costs)]
-    flat = torch.cat([t.reshape(-1).double().cpu() for pair in zip(row_costs, col_costs) for t in pair])
-    order = torch.argsort(flat, stable=True)
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.numel())
-    row_ranks, col_ranks, offset = [], [], 0
-    for R, C in shapes:
-        row_ranks.append(rank[offset : offset + R])
-        col_ranks.append(rank[offset + R : offset + R + C])
-        offset += R + C
-
-    def chosen(prefix: int) -> tuple[Masks, Masks]:
-        return [r < prefix for r in row_ranks], [c < prefix for c in col_ranks]
-
-    def zeros_after(prefix: int) -> int:
-        rows, cols = chosen(prefix)
+    def zeros(masks: list[torch.Tensor]) -> int:
+        rows, cols = masks[0::2], masks[1::2]
         if extend is not None:
             rows, cols = extend(rows, cols)
-        return sum(R * C - (R - int(r.sum())) * (C - int(c.sum())) for (R, C), r, c in zip(shapes, rows, cols))
+        return removed_weights(rows, cols)
 
-    if target_zeros > zeros_after(flat.numel()):
-        raise SurgeonError(f"cannot zero {target_zeros} weights by removing rows and columns")
-    low, high = 0, flat.numel()
-    while low < high:
-        mid = (low + high) // 2
-        if zeros_after(mid) >= target_zeros:
-            high = mid
-        else:
-            low = mid + 1
-    rows, cols = chosen(low)
-    return [m.to(r.device) for m, r in zip(rows, row_costs)], [m.to(c.device) for m, c in zip(cols, col_costs)]
+    masks = cheapest_prefix([t for pair in zip(row_costs, col_costs) for t in pair], zeros, target_zeros,
+                            "rows and columns")
+    return masks[0::2], masks[1::2]
 
 
 def nm_selection(costs: Sequence[Lazy], n: int, m: int, target_zeros: int, backend: str = "auto") -> list[Deferred]:

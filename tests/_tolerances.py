@@ -60,11 +60,12 @@ def removed_by_rule(shapes: Sequence[tuple[int, int]], target_size: float, metho
 
 
 def assert_reaches_target(removed: int, shapes: Sequence[tuple[int, int]], target_size: float, structure: str,
-                          method: str = "surgeon", freed: int = 0) -> None:
-    """`removed` weights hit the target: exactly (elements, N:M) or within one structure plus `freed` (structured)."""
-    if structure == "structured":
+                          method: str = "surgeon", freed: int = 0, largest: int | None = None) -> None:
+    """`removed` weights hit the target: exactly (elements, N:M), or within one structure (`largest` weights;
+    default the longest row or column) plus `freed` (structured, coupled)."""
+    if structure in ("structured", "coupled"):
         wanted = removed_by_rule(shapes, target_size)
-        largest = max(max(shape) for shape in shapes)
+        largest = largest or max(max(shape) for shape in shapes)
         assert wanted <= removed <= wanted + largest + freed, f"removed {removed} of target {wanted}"
     else:
         wanted = removed_by_rule(shapes, target_size, method)

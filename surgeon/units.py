@@ -1,0 +1,124 @@
+"""Coupled structures: the units a model can physically lose, each spanning several layers (docs/DESIGN.md).
+
+- MLP neuron j: row j of the gate and up projections (OPT: fc1 and its bias) and column j of the down
+  projection (fc2).
+- Attention query head h: its `head_dim` rows of q (OPT: of q, k and v, each head has its own) and its
+  `head_dim` columns of o.
+
+Removing a unit zeroes all of its weights. Under grouped-query attention a KV head whose query heads
+are all gone is read by nobody: its k and v rows are freed with the last of them (`freed`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from surgeon.errors import SurgeonError
+
+Axis = Literal["rows", "cols"]
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "smollm", "opt")
+
+
+@dataclass(frozen=True)
+class Member:
+    """Unit i owns indices [i·size, (i + 1)·size) of this layer's rows or columns."""
+
+    layer: int
+    axis: Axis
+    size: int
+
+
+@dataclass(frozen=True)
+class UnitKind:
+    """`count` units of one kind in one decoder block (neurons or query heads) and the layer parts each owns.
+
+    `kv`: for query heads under grouped-query attention, the k and v layers and the heads per KV head,
+    whose rows are freed when every query head of a KV head is removed.
+    """
+
+    name: str
+    count: int
+    members: tuple[Member, ...]
+    kv: tuple[tuple[int, int], int, int] | None = None  # ((k layer, v layer), heads per KV head, head_dim)
+
+    def owned(self, chosen: torch.Tensor, member: Member) -> torch.Tensor:
+        """The rows or columns of `member`'s layer that the `chosen` units [count] own."""
+        return chosen.repeat_interleave(member.size)
+
+
+def _config_heads(config) -> tuple[int, int, int]:
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return heads, kv_heads, head_dim
+
+
+def coupled_units(model: nn.Module, names: list[str]) -> list[UnitKind]:
+    """The neuron and query-head units of every decoder block of `model`, over its layers `names`."""
+    config: Any = model.config
+    family = getattr(config, "model_type", "")
+    if family not in FAMILIES:
+        raise SurgeonError(f"structure coupled supports {', '.join(FAMILIES)}; the model is {family!r}")
+    index = {name: i for i, name in enumerate(names)}
+    heads, kv_heads, head_dim = _config_heads(config)
+    mlp: tuple[str, ...]
+    attention: tuple[str, ...]
+    if family == "opt":
+        mlp = ("fc1", "fc2")
+        attention = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj")
+    else:
+        mlp = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+        attention = ("self_attn.q_proj", "self_attn.o_proj")
+    kinds = []
+    for name in names:
+        if not name.endswith("." + mlp[-1]):
+            continue
+        prefix = name[: -len(mlp[-1])]
+        needed = mlp + attention + ("self_attn.k_proj", "self_attn.v_proj")
+        layers = {part: index[prefix + part] for part in needed if prefix + part in index}
+        if len(layers) != len(set(needed)):
+            raise SurgeonError(f"structure coupled: block {prefix.rstrip('.')} lacks one of {', '.join(needed)}")
+        consumer = model.get_submodule(prefix + mlp[-1])
+        assert isinstance(consumer, nn.Linear)
+        inner = consumer.in_features
+        kinds.append(UnitKind("neuron", inner, tuple(Member(layers[p], "rows", 1) for p in mlp[:-1])
+                              + (Member(layers[mlp[-1]], "cols", 1),)))
+        head_members = tuple(Member(layers[p], "rows", head_dim) for p in attention[:-1]) + (
+            Member(layers[attention[-1]], "cols", head_dim),)
+        kv = None
+        if family != "opt":
+            kv = ((layers["self_attn.k_proj"], layers["self_attn.v_proj"]), heads // kv_heads, head_dim)
+        kinds.append(UnitKind("head", heads, head_members, kv))
+    return kinds
+
+
+def masks_of(kinds: list[UnitKind], chosen: list[torch.Tensor], rows: list[torch.Tensor], cols: list[torch.Tensor],
+             free_kv: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """`rows`/`cols` of every layer (removed so far) plus what the `chosen` units of each kind remove, and with
+    `free_kv` the k and v rows of the KV heads left without query heads."""
+    rows, cols = [r.clone() for r in rows], [c.clone() for c in cols]
+    for kind, units in zip(kinds, chosen):
+        for member in kind.members:
+            target = rows if member.axis == "rows" else cols
+            target[member.layer] = target[member.layer] | kind.owned(units, member).to(target[member.layer].device)
+        if free_kv and kind.kv is not None:
+            (k_layer, v_layer), per_kv, head_dim = kind.kv
+            q = next(m for m in kind.members if m.axis == "rows")
+            gone = rows[q.layer].reshape(-1, per_kv, head_dim).all(2).all(1)  # every query head of the KV head
+            freed = gone.repeat_interleave(head_dim)
+            rows[k_layer], rows[v_layer] = rows[k_layer] | freed, rows[v_layer] | freed
+    return rows, cols
+
+
+def removed(kinds: list[UnitKind], rows: list[torch.Tensor], cols: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Per kind, which units are already removed (their first member's rows or columns are all removed)."""
+    out = []
+    for kind in kinds:
+        member = kind.members[0]
+        mask = (rows if member.axis == "rows" else cols)[member.layer]
+        out.append(mask.reshape(kind.count, member.size).all(1))
+    return out

@@ -1,0 +1,127 @@
+"""Coupled structures: set costs against the closed form, whole units removed, targets met, compact export exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from surgeon import PruneConfig, costs, prune
+from surgeon.compact import compact_model
+from surgeon.errors import SurgeonError
+from surgeon.inverses import KroneckerInverse
+from surgeon.model import decoder_blocks, prunable_layers
+from surgeon.units import coupled_units
+from tests._families import VOCAB, family_model
+from tests._tolerances import FLOAT64, assert_reaches_target, assert_within_reference_error
+from tests.conftest import problem
+
+
+def closed_form_set_cost(W: torch.Tensor, G: torch.Tensor, A: torch.Tensor, pruned: torch.Tensor) -> torch.Tensor:
+    """½ w_Sᵀ ([F⁻¹]_SS)⁻¹ w_S with F⁻¹ = kron(G⁻¹, A⁻¹) formed explicitly (eq. 7 for a set S)."""
+    F_inv = torch.kron(torch.linalg.inv(G), torch.linalg.inv(A))
+    k = pruned.reshape(-1).nonzero().squeeze(1)
+    w = W.reshape(-1)[k]
+    return 0.5 * w @ torch.linalg.solve(F_inv[k][:, k], w)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_set_costs_equal_the_closed_form_for_rows_and_columns(size, gen):
+    W, G, A = problem(6, 12, gen)
+    f = KroneckerInverse.of(G, A, roots=True)
+    rows = costs.set_costs(W, f.G, A, size)
+    for index, cost in enumerate(rows):
+        pruned = torch.zeros(6, 12, dtype=torch.bool)
+        pruned[index * size:(index + 1) * size] = True
+        torch.testing.assert_close(cost, closed_form_set_cost(W, G, A, pruned), **FLOAT64)
+    cols = costs.set_costs(W.T, f.A, G, size)
+    for index, cost in enumerate(cols):
+        pruned = torch.zeros(6, 12, dtype=torch.bool)
+        pruned[:, index * size:(index + 1) * size] = True
+        torch.testing.assert_close(cost, closed_form_set_cost(W, G, A, pruned), **FLOAT64)
+    if size == 1:  # a single row or column is eq. 7's own cost
+        from surgeon import solver
+
+        torch.testing.assert_close(rows, solver.row_costs(W, G, A), **FLOAT64)
+        torch.testing.assert_close(cols, solver.col_costs(W, G, A), **FLOAT64)
+
+
+def calibration() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (3, 24), generator=torch.Generator().manual_seed(0))
+
+
+def shapes(model) -> list[tuple[int, int]]:
+    return [tuple(m.weight.shape) for block in prunable_layers(model) for _, m in block]
+
+
+def largest_unit(model) -> int:
+    """Weights of the largest unit: a query head (its q rows and o columns; OPT: q, k, v rows and out columns)."""
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return (4 if config.model_type == "opt" else 2) * head_dim * config.hidden_size
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "opt"])
+@pytest.mark.parametrize("method", ["surgeon", "kobd", "magnitude"])
+def test_coupled_prune_removes_whole_units_to_the_target(family, method):
+    model = family_model(family)
+    report = prune(model, calibration(), PruneConfig(structure="coupled", target_size=0.6, shots=2, method=method),
+                   progress=False)
+    assert_reaches_target(report.removed, shapes(model), 0.6, "coupled", freed=sum(s.freed for s in report.shots),
+                          largest=largest_unit(model))
+    config = model.config
+    d = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    removed_neurons = 0
+    for block in decoder_blocks(model):
+        if family == "opt":
+            producers, consumer = [block.fc1], block.fc2
+            q, o = block.self_attn.q_proj, block.self_attn.out_proj
+        else:
+            producers, consumer = [block.mlp.gate_proj, block.mlp.up_proj], block.mlp.down_proj
+            q, o = block.self_attn.q_proj, block.self_attn.o_proj
+        gone = (consumer.weight == 0).all(0)
+        for producer in producers:  # a neuron leaves whole: its producer rows go with its consumer column
+            assert torch.equal((producer.weight == 0).all(1), gone)
+        removed_neurons += int(gone.sum())
+        heads_q = (q.weight == 0).all(1).reshape(-1, d).all(1)
+        heads_o = (o.weight == 0).all(0).reshape(-1, d).all(1)
+        assert torch.equal(heads_q, heads_o)
+        assert torch.equal((q.weight == 0).all(1), heads_q.repeat_interleave(d))  # whole heads only
+    assert removed_neurons > 0
+    compact = compact_model(model)
+    assert sum(p.numel() for p in compact.parameters()) < sum(p.numel() for p in model.parameters())
+    ids = torch.randint(3, VOCAB, (2, 16), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        got = compact(ids).logits
+        plain = model(ids).logits
+        exact = model.double()(ids).logits
+    assert_within_reference_error(got, exact, plain)
+
+
+def test_a_kv_head_without_query_heads_is_freed():
+    """Every query head of KV head 0 removed: its k and v rows are read by nobody and leave as freed weights."""
+    from surgeon.units import masks_of
+
+    model = family_model("llama")
+    names = [name for block in prunable_layers(model) for name, _ in block]
+    kinds = coupled_units(model, names)
+    head_kind = kinds[1]
+    chosen = [torch.zeros(kind.count, dtype=torch.bool) for kind in kinds]
+    per_kv = head_kind.kv[1]
+    chosen[1][:per_kv] = True  # the query heads of KV head 0 in block 0
+    layers = [m for block in prunable_layers(model) for _, m in block]
+    rows = [torch.zeros(m.out_features, dtype=torch.bool) for m in layers]
+    cols = [torch.zeros(m.in_features, dtype=torch.bool) for m in layers]
+    (k_layer, v_layer), _, d = head_kind.kv
+    kept_rows, _ = masks_of(kinds, chosen, rows, cols, free_kv=False)
+    freed_rows, _ = masks_of(kinds, chosen, rows, cols, free_kv=True)
+    assert not kept_rows[k_layer].any() and not kept_rows[v_layer].any()
+    expected = torch.zeros_like(rows[k_layer])
+    expected[:d] = True
+    assert torch.equal(freed_rows[k_layer], expected) and torch.equal(freed_rows[v_layer], expected)
+
+
+def test_coupled_structure_refuses_other_families_and_per_layer_methods():
+    with pytest.raises(SurgeonError, match="structure coupled supports .*'gemma'"):
+        prune(family_model("gemma"), calibration(), PruneConfig(structure="coupled", shots=1), progress=False)
+    with pytest.raises(ValueError, match="not coupled"):
+        PruneConfig(structure="coupled", method="wanda")
