@@ -49,6 +49,10 @@ class PruneConfig:
         shown=f"{DEFAULT_TARGET_SIZE}; N:M structures keep N/M",
     )
     shots: int = _opt(8, "number of pruning shots (linear schedule)")
+    uniform: bool = _opt(False, "coupled: the same number of neurons and heads in every block")
+    width_multiple: int = _opt(
+        1, "coupled: every block keeps a multiple of this many neurons, and heads whose width is one (64, 128, 256)"
+    )
     method: str = _opt("surgeon", f"pruning method ({METHOD_HELP})", METHODS)
     correlation: Correlation = _opt("joint", "structured surgeon update: joint rows+columns, or within rows / columns")
     max_correlate: int | None = _opt(
@@ -105,6 +109,10 @@ class PruneConfig:
         assert self.target_size is not None
         if not 0.0 < self.target_size <= 1.0:
             raise ValueError(f"target_size={self.target_size}: must be in (0, 1]")
+        if self.width_multiple < 1:
+            raise ValueError(f"width_multiple={self.width_multiple}: must be at least 1")
+        if (self.uniform or self.width_multiple > 1) and self.structure != "coupled":
+            raise ValueError("uniform and width_multiple allocate coupled units: use structure coupled")
         if self.shots < 1:
             raise ValueError(f"shots={self.shots}: must be at least 1")
         if self.method not in METHODS:

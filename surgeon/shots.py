@@ -106,10 +106,13 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
         unit_costs = [torch.stack([set_cost[m.layer, m.axis] if m.size > 1 else single[m.axis][m.layer]
                                    for m in kind.members]).sum(0) for kind in kinds]
 
-        def zeros(chosen: list[torch.Tensor]) -> int:
-            return threshold.removed_weights(*with_dead(*units.masks_of(kinds, chosen, *before, free_kv=True)))
+        group_costs, chosen_units = units.allocation(kinds, unit_costs, config.uniform, config.width_multiple)
 
-        chosen = threshold.cheapest_prefix(unit_costs, zeros, target_zeros, "neurons and heads")
+        def zeros(groups: list[torch.Tensor]) -> int:
+            masks = units.masks_of(kinds, chosen_units(groups), *before, free_kv=True)
+            return threshold.removed_weights(*with_dead(*masks))
+
+        chosen = chosen_units(threshold.cheapest_prefix(group_costs, zeros, target_zeros, "neurons and heads"))
         row_sel, col_sel = units.masks_of(kinds, chosen, *before, free_kv=False)
         removed_rows, removed_cols = with_dead(*units.masks_of(kinds, chosen, *before, free_kv=True))
     freed = threshold.removed_weights(removed_rows, removed_cols) - threshold.removed_weights(row_sel, col_sel)

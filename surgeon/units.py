@@ -11,6 +11,7 @@ are all gone is read by nobody: its k and v rows are freed with the last of them
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -122,3 +123,39 @@ def removed(kinds: list[UnitKind], rows: list[torch.Tensor], cols: list[torch.Te
         mask = (rows if member.axis == "rows" else cols)[member.layer]
         out.append(mask.reshape(kind.count, member.size).all(1))
     return out
+
+
+def allocation(kinds: list[UnitKind], costs: list[torch.Tensor], uniform: bool, multiple: int,
+               ) -> tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], list[torch.Tensor]]]:
+    """Groups of units that the global threshold takes or leaves together, their costs, and a map from chosen
+    groups back to chosen units.
+
+    `multiple`: each block keeps a multiple of that many neurons (and of `multiple / head_dim` heads, so
+    that heads × head_dim is a multiple too): per block, units are sorted by cost and cut into chunks, the
+    first of `count mod chunk` units (to reach a multiple), then whole chunks. `uniform`: every block keeps
+    the same number of each kind, so the chunk at each position is taken in all blocks at once. A group
+    costs the sum of its units' costs; sorted units make these sums non-decreasing within a block, so a
+    prefix of the global order takes each block's chunks in order.
+    """
+    families: dict[object, list[int]] = {}
+    for index, kind in enumerate(kinds):
+        families.setdefault(kind.name if uniform else index, []).append(index)
+    group_costs, group_of = [], {}
+    for indices in families.values():
+        kind = kinds[indices[0]]
+        chunk = max(1, multiple // kind.members[0].size)
+        first = kind.count % chunk  # a first, shorter chunk brings the kept count to a multiple
+        position = torch.arange(kind.count)
+        chunk_at = torch.where(position < first, 0, (position - first) // chunk + int(first > 0))
+        total = torch.zeros(int(chunk_at[-1]) + 1, dtype=costs[indices[0]].dtype)
+        for i in indices:
+            order = torch.argsort(costs[i].cpu(), stable=True)
+            group_of[i] = torch.empty_like(order).scatter_(0, order, chunk_at)
+            total.index_add_(0, chunk_at, costs[i].cpu()[order])
+        group_costs.append(total)
+    family_of = [next(f for f, indices in enumerate(families.values()) if i in indices) for i in range(len(kinds))]
+
+    def chosen_units(chosen_groups: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [chosen_groups[family_of[i]].cpu()[group_of[i]].to(costs[i].device) for i in range(len(kinds))]
+
+    return group_costs, chosen_units

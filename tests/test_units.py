@@ -125,3 +125,28 @@ def test_coupled_structure_refuses_other_families_and_per_layer_methods():
         prune(family_model("gemma"), calibration(), PruneConfig(structure="coupled", shots=1), progress=False)
     with pytest.raises(ValueError, match="not coupled"):
         PruneConfig(structure="coupled", method="wanda")
+
+
+@pytest.mark.parametrize("uniform,multiple", [(True, 1), (False, 16), (True, 16)])
+def test_uniform_and_width_multiple_allocations_hold_in_every_block(uniform, multiple):
+    model = family_model("llama")  # intermediate 64, head_dim 8: 16 neurons or 2 heads per chunk
+    config = PruneConfig(structure="coupled", target_size=0.6, shots=2, uniform=uniform, width_multiple=multiple)
+    report = prune(model, calibration(), config, progress=False)
+    d = model.config.head_dim
+    neurons = [int((~(block.mlp.down_proj.weight == 0).all(0)).sum()) for block in decoder_blocks(model)]
+    heads = [int((~(block.self_attn.o_proj.weight == 0).all(0)).sum()) // d for block in decoder_blocks(model)]
+    if uniform:
+        assert len(set(neurons)) == 1 and len(set(heads)) == 1, (neurons, heads)
+    assert all(n % multiple == 0 for n in neurons), neurons
+    assert all(h % max(1, multiple // d) == 0 for h in heads), heads
+    blocks = 1 + uniform * (model.config.num_hidden_layers - 1)
+    group = blocks * max(multiple * 3 * model.config.hidden_size, max(1, multiple // d) * largest_unit(model))
+    assert_reaches_target(report.removed, shapes(model), 0.6, "coupled", freed=sum(s.freed for s in report.shots),
+                          largest=group)
+
+
+def test_allocation_options_need_the_coupled_structure():
+    with pytest.raises(ValueError, match="use structure coupled"):
+        PruneConfig(structure="structured", uniform=True)
+    with pytest.raises(ValueError, match="width_multiple=0"):
+        PruneConfig(structure="coupled", width_multiple=0)
