@@ -32,14 +32,16 @@ _EXPORTS = {
     "perplexity": "surgeon.evaluate",
     "EvalResult": "surgeon.evaluate",
     "save_model": "surgeon.io",
+    "load_compact": "surgeon.compact",
 }
 __all__ = [
     "EvalResult", "PruneConfig", "PruneReport", "RunConfig", "ShotReport", "SurgeonError", "__version__",
-    "calibration_text", "calibration_windows", "evaluation_text", "load_model", "load_tokenizer", "perplexity",
-    "prune", "save_model", "tokenize",
+    "calibration_text", "calibration_windows", "evaluation_text", "load_compact", "load_model", "load_tokenizer",
+    "perplexity", "prune", "save_model", "tokenize",
 ]
 
 if TYPE_CHECKING:
+    from surgeon.compact import load_compact
     from surgeon.config import PruneConfig, RunConfig
     from surgeon.data import calibration_text, calibration_windows, evaluation_text, tokenize
     from surgeon.errors import SurgeonError

@@ -19,14 +19,17 @@ OPT keeps its heads (its attention has no `head_dim`: q, k, v stay hidden × hid
 from __future__ import annotations
 
 import copy
+import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
+from surgeon import compact_modeling
 from surgeon.errors import SurgeonError
 from surgeon.model import decoder_blocks
 
@@ -153,35 +156,60 @@ def _head_rows(heads: torch.Tensor, head_dim: int) -> torch.Tensor:
     return (heads.unsqueeze(1) * head_dim + torch.arange(head_dim)).reshape(-1)
 
 
-def compact_model(model: nn.Module) -> nn.Module:
-    """A new model of the same architecture without the units that `live_units` finds removable (standard format).
+def _block_widths(model: nn.Module, units: list[BlockUnits], format: str) -> list[tuple[int, int, int]]:
+    """(neurons, KV heads, query heads per KV head) each block keeps: the standard widths everywhere, or
+    (heterogeneous) the block's own, at least one of each and as many heads per KV head as its fullest."""
+    if format == "standard":
+        return [standard_widths(model, units)] * len(units)
+    if format != "heterogeneous":
+        raise SurgeonError(f"compact export format {format!r}: use standard or heterogeneous")
+    return [(max(1, int(u.neurons.sum())), max(1, int(u.heads.any(1).sum())), max(1, int(u.heads.sum(1).max())))
+            for u in units]
+
+
+def compact_model(model: nn.Module, format: str = "standard") -> nn.Module:
+    """A new model without the units that `live_units` finds removable, in the `standard` or `heterogeneous`
+    format (`compact_modeling`: every layer its own widths).
 
     Its logits equal the pruned model's up to float rounding; the pruned model is left as it is.
     """
     units = live_units(model)
+    widths = _block_widths(model, units, format)
     inner, kv, per = standard_widths(model, units)
     config = copy.deepcopy(_config(model))
     opt = config.model_type == "opt"
     if opt:
         config.ffn_dim = inner
+        per_layer = {str(i): {"ffn_dim": w[0]} for i, w in enumerate(widths) if w[0] != inner}
     else:
         kv_heads, per_kv, head_dim = _head_layout(config)
         config.intermediate_size, config.num_key_value_heads = inner, kv
         config.num_attention_heads, config.head_dim = kv * per, head_dim
+        per_layer = {str(i): {"intermediate_size": n, "num_attention_heads": k * p, "num_key_value_heads": k}
+                     for i, (n, k, p) in enumerate(widths) if (n, k, p) != (inner, kv, per)}
     dtype = next(model.parameters()).dtype
-    from transformers import AutoModelForCausalLM
+    if format == "standard":
+        from transformers import AutoModelForCausalLM
 
-    compact = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        compact = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    else:
+        config_class, model_class = compact_modeling.classes(config.model_type)
+        settings = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures", "auto_map")}
+        compact_config = config_class(**settings, per_layer_config=per_layer)
+        compact_config.architectures = [model_class.__name__]
+        compact_config.auto_map = {"AutoConfig": f"compact_modeling.{config_class.__name__}",
+                                   "AutoModelForCausalLM": f"compact_modeling.{model_class.__name__}"}
+        compact = model_class(compact_config).to(dtype)
     state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
-    for index, (block, unit) in enumerate(zip(decoder_blocks(model), units)):
+    for block, unit, (inner_b, kv_b, per_b) in zip(decoder_blocks(model), units, widths):
         prefix = next(name for name, module in model.named_modules() if module is block) + "."
-        neurons = _first(unit.neurons, inner)
+        neurons = _first(unit.neurons, inner_b)
         if opt:
             parts = {"fc1": _select(_linear(block, "fc1"), rows=neurons),
                      "fc2": _select(_linear(block, "fc2"), cols=neurons)}
         else:
-            groups = _first(unit.heads.any(1), kv)
-            heads = torch.cat([g * per_kv + _first(unit.heads[g], per) for g in groups.tolist()])
+            groups = _first(unit.heads.any(1), kv_b)
+            heads = torch.cat([g * per_kv + _first(unit.heads[g], per_b) for g in groups.tolist()])
             q_rows = _head_rows(heads, head_dim)
             kv_rows = _head_rows(groups, head_dim)
             selection = {"mlp.gate_proj": (neurons, None), "mlp.up_proj": (neurons, None),
@@ -192,12 +220,23 @@ def compact_model(model: nn.Module) -> nn.Module:
         for name, tensors in parts.items():
             for kind, tensor in tensors.items():
                 state[f"{prefix}{name}.{kind}"] = tensor
-        logger.debug("block %d keeps %d of %d neurons", index, int(unit.neurons.sum()), unit.neurons.numel())
     missing, unexpected = compact.load_state_dict(state, strict=False)
     if unexpected or [name for name in missing if not name.endswith("lm_head.weight")]:
         raise SurgeonError(f"compact export: the new model's weights do not match ({(missing + unexpected)[:3]})")
     compact.tie_weights()
     return compact.eval()
+
+
+def load_compact(path: str | Path, **kwargs: Any) -> nn.Module:
+    """Load a compact checkpoint, heterogeneous ones without remote code (`compact_modeling`); `kwargs` go to
+    `from_pretrained` (dtype, device_map, …)."""
+    config = json.loads((Path(path) / "config.json").read_text())
+    family = config.get("model_type", "").removeprefix("surgeon_compact_")
+    if family in compact_modeling.BASES and config["model_type"] != family:
+        return compact_modeling.classes(family)[1].from_pretrained(path, **kwargs)
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
 
 
 def same_logits(model: nn.Module, compact: nn.Module, tokens: int = 32) -> None:

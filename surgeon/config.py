@@ -196,7 +196,7 @@ class RunConfig:
 
 
 
-EXPORT_FORMATS = ("standard",)
+EXPORT_FORMATS = ("standard", "heterogeneous")
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,8 @@ class ExportConfig:
     compact: bool = _opt(False, "cut out the MLP neurons and attention heads whose output is exactly zero")
     format: str = _opt(
         "standard", "standard: the original architecture and model_type, one width for every block (blocks that "
-        "need fewer units keep zero ones, which add exactly 0)", EXPORT_FORMATS,
+        "need fewer units keep zero ones, which add exactly 0); heterogeneous: every layer its own widths "
+        "(per_layer_config; loads with trust_remote_code=True or surgeon.load_compact)", EXPORT_FORMATS,
     )
     output: str | None = _opt(None, "a new or empty folder for the exported checkpoint and report.json")
     overwrite: bool = _opt(False, "export into an existing non-empty --output folder, replacing only its files")

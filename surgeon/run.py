@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import time
 from typing import Any
 
@@ -75,6 +76,7 @@ def run_export(config: ExportConfig) -> dict:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from surgeon import compact_modeling
     from surgeon.compact import compact_model, same_logits
 
     source = Path(config.run)
@@ -91,13 +93,15 @@ def run_export(config: ExportConfig) -> dict:
             tokenizer = AutoTokenizer.from_pretrained(source)
         except (OSError, ValueError) as error:
             raise SurgeonError(f"cannot load the pruned model in {config.run!r}: {first_line(error)}") from error
-        compact = compact_model(model)
+        compact = compact_model(model, config.format)
         same_logits(model, compact)
         count = sum(p.numel() for p in model.parameters())
         kept = sum(p.numel() for p in compact.parameters())
         report["export"] = {"format": config.format, "source": str(source), "parameters_before": count,
                             "parameters": kept, "fraction": kept / count}
         write_checkpoint(output.staging, compact, tokenizer, report)
+        if config.format == "heterogeneous":  # the modeling code that trust_remote_code=True loads
+            shutil.copyfile(compact_modeling.__file__, output.staging / "compact_modeling.py")
         output.commit()
     logger.info("compact %s model: %d of %d parameters (%.3f)", config.format, kept, count, kept / count)
     return report

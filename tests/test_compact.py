@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
 
+from surgeon import compact_modeling
 from surgeon.cli import main
-from surgeon.compact import compact_model, live_units
+from surgeon.compact import compact_model, live_units, load_compact
 from surgeon.errors import SurgeonError
 from surgeon.model import decoder_blocks
 from tests._families import VOCAB, family_model
@@ -79,6 +81,30 @@ def test_compact_model_drops_removable_units_and_keeps_the_logits(family, tmp_pa
     assert torch.equal(logits(loaded, ids), logits(compact, ids))
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_heterogeneous_compact_model_gives_every_layer_its_widths(family, tmp_path):
+    """Each layer keeps only its live units; the checkpoint loads with trust_remote_code and with load_compact."""
+    from transformers import AutoModelForCausalLM
+
+    model = family_model(family)
+    remove_units(model)
+    units = live_units(model)
+    compact = compact_model(model, "heterogeneous")
+    for layer, unit in zip(compact_modeling.decoder_layers(compact), units):
+        ffn = layer.fc1 if family == "opt" else layer.mlp.up_proj
+        assert ffn.out_features == max(1, int(unit.neurons.sum()))
+    standard = compact_model(model)
+    assert sum(p.numel() for p in compact.parameters()) < sum(p.numel() for p in standard.parameters())
+    assert_same_logits(model, compact)
+    compact.save_pretrained(tmp_path)
+    shutil.copyfile(compact_modeling.__file__, tmp_path / "compact_modeling.py")
+    assert json.loads((tmp_path / "config.json").read_text())["per_layer_config"]
+    ids = torch.randint(3, VOCAB, (1, 12), generator=torch.Generator().manual_seed(2))
+    remote = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True).eval()
+    assert torch.equal(logits(remote, ids), logits(compact, ids))
+    assert torch.equal(logits(load_compact(tmp_path), ids), logits(compact, ids))
+
+
 def test_llama_head_count_is_padded_to_a_divisor_of_the_hidden_size():
     """8 heads in 4 KV groups of 2 (hidden 112, head_dim 14): 3 live groups of 1 head would be 3 heads, which
     LlamaConfig refuses for hidden 112; the export keeps 4 (a padding group of zero output) and the same logits."""
@@ -116,26 +142,23 @@ def test_unsupported_family_is_refused_by_name():
         compact_model(family_model("gemma"))
 
 
-def test_export_command_writes_a_compact_checkpoint(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("format", ["standard", "heterogeneous"])
+def test_export_command_writes_a_compact_checkpoint(format, tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
     run = tmp_path / "run"
-    assert main(["--quiet", "prune", "--model", str(tiny_model_dir), "--structure", "structured", "--target-size",
-                 "0.5", "--shots", "1", "--nsamples", "2", "--seqlen", "64", "--calibration", "wikitext2-valid",
+    assert main(["--quiet", "prune", "--model", str(tiny_model_dir), "--structure", "coupled", "--target-size",
+                 "0.6", "--shots", "1", "--nsamples", "2", "--seqlen", "64", "--calibration", "wikitext2-valid",
                  "--eval-windows", "1", "--output", str(run)]) == 0
-    masked = AutoModelForCausalLM.from_pretrained(run)
-    with torch.no_grad():  # a neuron whose down column is zero can leave
-        for block in decoder_blocks(masked):
-            block.mlp.down_proj.weight[:, :3] = 0
-    masked.save_pretrained(run)
     out = tmp_path / "compact"
-    assert main(["--quiet", "export", str(run), "--compact", "--output", str(out)]) == 0
+    assert main(["--quiet", "export", str(run), "--compact", "--format", format, "--output", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
-    compact = AutoModelForCausalLM.from_pretrained(out)
+    compact = (AutoModelForCausalLM.from_pretrained(out) if format == "standard" else
+               AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True))
     assert report["export"]["parameters"] == sum(p.numel() for p in compact.parameters())
     assert report["export"]["parameters"] < report["export"]["parameters_before"]
     assert report["sparsity"] == json.loads((run / "report.json").read_text())["sparsity"]
-    assert_same_logits(masked, compact)
+    assert_same_logits(AutoModelForCausalLM.from_pretrained(run), compact)
 
 
 @pytest.mark.parametrize("case,message", [
