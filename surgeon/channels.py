@@ -14,10 +14,13 @@ name for the known families; any other architecture gets none (nothing is remove
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from transformers.activations import ACT2FN
+
+from surgeon.model import attention_layout
 
 # Per family: the channels' (producer layers, consumer layer) inside a decoder block, MLP then attention.
 # Families with fused projections (phi3's gate_up_proj and qkv_proj, gpt_neox's query_key_value) have
@@ -49,6 +52,13 @@ class Coupling:
         return (source | dead_cols.all(1)).reshape(-1), dead_cols.reshape(-1)
 
 
+def maps_zero_to_zero(config: Any) -> bool:
+    """Whether the config's MLP activation gives exactly 0 at 0 (then a zero producer row carries nothing)."""
+    act = next((getattr(config, key) for key in ("hidden_activation", "hidden_act", "activation_function")
+                if getattr(config, key, None)), None)
+    return act in ACT2FN and bool((ACT2FN[act](torch.zeros(1)) == 0).all())
+
+
 def couplings(model: nn.Module, names: list[str]) -> list[Coupling]:
     """The channel couplings between the layers `names` (qualified module names) of `model`.
 
@@ -57,11 +67,8 @@ def couplings(model: nn.Module, names: list[str]) -> list[Coupling]:
     """
     config = model.config
     index = {name: i for i, name in enumerate(names)}
-    act = next((getattr(config, key) for key in ("hidden_activation", "hidden_act", "activation_function")
-                if getattr(config, key, None)), None)
-    heads: int = getattr(config, "num_attention_heads", None) or 0
-    kv_heads: int = getattr(config, "num_key_value_heads", None) or heads
-    head_dim: int = getattr(config, "head_dim", None) or (getattr(config, "hidden_size", 0) // heads if heads else 0)
+    zero_act = maps_zero_to_zero(config)
+    heads, kv_heads, head_dim = attention_layout(config)
     found = []
     for name in names:
         family = FAMILIES.get(getattr(config, "model_type", ""), ())
@@ -80,7 +87,7 @@ def couplings(model: nn.Module, names: list[str]) -> list[Coupling]:
                 grouped = heads > 0 and kv_heads > 0 and head_dim > 0 and heads % kv_heads == 0
                 shape = (kv_heads, heads // kv_heads, head_dim) if grouped else None
             else:
-                shape = (cols, 1, 1) if act in ACT2FN and bool((ACT2FN[act](torch.zeros(1)) == 0).all()) else None
+                shape = (cols, 1, 1) if zero_act else None
             if shape is None or rows != shape[0] * shape[2] or cols != shape[0] * shape[1] * shape[2]:
                 continue
             found.append(Coupling(tuple(index[m] for m in members), index[name], *shape))

@@ -27,11 +27,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers.activations import ACT2FN
 
 from surgeon import compact_modeling
+from surgeon.channels import maps_zero_to_zero
 from surgeon.errors import SurgeonError
-from surgeon.model import decoder_blocks
+from surgeon.model import attention_layout, decoder_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -73,17 +73,9 @@ def _config(model: nn.Module) -> Any:
     return model.config
 
 
-def _maps_zero_to_zero(config: Any) -> bool:
-    act = next((getattr(config, key) for key in ("hidden_activation", "hidden_act", "activation_function")
-                if getattr(config, key, None)), None)
-    return act in ACT2FN and bool((ACT2FN[act](torch.zeros(1)) == 0).all())
-
-
 def _head_layout(config: Any) -> tuple[int, int, int]:
     """(KV heads, query heads per KV head, head_dim) of a gated-family config."""
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    heads, kv_heads, head_dim = attention_layout(config)
     return kv_heads, heads // kv_heads, head_dim
 
 
@@ -93,7 +85,7 @@ def live_units(model: nn.Module) -> list[BlockUnits]:
     family = getattr(config, "model_type", "")
     if family not in FAMILIES:
         raise SurgeonError(f"compact export supports {', '.join(FAMILIES)}; the model is {family!r}")
-    zero_act = _maps_zero_to_zero(config)
+    zero_act = maps_zero_to_zero(config)
     units = []
     for block in decoder_blocks(model):
         if family == "opt":

@@ -12,6 +12,7 @@ import importlib.util
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -116,6 +117,14 @@ def load_model(
     tok = load_tokenizer(tokenizer) if tokenizer else load_tokenizer(source.path, source.gguf_file)
     prunable_layers(model)  # fail early, naming the architecture, if nothing can be pruned
     return model, tok
+
+
+def attention_layout(config: Any) -> tuple[int, int, int]:
+    """(query heads, KV heads, head_dim) of a transformers config; 0 where the config does not say."""
+    heads: int = getattr(config, "num_attention_heads", None) or 0
+    kv_heads: int = getattr(config, "num_key_value_heads", None) or heads
+    head_dim: int = getattr(config, "head_dim", None) or (getattr(config, "hidden_size", 0) // heads if heads else 0)
+    return heads, kv_heads, head_dim
 
 
 def max_seqlen(model: nn.Module) -> int | None:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from surgeon.errors import SurgeonError
+from surgeon.model import attention_layout
 
 Axis = Literal["rows", "cols"]
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "smollm", "opt")
@@ -51,13 +52,6 @@ class UnitKind:
         return chosen.repeat_interleave(member.size)
 
 
-def _config_heads(config) -> tuple[int, int, int]:
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return heads, kv_heads, head_dim
-
-
 def coupled_units(model: nn.Module, names: list[str]) -> list[UnitKind]:
     """The neuron and query-head units of every decoder block of `model`, over its layers `names`."""
     config: Any = model.config
@@ -65,7 +59,7 @@ def coupled_units(model: nn.Module, names: list[str]) -> list[UnitKind]:
     if family not in FAMILIES:
         raise SurgeonError(f"structure coupled supports {', '.join(FAMILIES)}; the model is {family!r}")
     index = {name: i for i, name in enumerate(names)}
-    heads, kv_heads, head_dim = _config_heads(config)
+    heads, kv_heads, head_dim = attention_layout(config)
     mlp: tuple[str, ...]
     attention: tuple[str, ...]
     if family == "opt":
@@ -113,16 +107,6 @@ def masks_of(kinds: list[UnitKind], chosen: list[torch.Tensor], rows: list[torch
             freed = gone.repeat_interleave(head_dim)
             rows[k_layer], rows[v_layer] = rows[k_layer] | freed, rows[v_layer] | freed
     return rows, cols
-
-
-def removed(kinds: list[UnitKind], rows: list[torch.Tensor], cols: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Per kind, which units are already removed (their first member's rows or columns are all removed)."""
-    out = []
-    for kind in kinds:
-        member = kind.members[0]
-        mask = (rows if member.axis == "rows" else cols)[member.layer]
-        out.append(mask.reshape(kind.count, member.size).all(1))
-    return out
 
 
 def allocation(kinds: list[UnitKind], costs: list[torch.Tensor], uniform: bool, multiple: int,
