@@ -191,6 +191,20 @@ def generation_section() -> list[str]:
     return out
 
 
+def coupled_section() -> list[str]:
+    paths = sorted((RESULTS / "coupled").glob("*.json"))
+    if not paths:
+        return ["Not yet measured (`python bench/coupled_quality.py`)."]
+    out = ["| row | commit | ppl | parameters (of dense) | format | decode tokens/s (batch 1, 2048 context) | "
+           "prune s |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for path in paths:
+        run = load(path)
+        out.append(f"| {run['row']} | {mark(commit_of(path))} | {run['ppl']:.3f} | {run['parameters'] / 1e6:.1f} M "
+                   f"({run['parameters'] / run['dense_parameters']:.3f}) | {run['format']} | "
+                   f"{run['decode_tokens_per_s']:.1f} | {run['seconds']:.0f} |")
+    return out
+
+
 # ---------------------------------------------------------------- kernels
 
 
@@ -296,6 +310,10 @@ def results_md() -> str:
         "### GPU, Llama-2-7B and OPT shapes with random weights (`bench/shot_time.py`)",
         "",
         *gpu_time_section(),
+        "",
+        "## Structured pruning at equal size: rows/columns and coupled units (`bench/coupled_quality.py`)",
+        "",
+        *coupled_section(),
         "",
         "### Generation speed of the pruned models (`bench/generation_speed.py`)",
         "",

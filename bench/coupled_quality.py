@@ -1,0 +1,90 @@
+"""Structured pruning at equal size on SmolLM2-135M: rows/columns against coupled units, one command.
+
+Protocol: the quality table's (bench/quality.py: 8 calibration windows of 512 tokens of the packaged
+WikiText-2 validation split, seed 0, 4 shots, perplexity on the first 8 windows of 2048 test tokens),
+at 90, 80 and 70% of the prunable weights kept. Rows: the paper's rows and columns (exported compactly:
+what its dead channels free), coupled LLM Surgeon with global allocation, `--uniform`, and
+`--width-multiple 64`, and coupled magnitude and K-OBD. Each pruned model is exported compactly
+(`--uniform` in the standard format, the others heterogeneous) and its parameters counted, embeddings
+included; its decode speed is measured at batch 1 after a 2048-token prompt (`generation_speed.py`).
+
+Each run is saved as bench/results/coupled/<row>@<commit>.json and skipped when that file exists.
+
+    python bench/coupled_quality.py                   # every row (several hours on 2 cores)
+    python bench/coupled_quality.py --only 0.8        # rows whose id contains this text
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.generation_speed import decode_tokens_per_s  # noqa: E402
+from surgeon import PruneConfig, prune  # noqa: E402
+from surgeon.compact import compact_model  # noqa: E402
+from surgeon.data import calibration_text, calibration_windows, evaluation_text, tokenize  # noqa: E402
+from surgeon.evaluate import perplexity  # noqa: E402
+from surgeon.io import write_json  # noqa: E402
+from surgeon.model import load_model  # noqa: E402
+
+ROOT = Path(__file__).parent / "results" / "coupled"
+# row id -> (PruneConfig settings, compact format)
+VARIANTS = {
+    "rows-columns": (dict(structure="structured"), "heterogeneous"),
+    "coupled": (dict(structure="coupled"), "heterogeneous"),
+    "coupled-uniform": (dict(structure="coupled", uniform=True), "standard"),
+    "coupled-multiple64": (dict(structure="coupled", width_multiple=64), "heterogeneous"),
+    "coupled-magnitude": (dict(structure="coupled", method="magnitude"), "heterogeneous"),
+    "coupled-kobd": (dict(structure="coupled", method="kobd"), "heterogeneous"),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="")
+    parser.add_argument("--shots", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=16)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    ROOT.mkdir(parents=True, exist_ok=True)
+    model, tokenizer = load_model("smollm2-135m")
+    dense_state = {k: v.clone() for k, v in model.state_dict().items()}
+    test_ids = tokenize(tokenizer, evaluation_text("wikitext2"))
+    windows = calibration_windows(tokenize(tokenizer, calibration_text("wikitext2-valid")), 8, 512, seed=0)
+    commit = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    machine = f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}"
+    dense_parameters = sum(p.numel() for p in model.parameters())
+    for size in (0.9, 0.8, 0.7):
+        for variant, (settings, format) in VARIANTS.items():
+            name = f"{variant}-{size}"
+            path = ROOT / f"{name}@{commit}.json"
+            if path.exists() or args.only not in name:
+                continue
+            model.load_state_dict(dense_state)
+            start = time.perf_counter()
+            report = prune(model, windows, PruneConfig(**settings, target_size=size, shots=args.shots), progress=False)
+            seconds = time.perf_counter() - start
+            ppl = perplexity(model, test_ids, 2048, 8, progress=False).ppl
+            compact = compact_model(model, format)
+            with torch.inference_mode():
+                decode = decode_tokens_per_s(compact, 1, 2048, args.new_tokens, torch.device("cpu"), 3)
+            parameters = sum(p.numel() for p in compact.parameters())
+            logging.info("%s: ppl %.3f, %.1f M parameters (%.3f), decode %.1f tokens/s, %.0f s", name, ppl,
+                         parameters / 1e6, parameters / dense_parameters, decode, seconds)
+            write_json(path, {"row": name, "ppl": ppl, "parameters": parameters, "dense_parameters": dense_parameters,
+                              "format": format, "decode_tokens_per_s": decode, "seconds": seconds,
+                              "machine": machine, "commit": commit, **report.to_dict()})
+
+
+if __name__ == "__main__":
+    main()
