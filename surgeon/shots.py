@@ -38,9 +38,10 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
                      ) -> tuple[dict[str, float], int]:
     """Rows and columns, or coupled units: costs (eq. 7), global threshold, joint or within update (sec. 3.4).
 
-    With `kinds` (structure coupled) the structures are neurons and heads (`surgeon.units`): a unit costs
-    the sum over the layers it spans of the joint cost of its rows or columns there (`costs.set_costs`;
-    the OBD baselines: the sum of their element costs), and its rows and columns are removed together.
+    With `kinds` (structure coupled) the structures are neurons and heads (`surgeon.units`), removed whole:
+    a unit costs the sum over the layers it spans of the joint cost of its rows or columns there
+    (`costs.set_costs`; the OBD baselines: the sum of their element costs), or with `unit_cost="cut"` the
+    cost of its consumer columns alone, after which its producer rows are dead and take no update.
     The rows and columns that the chosen ones leave dead (`coupled` channels, freed KV heads) are removed
     too and count toward the target; they take no part in the updates (their inputs or outputs are gone).
 
@@ -103,8 +104,9 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
     else:
         before = ([layer.rows for layer in layers], [layer.cols for layer in layers])
         single = {"rows": row_costs, "cols": col_costs}
+        cut = config.unit_cost == "cut"
         unit_costs = [torch.stack([set_cost[m.layer, m.axis] if m.size > 1 else single[m.axis][m.layer]
-                                   for m in kind.members]).sum(0) for kind in kinds]
+                                   for m in kind.members if m.axis == "cols" or not cut]).sum(0) for kind in kinds]
 
         group_costs, chosen_units = units.allocation(kinds, unit_costs, config.uniform, config.width_multiple)
 
@@ -113,7 +115,7 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
             return threshold.removed_weights(*with_dead(*masks))
 
         chosen = chosen_units(threshold.cheapest_prefix(group_costs, zeros, target_zeros, "neurons and heads"))
-        row_sel, col_sel = units.masks_of(kinds, chosen, *before, free_kv=False)
+        row_sel, col_sel = units.masks_of(kinds, chosen, *before, free_kv=False, cut_only=cut)
         removed_rows, removed_cols = with_dead(*units.masks_of(kinds, chosen, *before, free_kv=True))
     freed = threshold.removed_weights(removed_rows, removed_cols) - threshold.removed_weights(row_sel, col_sel)
     times.append(_clock(device))

@@ -5,6 +5,9 @@
 - Attention query head h: its `head_dim` rows of q (OPT: of q, k and v, each head has its own) and its
   `head_dim` columns of o.
 
+Each unit has one consumer part, the columns of the layer that reads it (down, o): once they are
+gone, the unit's output reaches nothing and its producer rows are dead.
+
 Removing a unit zeroes all of its weights. Under grouped-query attention a KV head whose query heads
 are all gone is read by nobody: its k and v rows are freed with the last of them (`freed`).
 """
@@ -92,12 +95,14 @@ def coupled_units(model: nn.Module, names: list[str]) -> list[UnitKind]:
 
 
 def masks_of(kinds: list[UnitKind], chosen: list[torch.Tensor], rows: list[torch.Tensor], cols: list[torch.Tensor],
-             free_kv: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """`rows`/`cols` of every layer (removed so far) plus what the `chosen` units of each kind remove, and with
-    `free_kv` the k and v rows of the KV heads left without query heads."""
+             free_kv: bool, cut_only: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """`rows`/`cols` of every layer (removed so far) plus what the `chosen` units of each kind remove (`cut_only`:
+    only their consumer columns), and with `free_kv` the k and v rows of the KV heads left without query heads."""
     rows, cols = [r.clone() for r in rows], [c.clone() for c in cols]
     for kind, units in zip(kinds, chosen):
         for member in kind.members:
+            if cut_only and member.axis != "cols":
+                continue
             target = rows if member.axis == "rows" else cols
             target[member.layer] = target[member.layer] | kind.owned(units, member).to(target[member.layer].device)
         if free_kv and kind.kv is not None:

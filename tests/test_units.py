@@ -150,3 +150,25 @@ def test_allocation_options_need_the_coupled_structure():
         PruneConfig(structure="structured", uniform=True)
     with pytest.raises(ValueError, match="width_multiple=0"):
         PruneConfig(structure="coupled", width_multiple=0)
+
+
+@pytest.mark.parametrize("family", ["llama", "opt"])
+def test_cut_unit_cost_updates_only_the_consumer_columns(family):
+    """unit_cost="cut": a unit costs its consumer columns; its producer rows are dead, freed without an update, so
+    the kept producer rows keep their weights exactly while the consumer's kept columns are corrected."""
+    model = family_model(family)
+    before = {name: m.weight.detach().clone() for block in prunable_layers(model) for name, m in block}
+    report = prune(model, calibration(), PruneConfig(structure="coupled", target_size=0.7, shots=1, unit_cost="cut"),
+                   progress=False)
+    assert report.shots[0].freed > 0  # the producer rows of every removed unit
+    assert_reaches_target(report.removed, shapes(model), 0.7, "coupled", freed=report.shots[0].freed,
+                          largest=largest_unit(model))
+    producers = ("fc1",) if family == "opt" else ("mlp.gate_proj", "mlp.up_proj")
+    consumer = "fc2" if family == "opt" else "mlp.down_proj"
+    for block in prunable_layers(model):
+        down_name, down = next((name, m) for name, m in block if name.endswith(consumer))
+        kept = ~(down.weight == 0).all(0)
+        for name, module in block:
+            if name.endswith(producers):
+                assert torch.equal(module.weight[kept], before[name][kept]), name
+        assert not torch.equal(down.weight[:, kept], before[down_name][:, kept])
