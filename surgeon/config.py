@@ -50,10 +50,6 @@ class PruneConfig:
     )
     shots: int = _opt(8, "number of pruning shots (linear schedule)")
     uniform: bool = _opt(False, "coupled: the same number of neurons and heads in every block")
-    unit_cost: str = _opt(
-        "sum", "coupled: a unit costs the sum of its parts' costs in every layer it spans (sum), or the cost of "
-        "its consumer columns (down, o), whose removal leaves the rest dead (cut)", ("sum", "cut"),
-    )
     width_multiple: int = _opt(
         1, "coupled: every block keeps a multiple of this many neurons, and heads whose width is one (64, 128, 256)"
     )
@@ -115,8 +111,6 @@ class PruneConfig:
             raise ValueError(f"target_size={self.target_size}: must be in (0, 1]")
         if self.width_multiple < 1:
             raise ValueError(f"width_multiple={self.width_multiple}: must be at least 1")
-        if self.unit_cost not in ("sum", "cut"):
-            raise ValueError(f"unit_cost={self.unit_cost!r}: use sum or cut")
         if (self.uniform or self.width_multiple > 1) and self.structure != "coupled":
             raise ValueError("uniform and width_multiple allocate coupled units: use structure coupled")
         if self.shots < 1:

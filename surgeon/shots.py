@@ -39,9 +39,8 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
     """Rows and columns, or coupled units: costs (eq. 7), global threshold, joint or within update (sec. 3.4).
 
     With `kinds` (structure coupled) the structures are neurons and heads (`surgeon.units`), removed whole:
-    a unit costs the sum over the layers it spans of the joint cost of its rows or columns there
-    (`costs.set_costs`; the OBD baselines: the sum of their element costs), or with `unit_cost="cut"` the
-    cost of its consumer columns alone, after which its producer rows are dead and take no update.
+    a unit costs the joint cost of its consumer columns (`costs.set_costs`; the OBD baselines: the sum of
+    their element costs), whose removal leaves its producer rows dead: they are freed without an update.
     The rows and columns that the chosen ones leave dead (`coupled` channels, freed KV heads) are removed
     too and count toward the target; they take no part in the updates (their inputs or outputs are gone).
 
@@ -52,9 +51,8 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
     plans, row_costs, col_costs = [], [], []
     device = layers[0].mask.device
     strengths = (config.damp_g, config.damp_a)
-    sets: dict[tuple[int, str], int] = {(m.layer, m.axis): m.size for kind in kinds or [] for m in kind.members
-                                        if m.size > 1}
-    set_cost: dict[tuple[int, str], torch.Tensor] = {}
+    sets = {kind.consumer.layer: kind.consumer.size for kind in kinds or [] if kind.consumer.size > 1}
+    set_cost: dict[int, torch.Tensor] = {}
     sibling: inverses.Sibling | None = None
     times = [_clock(device)]
     for index, layer in enumerate(layers):
@@ -77,21 +75,14 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
             rc, cc = rc.masked_fill(dead_r, 0), cc.masked_fill(dead_c, 0)
         rows[keep_r] = rc
         cols[real_c] = cc
-        for axis, full, kept_index in (("rows", rows, keep_r), ("cols", cols, real_c)):
-            size = sets.get((index, axis))
-            if size is None:
-                continue
-            per_set = full.reshape(-1, size).sum(1)  # OBD: the sum of the set's costs; removed sets stay −inf
+        size = sets.get(index)
+        if size is not None:  # a consumer of several columns per unit (o: head_dim per head)
+            per_set = cols.reshape(-1, size).sum(1)  # OBD: the sum of the set's costs; removed sets stay −inf
             if config.method == "surgeon":
-                sub = submatrix(W, keep_r, keep_c)
-                if axis == "rows":
-                    joint = costs.set_costs(sub, _dense(f.G), damp(submatrix(entry.A.dense(), keep_c, keep_c),
-                                                                   strengths[1]), size)
-                else:
-                    joint = costs.set_costs(sub[:, : real_c.numel()].T, _dense(f.A)[: real_c.numel()],
-                                            damp(submatrix(entry.G.dense(), keep_r, keep_r), strengths[0]), size)
-                per_set[kept_index.reshape(-1, size)[:, 0] // size] = joint
-            set_cost[index, axis] = per_set
+                G = damp(submatrix(entry.G.dense(), keep_r, keep_r), strengths[0])
+                joint = costs.set_costs(submatrix(W, keep_r, real_c).T, _dense(f.A)[: real_c.numel()], G, size)
+                per_set[real_c.reshape(-1, size)[:, 0] // size] = joint
+            set_cost[index] = per_set
         plans.append((keep_r, keep_c, kept))
         row_costs.append(rows)
         col_costs.append(cols)
@@ -103,10 +94,8 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
         removed_rows, removed_cols = with_dead(row_sel, col_sel)
     else:
         before = ([layer.rows for layer in layers], [layer.cols for layer in layers])
-        single = {"rows": row_costs, "cols": col_costs}
-        cut = config.unit_cost == "cut"
-        unit_costs = [torch.stack([set_cost[m.layer, m.axis] if m.size > 1 else single[m.axis][m.layer]
-                                   for m in kind.members if m.axis == "cols" or not cut]).sum(0) for kind in kinds]
+        unit_costs = [set_cost[kind.consumer.layer] if kind.consumer.size > 1 else col_costs[kind.consumer.layer]
+                      for kind in kinds]
 
         group_costs, chosen_units = units.allocation(kinds, unit_costs, config.uniform, config.width_multiple)
 
@@ -115,7 +104,7 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
             return threshold.removed_weights(*with_dead(*masks))
 
         chosen = chosen_units(threshold.cheapest_prefix(group_costs, zeros, target_zeros, "neurons and heads"))
-        row_sel, col_sel = units.masks_of(kinds, chosen, *before, free_kv=False, cut_only=cut)
+        row_sel, col_sel = units.masks_of(kinds, chosen, *before, free_kv=False, consumers_only=True)
         removed_rows, removed_cols = with_dead(*units.masks_of(kinds, chosen, *before, free_kv=True))
     freed = threshold.removed_weights(removed_rows, removed_cols) - threshold.removed_weights(row_sel, col_sel)
     times.append(_clock(device))

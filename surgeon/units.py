@@ -50,6 +50,11 @@ class UnitKind:
     members: tuple[Member, ...]
     kv: tuple[tuple[int, int], int, int] | None = None  # ((k layer, v layer), heads per KV head, head_dim)
 
+    @property
+    def consumer(self) -> Member:
+        """The columns of the layer that reads the unit (down, o): what a unit's removal costs."""
+        return next(member for member in self.members if member.axis == "cols")
+
     def owned(self, chosen: torch.Tensor, member: Member) -> torch.Tensor:
         """The rows or columns of `member`'s layer that the `chosen` units [count] own."""
         return chosen.repeat_interleave(member.size)
@@ -95,13 +100,14 @@ def coupled_units(model: nn.Module, names: list[str]) -> list[UnitKind]:
 
 
 def masks_of(kinds: list[UnitKind], chosen: list[torch.Tensor], rows: list[torch.Tensor], cols: list[torch.Tensor],
-             free_kv: bool, cut_only: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """`rows`/`cols` of every layer (removed so far) plus what the `chosen` units of each kind remove (`cut_only`:
-    only their consumer columns), and with `free_kv` the k and v rows of the KV heads left without query heads."""
+             free_kv: bool, consumers_only: bool = False) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """`rows`/`cols` of every layer (removed so far) plus what the `chosen` units of each kind remove
+    (`consumers_only`: their consumer columns), and with `free_kv` the k and v rows of the KV heads left
+    without query heads."""
     rows, cols = [r.clone() for r in rows], [c.clone() for c in cols]
     for kind, units in zip(kinds, chosen):
         for member in kind.members:
-            if cut_only and member.axis != "cols":
+            if consumers_only and member is not kind.consumer:
                 continue
             target = rows if member.axis == "rows" else cols
             target[member.layer] = target[member.layer] | kind.owned(units, member).to(target[member.layer].device)

@@ -153,13 +153,12 @@ def test_allocation_options_need_the_coupled_structure():
 
 
 @pytest.mark.parametrize("family", ["llama", "opt"])
-def test_cut_unit_cost_updates_only_the_consumer_columns(family):
-    """unit_cost="cut": a unit costs its consumer columns; its producer rows are dead, freed without an update, so
-    the kept producer rows keep their weights exactly while the consumer's kept columns are corrected."""
+def test_units_are_priced_and_updated_by_their_consumer_columns(family):
+    """A unit costs its consumer columns; its producer rows are dead, freed without an update, so the kept
+    producer rows keep their weights exactly while the consumer's kept columns are corrected."""
     model = family_model(family)
     before = {name: m.weight.detach().clone() for block in prunable_layers(model) for name, m in block}
-    report = prune(model, calibration(), PruneConfig(structure="coupled", target_size=0.7, shots=1, unit_cost="cut"),
-                   progress=False)
+    report = prune(model, calibration(), PruneConfig(structure="coupled", target_size=0.7, shots=1), progress=False)
     assert report.shots[0].freed > 0  # the producer rows of every removed unit
     assert_reaches_target(report.removed, shapes(model), 0.7, "coupled", freed=report.shots[0].freed,
                           largest=largest_unit(model))
