@@ -60,7 +60,7 @@ def largest_unit(model) -> int:
     return (4 if config.model_type == "opt" else 2) * head_dim * config.hidden_size
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "opt"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "opt"])
 @pytest.mark.parametrize("method", ["surgeon", "kobd", "magnitude"])
 def test_coupled_prune_removes_whole_units_to_the_target(family, method):
     model = family_model(family)
