@@ -4,9 +4,11 @@
 # arguments ("BLOCKS:SHOTS:BATCH", e.g. 8:4:1 32:4:2; a fourth field "profile" also writes
 # torch.profiler's table, or a number sets --group-bytes, e.g. 32:4:2:0 for one factor-accumulation
 # launch per factor; a fifth field names another structure, pruned to 50% instead of 80%, e.g.
-# 32:1:2::unstructured). Logs and JSON go to $OUT (default out/gpu). SKIP_TESTS=1 and SKIP_MICRO=1
-# leave out the tests (at most 300 s) and the microbenchmarks (at most MICRO_TIMEOUT, 300 s); each
-# shot spec may take 420 s.
+# 32:1:2::unstructured), and the generation speed of SmolLM2 and of the checkpoints named in
+# GENERATION_MODELS (bench/generation_speed.py). Logs and JSON go to $OUT (default out/gpu); the
+# generation results go to bench/results/gpu. SKIP_TESTS=1, SKIP_MICRO=1 and SKIP_GENERATION=1 leave
+# out the tests (at most 300 s), the microbenchmarks (at most MICRO_TIMEOUT, 300 s) and the
+# generation speed (at most 600 s); each shot spec may take 420 s.
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
@@ -34,4 +36,13 @@ done
 if [ -z "${SKIP_MICRO:-}" ]; then
   timeout "${MICRO_TIMEOUT:-300}" python3 bench/gpu_kernels.py --output "$OUT/micro-gpu.json" > "$OUT/micro.log" 2>&1
   echo "micro rc=$?"; tail -3 "$OUT/micro.log"
+fi
+if [ -z "${SKIP_GENERATION:-}" ]; then
+  # SmolLM2 dense, then (when GENERATION_MODELS names them) pruned and compact checkpoints, e.g. "out/c80 out/c80-compact"
+  read -r -a models <<< "smollm2-135m ${GENERATION_MODELS:-}"
+  labels=()
+  for model in "${models[@]}"; do labels+=("$(basename "$model")-cuda"); done
+  timeout 600 python3 bench/generation_speed.py "${models[@]}" --label "${labels[@]}" --device cuda \
+    > "$OUT/generation.log" 2>&1
+  echo "generation rc=$?"; tail -4 "$OUT/generation.log"
 fi
