@@ -19,7 +19,6 @@ OPT keeps its heads (its attention has no `head_dim`: q, k, v stay hidden × hid
 from __future__ import annotations
 
 import copy
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from torch import nn
 from surgeon import compact_modeling
 from surgeon.channels import maps_zero_to_zero
 from surgeon.errors import SurgeonError
-from surgeon.model import attention_layout, decoder_blocks
+from surgeon.model import attention_layout, causal_lm_class, decoder_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -222,13 +221,7 @@ def compact_model(model: nn.Module, format: str = "standard") -> nn.Module:
 def load_compact(path: str | Path, **kwargs: Any) -> nn.Module:
     """Load a compact checkpoint, heterogeneous ones without remote code (`compact_modeling`); `kwargs` go to
     `from_pretrained` (dtype, device_map, …)."""
-    config = json.loads((Path(path) / "config.json").read_text())
-    family = config.get("model_type", "").removeprefix("surgeon_compact_")
-    if family in compact_modeling.BASES and config["model_type"] != family:
-        return compact_modeling.classes(family)[1].from_pretrained(path, **kwargs)
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    return causal_lm_class(str(path)).from_pretrained(path, **kwargs)
 
 
 def same_logits(model: nn.Module, compact: nn.Module, tokens: int = 32) -> None:

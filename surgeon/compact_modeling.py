@@ -18,6 +18,7 @@ from typing import Any
 import transformers
 from torch import nn
 
+PREFIX = "surgeon_compact_"  # model_type of a compact family: PREFIX + the base family
 BASES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "opt": "OPT"}
 
 
@@ -76,7 +77,7 @@ def _build(family: str) -> tuple[Any, Any]:
         return out
 
     config = type(f"Compact{name}Config", (base_config,), {
-        "model_type": f"surgeon_compact_{family}", "__init__": config_init, "to_dict": to_dict,
+        "model_type": f"{PREFIX}{family}", "__init__": config_init, "to_dict": to_dict,
         "__doc__": f"{name}Config with per-layer widths (`per_layer_config`)."})
 
     def model_init(self: Any, model_config: Any) -> None:

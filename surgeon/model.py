@@ -9,6 +9,7 @@ head are never touched. Decoder blocks are discovered by structure (the `nn.Modu
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,11 +92,25 @@ def load_tokenizer(name: str, gguf_file: str | None = None):
         ) from error
 
 
+def causal_lm_class(path: str) -> Any:
+    """The class that loads the causal LM at `path`: a heterogeneous compact checkpoint's own (`compact_modeling`,
+    no remote code needed), else `AutoModelForCausalLM`."""
+    from transformers import AutoModelForCausalLM
+
+    from surgeon import compact_modeling
+
+    config = Path(path) / "config.json"
+    family = json.loads(config.read_text()).get("model_type", "") if config.is_file() else ""
+    base = family.removeprefix(compact_modeling.PREFIX)
+    if family.startswith(compact_modeling.PREFIX) and base in compact_modeling.BASES:
+        return compact_modeling.classes(base)[1]
+    return AutoModelForCausalLM
+
+
 def load_model(
     name: str, tokenizer: str | None = None, dtype: str = "float32", device: str = "cpu"
 ) -> tuple[nn.Module, object]:
     """Load a causal LM and its tokenizer (or the one named by `tokenizer`), in eval mode."""
-    from transformers import AutoModelForCausalLM
 
     if dtype not in DTYPES:
         raise SurgeonError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
@@ -104,16 +119,17 @@ def load_model(
     source = resolve_source(name)
     try:
         with hub.cache_only_when_unreachable(source.on_hub):
-            model = AutoModelForCausalLM.from_pretrained(source.path, gguf_file=source.gguf_file, dtype=DTYPES[dtype])
+            model = causal_lm_class(source.path).from_pretrained(source.path, gguf_file=source.gguf_file,
+                                                                 dtype=DTYPES[dtype])
     except (OSError, ValueError, KeyError) as error:
         raise SurgeonError(f"cannot load model {name!r}: {source.explain(name, error)}") from error
     if source.gguf_file is not None:
         # GGUF weights are dequantized on load: the model is a plain float model from here on,
         # so drop the quantizer that would refuse save_pretrained.
-        model.hf_quantizer = None  # type: ignore[assignment]  # an attribute transformers reads, not a submodule
+        model.hf_quantizer = None  # an attribute transformers reads, not a submodule
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-    model.to(device).eval()  # type: ignore[arg-type]  # transformers' wrapper of Module.to is typed for the class
+    model.to(device).eval()
     tok = load_tokenizer(tokenizer) if tokenizer else load_tokenizer(source.path, source.gguf_file)
     prunable_layers(model)  # fail early, naming the architecture, if nothing can be pruned
     return model, tok

@@ -12,7 +12,7 @@ from surgeon import compact_modeling
 from surgeon.cli import main
 from surgeon.compact import compact_model, live_units, load_compact
 from surgeon.errors import SurgeonError
-from surgeon.model import decoder_blocks
+from surgeon.model import decoder_blocks, load_model
 from tests._families import VOCAB, family_model
 from tests._tolerances import assert_within_reference_error
 from tests.test_cli import one_error_line, run_cli
@@ -159,6 +159,8 @@ def test_export_command_writes_a_compact_checkpoint(format, tiny_model_dir, tmp_
     assert report["export"]["parameters"] < report["export"]["parameters_before"]
     assert report["sparsity"] == json.loads((run / "report.json").read_text())["sparsity"]
     assert_same_logits(AutoModelForCausalLM.from_pretrained(run), compact)
+    loaded, _ = load_model(str(out))  # what `surgeon eval --model OUT` loads, without remote code
+    assert type(loaded).__name__ == type(compact).__name__
 
 
 @pytest.mark.parametrize("case,message", [
