@@ -97,6 +97,17 @@ CompactQwen3Config, CompactQwen3ForCausalLM = _build("qwen3")
 CompactOPTConfig, CompactOPTForCausalLM = _build("opt")
 
 
+for _config_class, _model_class in ((CompactLlamaConfig, CompactLlamaForCausalLM),
+                                    (CompactMistralConfig, CompactMistralForCausalLM),
+                                    (CompactQwen2Config, CompactQwen2ForCausalLM),
+                                    (CompactQwen3Config, CompactQwen3ForCausalLM),
+                                    (CompactOPTConfig, CompactOPTForCausalLM)):
+    # Known to the Auto classes from here on, so that AutoConfig and AutoTokenizer read these checkpoints
+    # without remote code (a second copy of this file, loaded as remote code, registers the same names).
+    transformers.AutoConfig.register(_config_class.model_type, _config_class, exist_ok=True)
+    transformers.AutoModelForCausalLM.register(_config_class, _model_class, exist_ok=True)
+
+
 def classes(family: str) -> tuple[Any, Any]:
     """The compact config and causal-LM classes over `family`'s (a key of BASES)."""
     name = BASES[family]

@@ -166,7 +166,7 @@ def decoder_blocks(model: nn.Module) -> nn.ModuleList:
             f"architecture {arch!r} ({type(model).__name__}) is not supported: "
             "no decoder blocks holding nn.Linear layers were found"
         )
-    if getattr(model.config, "model_type", None) not in KNOWN_FAMILIES:
+    if str(getattr(model.config, "model_type", None)).removeprefix("surgeon_compact_") not in KNOWN_FAMILIES:
         logger.warning("architecture %r is not a tested family; using generic block discovery",
                        getattr(model.config, "model_type", type(model).__name__))
     return max(chosen, key=len)
