@@ -166,10 +166,10 @@ def test_help_explains_each_option_once():
     from surgeon.cli import build_parser
 
     parser = build_parser()
-    commands = parser._subparsers._group_actions[0].choices  # the eval and prune parsers
+    commands = parser._subparsers._group_actions[0].choices  # the eval, prune and export parsers
     for command in commands.values():
         for action in command._actions:
-            if action.dest == "help":
+            if action.dest == "help" or not action.option_strings:  # positionals are required by their place
                 continue
             assert action.help and action.help.count("(default:") <= 1, action.dest
             assert "None" not in action.help, action.dest
