@@ -186,7 +186,7 @@ def generation_section() -> list[str]:
         out.append(f"| {link} | {run['machine']} | {mark(commit_of(path))} | {run['parameters'] / 1e6:.1f} M | "
                    f"{run['prunable_zero_fraction']:.3f} | {size} | {prefill} | {decode} ({run['context']}) | "
                    f"{run['peak_memory_gb']:.2f} |")
-    out += ["", "Commands, as recorded in each file:", ""]
+    out += ["", "Commands, as recorded in each file (paths of the measuring machine):", ""]
     out += [f"- {load(path)['label']}: `{load(path)['command']}`" for path in paths]
     return out
 
