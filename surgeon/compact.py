@@ -14,12 +14,12 @@ every block: each block keeps the most units any block needs, its own live units
 ones (whose output is exactly zero) as padding. The head count stays a multiple of the KV heads and,
 for Llama (whose config requires it), a divisor of `hidden_size`; `head_dim` is written explicitly.
 OPT keeps its heads (its attention has no `head_dim`: q, k, v stay hidden × hidden) and compacts its MLP.
+The "heterogeneous" format keeps each block's own widths (`compact_modeling`).
 """
 
 from __future__ import annotations
 
 import copy
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,8 +31,6 @@ from surgeon import compact_modeling
 from surgeon.channels import maps_zero_to_zero
 from surgeon.errors import SurgeonError
 from surgeon.model import attention_layout, causal_lm_class, decoder_blocks
-
-logger = logging.getLogger(__name__)
 
 GATED = ("llama", "mistral", "qwen2", "qwen3", "smollm")  # gate/up/down MLP and q/k/v/o attention with head_dim
 FAMILIES = (*GATED, "opt")
