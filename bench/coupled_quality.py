@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import logging
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,12 +28,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.generation_speed import decode_tokens_per_s  # noqa: E402
+from bench.quality import head_commit, smollm2_protocol  # noqa: E402
 from surgeon import PruneConfig, prune  # noqa: E402
 from surgeon.compact import compact_model  # noqa: E402
-from surgeon.data import calibration_text, calibration_windows, evaluation_text, tokenize  # noqa: E402
 from surgeon.evaluate import perplexity  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
-from surgeon.model import load_model  # noqa: E402
 
 ROOT = Path(__file__).parent / "results" / "coupled"
 # row id -> (PruneConfig settings, compact format)
@@ -56,12 +54,8 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ROOT.mkdir(parents=True, exist_ok=True)
-    model, tokenizer = load_model("smollm2-135m")
-    dense_state = {k: v.clone() for k, v in model.state_dict().items()}
-    test_ids = tokenize(tokenizer, evaluation_text("wikitext2"))
-    windows = calibration_windows(tokenize(tokenizer, calibration_text("wikitext2-valid")), 8, 512, seed=0)
-    commit = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
+    model, dense_state, test_ids, windows = smollm2_protocol()
+    commit = head_commit()
     machine = f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}"
     dense_parameters = sum(p.numel() for p in model.parameters())
     for size in (0.9, 0.8, 0.7):

@@ -28,6 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.quality import head_commit  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
 from surgeon.model import load_model, prunable_layers  # noqa: E402
 from surgeon.report import peak_memory_gb  # noqa: E402
@@ -115,8 +116,7 @@ def main() -> None:
     labels = args.label or [Path(m).name for m in args.models]
     if len(labels) != len(args.models):
         parser.error("give one --label per model")
-    commit = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip()
+    commit = head_commit()
     kind = "gpu" if args.device.startswith("cuda") else "cpu"
     machine = (torch.cuda.get_device_name(args.device) if kind == "gpu" else
                f"{platform.machine()} {torch.get_num_threads()} threads")

@@ -23,6 +23,7 @@ import platform
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -58,6 +59,22 @@ def rows(shots_structured: int, shots_element: int) -> list[tuple[str, PruneConf
     return out
 
 
+def head_commit() -> str:
+    """The short hash of the checked-out commit, which names the result files."""
+    return subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent).stdout.strip()
+
+
+def smollm2_protocol(calib_windows: int = 8, calib_seqlen: int = 512) -> tuple[Any, dict, torch.Tensor, torch.Tensor]:
+    """SmolLM2-135M, a copy of its dense weights, the WikiText-2 test ids and the calibration windows (seed 0)."""
+    model, tokenizer = load_model("smollm2-135m")
+    dense_state = {k: v.clone() for k, v in model.state_dict().items()}
+    test_ids = tokenize(tokenizer, evaluation_text("wikitext2"))
+    windows = calibration_windows(tokenize(tokenizer, calibration_text("wikitext2-valid")), calib_windows,
+                                  calib_seqlen, seed=0)
+    return model, dense_state, test_ids, windows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calib-windows", type=int, default=8)
@@ -69,17 +86,12 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ROOT.mkdir(parents=True, exist_ok=True)
-    model, tokenizer = load_model("smollm2-135m")
-    dense_state = {k: v.clone() for k, v in model.state_dict().items()}
-    test_ids = tokenize(tokenizer, evaluation_text("wikitext2"))
-    windows = calibration_windows(tokenize(tokenizer, calibration_text("wikitext2-valid")),
-                                  args.calib_windows, args.calib_seqlen, seed=0)
+    model, dense_state, test_ids, windows = smollm2_protocol(args.calib_windows, args.calib_seqlen)
     import transformers
 
     machine = (f"{platform.machine()} {torch.get_num_threads()} threads, Python {platform.python_version()}, "
                f"torch {torch.__version__}, transformers {transformers.__version__}")
-    commit = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
+    commit = head_commit()
     protocol = {"calib_windows": args.calib_windows, "calib_seqlen": args.calib_seqlen,
                 "eval_windows": args.eval_windows, "eval_seqlen": 2048, "machine": machine, "commit": commit}
     dense_path = ROOT / f"dense@{commit}.json"

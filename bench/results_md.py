@@ -177,8 +177,8 @@ def generation_section() -> list[str]:
         return ["Not yet measured (`python bench/generation_speed.py MODEL …`)."]
     out = ["| model | machine | commit | parameters | prunable zeros | safetensors MB | prefill tokens/s | "
            "decode tokens/s (context) | peak GiB |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for path in paths:
-        run = load(path)
+    runs = [load(path) for path in paths]
+    for path, run in zip(paths, runs):
         size = "-" if run["safetensors_bytes"] is None else f"{run['safetensors_bytes'] / 1e6:.0f}"
         prefill = ", ".join(f"{v:.0f} at {k}" for k, v in run["prefill_tokens_per_s"].items())
         decode = ", ".join(f"{v:.1f} at batch {k}" for k, v in run["decode_tokens_per_s"].items())
@@ -187,7 +187,7 @@ def generation_section() -> list[str]:
                    f"{run['prunable_zero_fraction']:.3f} | {size} | {prefill} | {decode} ({run['context']}) | "
                    f"{run['peak_memory_gb']:.2f} |")
     out += ["", "Commands, as recorded in each file (paths of the measuring machine):", ""]
-    out += [f"- {load(path)['label']}: `{load(path)['command']}`" for path in paths]
+    out += [f"- {run['label']}: `{run['command']}`" for run in runs]
     return out
 
 

@@ -155,12 +155,12 @@ class KroneckerInverse:
 
     def matrices(self) -> tuple[torch.Tensor, torch.Tensor]:
         """G⁻¹ and A⁻¹ as dense matrices (from roots: one product each)."""
-        G, A = _dense(self.G), _dense(self.A)
+        G, A = as_dense(self.G), as_dense(self.A)
         return (G @ G.T, A @ A.T) if self.roots else (G, A)
 
     def inverse_rows(self, rows: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """G⁻¹[rows, :] and A⁻¹[cols, :] (from roots: U_G[rows] U_Gᵀ and U_A[cols] U_Aᵀ)."""
-        G, A = _dense(self.G), _dense(self.A)
+        G, A = as_dense(self.G), as_dense(self.A)
         if self.roots:
             return G[rows] @ G.T, A[cols] @ A.T
         return G[rows], A[cols]
@@ -171,7 +171,8 @@ class KroneckerInverse:
         return G_inv @ V @ A_inv
 
 
-def _dense(matrix: torch.Tensor | PackedSymmetric) -> torch.Tensor:
+def as_dense(matrix: torch.Tensor | PackedSymmetric) -> torch.Tensor:
+    """A dense factor of a `KroneckerInverse` as it is; a packed one is refused (unpack it with `dense()`)."""
     if isinstance(matrix, PackedSymmetric):
         raise ValueError("a packed KroneckerInverse is read only after `dense()`")
     return matrix

@@ -24,7 +24,7 @@ from surgeon.errors import SurgeonError
 from surgeon.layer import Layer, put_submatrix, submatrix
 from surgeon.model import decoder_blocks, max_seqlen, prunable_layers
 from surgeon.report import PruneReport, ShotReport, peak_memory_gb, removed_fractions, zero_fraction
-from surgeon_kernels.ops import Deferred, PackedSymmetric
+from surgeon_kernels.ops import Deferred
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,8 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
             per_set = cols.reshape(-1, size).sum(1)  # OBD: the sum of the set's costs; removed sets stay −inf
             if config.method == "surgeon":
                 G = damp(submatrix(entry.G.dense(), keep_r, keep_r), strengths[0])
-                joint = costs.set_costs(submatrix(W, keep_r, real_c).T, _dense(f.A)[: real_c.numel()], G, size)
+                root = inverses.as_dense(f.A)[: real_c.numel()]
+                joint = costs.set_costs(submatrix(W, keep_r, real_c).T, root, G, size)
                 per_set[real_c.reshape(-1, size)[:, 0] // size] = joint
             set_cost[index] = per_set
         plans.append((keep_r, keep_c, kept))
@@ -123,12 +124,6 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
         layer.store(W)
     times.append(_clock(device))
     return _phases(times), freed
-
-
-def _dense(matrix: torch.Tensor | PackedSymmetric) -> torch.Tensor:
-    """A dense inverse root (the costs phase holds them dense)."""
-    assert isinstance(matrix, torch.Tensor)
-    return matrix
 
 
 def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig) -> dict[str, float]:

@@ -36,6 +36,10 @@ class Member:
     axis: Axis
     size: int
 
+    def owned(self, chosen: torch.Tensor) -> torch.Tensor:
+        """The rows or columns of this layer that the `chosen` units [count] own."""
+        return chosen.repeat_interleave(self.size)
+
 
 @dataclass(frozen=True)
 class UnitKind:
@@ -55,9 +59,6 @@ class UnitKind:
         """The columns of the layer that reads the unit (down, o): what a unit's removal costs."""
         return next(member for member in self.members if member.axis == "cols")
 
-    def owned(self, chosen: torch.Tensor, member: Member) -> torch.Tensor:
-        """The rows or columns of `member`'s layer that the `chosen` units [count] own."""
-        return chosen.repeat_interleave(member.size)
 
 
 def coupled_units(model: nn.Module, names: list[str]) -> list[UnitKind]:
@@ -110,7 +111,7 @@ def masks_of(kinds: list[UnitKind], chosen: list[torch.Tensor], rows: list[torch
             if consumers_only and member is not kind.consumer:
                 continue
             target = rows if member.axis == "rows" else cols
-            target[member.layer] = target[member.layer] | kind.owned(units, member).to(target[member.layer].device)
+            target[member.layer] = target[member.layer] | member.owned(units).to(target[member.layer].device)
         if free_kv and kind.kv is not None:
             (k_layer, v_layer), per_kv, head_dim = kind.kv
             q = next(m for m in kind.members if m.axis == "rows")
