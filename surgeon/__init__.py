@@ -3,7 +3,7 @@
 Everything the README's Python example needs is importable from here::
 
     from surgeon import (PruneConfig, calibration_text, calibration_windows, evaluation_text, load_model,
-                         perplexity, prune, save_model, tokenize)
+                         perplexity, prune, save_model, solve, tokenize)
 
 Names are imported on first use, so `import surgeon` (and `surgeon --help`) does not load torch.
 """
@@ -33,11 +33,13 @@ _EXPORTS = {
     "EvalResult": "surgeon.evaluate",
     "save_model": "surgeon.io",
     "load_compact": "surgeon.compact",
+    "solve": "surgeon.solver",
+    "Solution": "surgeon.solver",
 }
 __all__ = [
-    "EvalResult", "PruneConfig", "PruneReport", "RunConfig", "ShotReport", "SurgeonError", "__version__",
+    "EvalResult", "PruneConfig", "PruneReport", "RunConfig", "ShotReport", "Solution", "SurgeonError", "__version__",
     "calibration_text", "calibration_windows", "evaluation_text", "load_compact", "load_model", "load_tokenizer",
-    "perplexity", "prune", "save_model", "tokenize",
+    "perplexity", "prune", "save_model", "solve", "tokenize",
 ]
 
 if TYPE_CHECKING:
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from surgeon.model import load_model, load_tokenizer
     from surgeon.report import PruneReport, ShotReport
     from surgeon.shots import prune
+    from surgeon.solver import Solution, solve
 
 
 def __getattr__(name: str) -> Any:

@@ -1,5 +1,9 @@
 """LLM Surgeon's costs and updates for one layer, as pure functions of tensors (docs/DESIGN.md).
 
+`solve` is the one call for code outside the package: a weight matrix, its curvature factors and a
+target in, the pruned matrix, its mask and the quadratic loss out. The other functions expose one
+step each.
+
 A layer `y = W a` has weights W [R, C] (a bias, if any, as a last column of W and of A) and
 curvature F ≈ G ⊗ A with G [R, R], A [C, C] the damped, symmetric positive definite Kronecker
 factors (eq. 6), in W's floating dtype, on any device. With θ = vec(W) row-major,
@@ -9,23 +13,35 @@ F⁻¹ = G⁻¹ ⊗ A⁻¹ and the quadratic model of the loss change is ½ tr(�
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from surgeon import costs, updates
+from surgeon import baselines, costs, threshold, updates
 from surgeon.config import ChunkSemantics
-from surgeon.inverses import KroneckerInverse
+from surgeon.damping import damp
+from surgeon.inverses import KroneckerInverse, spd_inverse
 
 
-def _check_factors(W: torch.Tensor, G: torch.Tensor, A: torch.Tensor) -> None:
-    """W [R, C] with G [R, R] and A [C, C] of one floating dtype, or a ValueError naming the mismatch."""
+def _check_factors(W: torch.Tensor, G: torch.Tensor | None, A: torch.Tensor, one_dtype: bool = True) -> None:
+    """W [R, C], G [R, R] or None, A [C, C], floating (`one_dtype`: of one dtype), or an error naming the mismatch."""
     if W.dim() != 2:
         raise ValueError(f"W must be a matrix [R, C], not {list(W.shape)}")
     R, C = W.shape
-    if G.shape != (R, R) or A.shape != (C, C):
-        raise ValueError(f"W is {R}×{C}, so G must be {R}×{R} and A {C}×{C}; got G {list(G.shape)}, A {list(A.shape)}")
-    if not (W.is_floating_point() and G.dtype == W.dtype and A.dtype == W.dtype):
-        raise TypeError(f"W, G and A must share one floating dtype; got {W.dtype}, {G.dtype}, {A.dtype}")
+    if (G is not None and G.shape != (R, R)) or A.shape != (C, C):
+        raise ValueError(f"W is {R}×{C}, so G must be {R}×{R} and A {C}×{C}; got "
+                         f"G {None if G is None else list(G.shape)}, A {list(A.shape)}")
+    factors = [A] if G is None else [G, A]
+    if not all(t.is_floating_point() for t in [W, *factors]) or (
+            one_dtype and any(t.dtype != W.dtype for t in factors)):
+        raise TypeError(f"W, G and A must be floating{' and share one dtype' if one_dtype else ''}; got "
+                        f"{W.dtype}, {None if G is None else G.dtype}, {A.dtype}")
+
+
+def _check_mask(W: torch.Tensor, mask: object) -> None:
+    """A boolean mask of W's shape, or a ValueError."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != W.shape:
+        raise ValueError(f"mask must be a boolean tensor of W's shape {list(W.shape)} (True = prune)")
 
 
 def element_costs(W: torch.Tensor, G: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
@@ -104,11 +120,129 @@ def unstructured_update(
     code's approximation), their semantics `sequential` or `independent`.
     """
     _check_factors(W, G, A)
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != W.shape:
-        raise ValueError(f"mask must be a boolean tensor of W's shape {list(W.shape)} (True = prune)")
+    _check_mask(W, mask)
     return updates.unstructured(W, KroneckerInverse.of(G, A), mask, max_correlate, semantics, tol, max_iter)
 
 
 def quadratic_loss(delta: torch.Tensor, G: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
     """½ vec(ΔW)ᵀ (G ⊗ A) vec(ΔW) = ½ tr(ΔWᵀ G ΔW A), the local loss model (eq. 2)."""
     return 0.5 * (delta * (G @ delta @ A)).sum()
+
+
+@dataclass(frozen=True)
+class Solution:
+    """What `solve` returns: the pruned W (W's dtype and device), its mask (True = removed) and the loss."""
+
+    weight: torch.Tensor
+    mask: torch.Tensor
+    loss: float
+
+
+def _check_target(W: torch.Tensor, sparsity: float | None, nm: tuple[int, int] | None, mask: torch.Tensor | None,
+                  rows: object, cols: object, shots: int) -> None:
+    """Exactly one valid target for W, or a ValueError naming what is wrong."""
+    given = [name for name, value in (("sparsity", sparsity), ("nm", nm), ("mask", mask)) if value is not None]
+    if rows is not None or cols is not None:
+        given.append("rows/cols")
+    if len(given) != 1:
+        raise ValueError(f"give exactly one target (sparsity, nm, mask or rows/cols), not {given or 'none'}")
+    if sparsity is not None and not 0 <= sparsity < 1:
+        raise ValueError(f"sparsity must be in [0, 1), not {sparsity}")
+    if nm is not None:
+        n, m = nm
+        if not 0 <= n < m:
+            raise ValueError(f"nm=({n}, {m}) must keep n of every m weights with 0 ≤ n < m")
+        if W.shape[1] % m:
+            raise ValueError(f"N:M with m={m} needs the column count {W.shape[1]} to be a multiple of m")
+    if mask is not None:
+        _check_mask(W, mask)
+    if shots < 1:
+        raise ValueError(f"shots must be at least 1, not {shots}")
+
+
+def solve(
+    W: torch.Tensor,
+    A: torch.Tensor,
+    G: torch.Tensor | None = None,
+    *,
+    sparsity: float | None = None,
+    nm: tuple[int, int] | None = None,
+    mask: torch.Tensor | None = None,
+    rows: torch.Tensor | Sequence[int] | None = None,
+    cols: torch.Tensor | Sequence[int] | None = None,
+    shots: int = 1,
+    damp_a: float = 0.01,
+    damp_g: float = 0.1,
+    blocksize: int = 128,
+) -> Solution:
+    """Prune one layer to a target with the exact correlated update (eqs. 4-5, sec. 3.4): a `Solution`.
+
+    W [R, C]; A [C, C] the input factor E[a aᵀ], or SparseGPT's H = (2/n)·X Xᵀ = 2A (the update and
+    the mask do not change with A's scale, the loss doubles); G [R, R] the output factor, None for
+    the identity (a layer-wise reconstruction loss). Both are damped by `damping.damp` (λ_A =
+    `damp_a`, λ_G = `damp_g`). One target:
+    - `sparsity`: that fraction of weights removed, in `shots` steps of growing sparsity;
+    - `nm`: (n, m) keeps n of every m consecutive weights in each row (2:4 is (2, 4));
+    - `mask`: a boolean [R, C], True = remove;
+    - `rows`, `cols`: removed rows and columns (boolean masks or indices).
+    With G = None the rows decouple: each shot chooses the mask with SparseGPT's column sweep
+    (exactly round(sparsity·R·b) weights in each block of b = `blocksize` columns), then every row's
+    kept weights are solved exactly from the original W. With G the mask comes from eq. 7's element
+    costs under one threshold over the layer, and all pruned weights are solved jointly. `loss` is
+    ½ tr(ΔWᵀ G ΔW A) with the undamped factors as given. Factors may be of any floating dtype:
+    the solve runs in float64.
+    """
+    _check_factors(W, G, A, one_dtype=False)
+    _check_target(W, sparsity, nm, mask, rows, cols, shots)
+    if nm is not None and G is None and blocksize % nm[1]:
+        raise ValueError(f"blocksize {blocksize} must be a multiple of m={nm[1]}")
+    R, C = W.shape
+    W0, A0 = W.double(), A.double()
+    A_inv = spd_inverse(damp(A0, damp_a))
+    G_inv = torch.eye(R, dtype=torch.float64, device=W.device) if G is None else spd_inverse(damp(G.double(), damp_g))
+    f = KroneckerInverse(G_inv, A_inv, G_inv.diagonal().clone(), A_inv.diagonal().clone(), False)
+
+    def exact(pruned: torch.Tensor) -> torch.Tensor:
+        if G is None:  # rows decouple: each row's pruned weights form one chunk, solved exactly
+            return updates.unstructured(W0, f, pruned, max_correlate=C, semantics="independent")
+        return updates.unstructured(W0, f, pruned)
+
+    if rows is not None or cols is not None:
+        removed_rows = as_indices(rows if rows is not None else [], R, "rows").to(W.device)
+        removed_cols = as_indices(cols if cols is not None else [], C, "cols").to(W.device)
+        new = updates.structured(W0, f, removed_rows, removed_cols, "joint")
+        pruned = torch.zeros(R, C, dtype=torch.bool, device=W.device)
+        pruned[removed_rows] = True
+        pruned[:, removed_cols] = True
+    elif mask is not None:
+        pruned, new = mask, exact(mask)
+    else:
+        pruned, new = torch.zeros(R, C, dtype=torch.bool, device=W.device), W0
+        for shot in range(1, shots + 1):
+            pruned = _select(new, A0, f, pruned, G is None, sparsity, nm, (shot, shots), damp_a, blocksize)
+            new = exact(pruned)
+    delta = new - W0
+    loss = 0.5 * (delta * (delta @ A0)).sum() if G is None else quadratic_loss(delta, G.double(), A0)
+    return Solution(new.to(W.dtype), pruned, float(loss))
+
+
+def _select(W: torch.Tensor, A: torch.Tensor, f: KroneckerInverse, previous: torch.Tensor, sweep: bool,
+            sparsity: float | None, nm: tuple[int, int] | None, step: tuple[int, int], damp_a: float,
+            blocksize: int) -> torch.Tensor:
+    """The mask of shot `step` = (s, shots), s/shots of the way to the target, containing `previous` (True = removed).
+
+    sweep: SparseGPT's column sweep on the current W and A (exact per block of columns);
+    otherwise eq. 7's element costs under one threshold over the layer.
+    """
+    if nm is not None:
+        n, m = nm
+        pruned_per_group = -(-(m - n) * step[0] // step[1])  # ⌈(m − n)·s/shots⌉
+        if sweep:
+            return baselines.sparsegpt(W, A, 0.0, previous, (m - pruned_per_group, m), blocksize, damp_a)[1]
+        target = W.numel() // m * pruned_per_group
+        return threshold.nm_selection([costs.element_costs(W, f)], m - pruned_per_group, m, target)[0]()
+    assert sparsity is not None
+    fraction = sparsity * step[0] / step[1]
+    if sweep:
+        return baselines.sparsegpt(W, A, fraction, previous, None, blocksize, damp_a)[1]
+    return threshold.smallest_k([costs.element_costs(W, f)], round(fraction * W.numel()))[0]()

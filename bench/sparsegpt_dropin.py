@@ -1,0 +1,102 @@
+"""Layer output error and time of the SparseGPT drop-in against SparseGPT's own algorithm, on the same H.
+
+    python bench/sparsegpt_dropin.py                 # blocks 0, 10, 20 and 29 of SmolLM2-135M
+    python bench/sparsegpt_dropin.py --blocks 0 5
+
+For every linear layer of the chosen blocks of the dense SmolLM2-135M, H = (2/n) Σ x xᵀ is
+accumulated from the CPU protocol's calibration windows (8 × 512 tokens of WikiText-2 validation,
+seed 0) exactly as SparseGPT's `add_batch` does. On that H each method prunes the layer to
+unstructured 50% and 2:4: SparseGPT as published (`surgeon.baselines.sparsegpt`, block size 128,
+percdamp 0.01) and `surgeon.solve` with G = I as the drop-in calls it, for each `--shots`. The
+error is ‖X(W − Ŵ)ᵀ‖² / n = ½ tr(ΔW H ΔWᵀ) with the undamped H. Result:
+bench/results/cpu/sparsegpt-dropin@<commit>.json; `make results` puts the summary in RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.quality import head_commit, smollm2_protocol  # noqa: E402
+from surgeon.baselines import sparsegpt  # noqa: E402
+from surgeon.integrations.sparsegpt import SparseGPT  # noqa: E402
+from surgeon.io import write_json  # noqa: E402
+from surgeon.model import prunable_layers  # noqa: E402
+from surgeon.solver import solve  # noqa: E402
+
+STRUCTURES = {"unstructured-0.5": None, "2:4": (2, 4)}
+
+
+def layer_hessians(model: torch.nn.Module, windows: torch.Tensor, blocks: list[int]) -> dict[str, tuple]:
+    """(W, H) of every linear layer in `blocks`, H accumulated by the drop-in's own `add_batch`."""
+    layers = [pair for b in blocks for pair in prunable_layers(model)[b]]
+    gpts = {name: SparseGPT(module) for name, module in layers}
+    handles = [module.register_forward_hook(lambda m, inp, out, name=name: gpts[name].add_batch(inp[0].data, out.data))
+               for name, module in layers]
+    with torch.no_grad():
+        for window in windows:
+            model(window.unsqueeze(0))
+    for handle in handles:
+        handle.remove()
+    return {name: (module.weight.detach().clone(), gpts[name].H) for name, module in layers}
+
+
+def error(W: torch.Tensor, pruned: torch.Tensor, H: torch.Tensor) -> float:
+    delta = (W - pruned).double()
+    return float(0.5 * (delta @ H.double() * delta).sum())
+
+
+def timed(run):
+    start = time.perf_counter()
+    out = run()
+    return out, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--blocks", type=int, nargs="+", default=[0, 10, 20, 29])
+    parser.add_argument("--shots", type=int, nargs="+", default=[1, 4])
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model, _, _, windows = smollm2_protocol()
+    layers = layer_hessians(model, windows, args.blocks)
+    rows = []
+    for name, (W, H) in layers.items():
+        for structure, nm in STRUCTURES.items():
+            (theirs, _), seconds = timed(lambda: sparsegpt(W, H, 0.5, torch.zeros_like(W, dtype=torch.bool), nm))
+            row = dict(layer=name, structure=structure, shape=list(W.shape), sparsegpt_error=error(W, theirs, H),
+                       sparsegpt_seconds=seconds, surgeon={})
+            for shots in args.shots:
+                target = dict(nm=nm) if nm else dict(sparsity=0.5)
+                solution, seconds = timed(lambda: solve(W, H, shots=shots, **target))
+                row["surgeon"][str(shots)] = dict(error=error(W, solution.weight, H), seconds=seconds,
+                                                  ratio=error(W, solution.weight, H) / row["sparsegpt_error"])
+            print(name, structure, {k: f"{v['ratio']:.3f}" for k, v in row["surgeon"].items()}, flush=True)
+            rows.append(row)
+    summary = {}
+    for structure in STRUCTURES:
+        chosen = [row for row in rows if row["structure"] == structure]
+        summary[structure] = dict(
+            sparsegpt_seconds=sum(row["sparsegpt_seconds"] for row in chosen),
+            shots={str(shots): dict(
+                worst_ratio=max(row["surgeon"][str(shots)]["ratio"] for row in chosen),
+                geomean_ratio=float(torch.tensor([row["surgeon"][str(shots)]["ratio"] for row in chosen]).log()
+                                    .mean().exp()),
+                seconds=sum(row["surgeon"][str(shots)]["seconds"] for row in chosen)) for shots in args.shots})
+    commit = head_commit()
+    write_json(ROOT / "bench" / "results" / "cpu" / f"sparsegpt-dropin@{commit}.json", dict(
+        commit=commit, machine=f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
+        command="python bench/sparsegpt_dropin.py " + " ".join(sys.argv[1:]), blocks=args.blocks,
+        layers=len(layers), summary=summary, rows=rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""surgeon.solve: W, A (or SparseGPT's H), optional G and a target in; checked against eqs. 4-5 in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import surgeon
+from tests._tolerances import FLOAT64, SPARSEGPT_BLOCK, removed_by_rule
+from tests.conftest import problem
+from tests.test_solver import closed_form
+
+
+def random_mask(R: int, C: int, gen: torch.Generator, fraction: float = 0.4) -> torch.Tensor:
+    return torch.rand(R, C, generator=gen, dtype=torch.float64) < fraction
+
+
+@pytest.mark.parametrize("with_g", [False, True], ids=["G=I", "G"])
+def test_given_mask_is_the_closed_form(with_g, gen):
+    W, G, A = problem(6, 10, gen)
+    G = G if with_g else None
+    mask = random_mask(6, 10, gen)
+    solution = surgeon.solve(W, A, G, mask=mask, damp_a=0, damp_g=0)
+    expected, cost = closed_form(W, torch.eye(6, dtype=torch.float64) if G is None else G, A, mask)
+    torch.testing.assert_close(solution.weight, expected, **FLOAT64)
+    torch.testing.assert_close(torch.tensor(solution.loss, dtype=torch.float64), cost, **FLOAT64)
+    assert torch.equal(solution.mask, mask) and (solution.weight[mask] == 0).all()
+
+
+def test_rows_and_cols_are_the_closed_form(gen):
+    W, G, A = problem(7, 9, gen)
+    rows, cols = [1, 4], torch.tensor([0, 0, 0, 1, 0, 0, 0, 0, 1], dtype=torch.bool)
+    solution = surgeon.solve(W, A, G, rows=rows, cols=cols, damp_a=0, damp_g=0)
+    mask = torch.zeros(7, 9, dtype=torch.bool)
+    mask[rows] = True
+    mask[:, cols] = True
+    expected, cost = closed_form(W, G, A, mask)
+    torch.testing.assert_close(solution.weight, expected, **FLOAT64)
+    torch.testing.assert_close(torch.tensor(solution.loss, dtype=torch.float64), cost, **FLOAT64)
+    assert torch.equal(solution.mask, mask)
+
+
+@pytest.mark.parametrize("shots", [1, 3])
+@pytest.mark.parametrize("with_g", [False, True], ids=["G=I", "G"])
+def test_sparsity_is_exact_and_the_update_optimal_for_its_mask(with_g, shots, gen):
+    R, C = 8, 2 * SPARSEGPT_BLOCK + 16
+    W, G, A = problem(R, C, gen)
+    G = G if with_g else None
+    solution = surgeon.solve(W, A, G, sparsity=0.5, shots=shots)
+    expected = removed_by_rule([(R, C)], 0.5, "surgeon" if with_g else "sparsegpt")
+    assert int(solution.mask.sum()) == expected
+    again = surgeon.solve(W, A, G, mask=solution.mask)
+    torch.testing.assert_close(solution.weight, again.weight, **FLOAT64)
+    assert solution.loss == pytest.approx(again.loss, rel=1e-10)
+
+
+@pytest.mark.parametrize("shots", [1, 2])
+@pytest.mark.parametrize("with_g", [False, True], ids=["G=I", "G"])
+@pytest.mark.parametrize("n,m", [(2, 4), (4, 8)])
+def test_nm_pattern_is_exact(n, m, with_g, shots, gen):
+    R, C = 6, 32
+    W, G, A = problem(R, C, gen)
+    solution = surgeon.solve(W, A, G if with_g else None, nm=(n, m), shots=shots)
+    assert (solution.mask.reshape(R, C // m, m).sum(-1) == m - n).all()
+    assert (solution.weight[solution.mask] == 0).all()
+
+
+def test_sparsegpt_h_scale_changes_only_the_loss(gen):
+    W, _, A = problem(5, 16, gen)
+    half, full = surgeon.solve(W, A, sparsity=0.5, blocksize=8), surgeon.solve(W, 2 * A, sparsity=0.5, blocksize=8)
+    assert torch.equal(half.mask, full.mask)
+    torch.testing.assert_close(half.weight, full.weight, **FLOAT64)
+    assert full.loss == pytest.approx(2 * half.loss, rel=1e-10)
+
+
+def test_low_precision_weights_come_back_in_their_dtype(gen):
+    W, _, A = problem(4, 16, gen)
+    solution = surgeon.solve(W.bfloat16(), A.float(), sparsity=0.5, blocksize=16)
+    assert solution.weight.dtype == torch.bfloat16 and (solution.weight[solution.mask] == 0).all()
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(), "exactly one target"),
+    (dict(sparsity=0.5, nm=(2, 4)), "exactly one target"),
+    (dict(sparsity=1.0), r"sparsity must be in \[0, 1\)"),
+    (dict(sparsity=-0.1), r"sparsity must be in \[0, 1\)"),
+    (dict(nm=(2, 3)), "multiple of m"),
+    (dict(nm=(4, 4)), "0 ≤ n < m"),
+    (dict(nm=(2, 8), blocksize=12), "blocksize 12 must be a multiple of m=8"),
+    (dict(mask=torch.zeros(3, 3, dtype=torch.bool)), "boolean tensor of W's shape"),
+    (dict(sparsity=0.5, shots=0), "shots must be at least 1"),
+])
+def test_bad_targets_are_refused(kwargs, message, gen):
+    W, _, A = problem(4, 16, gen)
+    with pytest.raises(ValueError, match=message):
+        surgeon.solve(W, A, **kwargs)
+
+
+def test_mismatched_factors_are_refused(gen):
+    W, G, A = problem(4, 16, gen)
+    with pytest.raises(ValueError, match="G must be 4×4 and A 16×16"):
+        surgeon.solve(W, A[:8, :8], sparsity=0.5)
+    with pytest.raises(ValueError, match="G must be 4×4"):
+        surgeon.solve(W, A, A, sparsity=0.5)
