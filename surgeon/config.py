@@ -178,6 +178,7 @@ class RunConfig:
     overwrite: bool = _opt(
         False, "prune into an existing non-empty --output folder, replacing only the files the run writes"
     )
+    eval_every_shot: bool = _opt(False, "also evaluate perplexity after every shot (per shot in report.json)")
 
     @property
     def test_seqlen(self) -> int:
@@ -218,3 +219,14 @@ class ExportConfig:
             raise ValueError("nothing to export: pass --compact to write the model without its removed units")
         if self.format not in EXPORT_FORMATS:
             raise ValueError(f"format {self.format!r} is not one of {', '.join(EXPORT_FORMATS)}")
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """Settings of `surgeon report`: which pruning run, what to compare it with, where the figures go."""
+
+    run: str = _opt("", "a folder written by `surgeon prune`")
+    compare: str | None = _opt(None, "another `surgeon prune` folder of the same model: adds the mask equivalence",
+                               shown="no comparison")
+    output: str | None = _opt(None, "a new or empty folder for the figures (PNG) and summary.md")
+    overwrite: bool = _opt(False, "write into an existing non-empty --output folder, replacing only its files")

@@ -17,7 +17,8 @@ class ShotReport:
     target_size: fraction of prunable weights to keep after it (α_t); sparsity: fraction removed
     after it; freed: weights removed this shot only because the chosen structures left them dead
     (channel ends, `surgeon.channels`), included in `sparsity`; seconds: per phase; peak_memory_gb:
-    peak GPU allocation on CUDA, else the process's peak resident memory, in GiB.
+    peak GPU allocation on CUDA, else the process's peak resident memory, in GiB; ppl: perplexity
+    after the shot when the run evaluates every shot (`--eval-every-shot`), else None.
     """
 
     shot: int
@@ -26,6 +27,7 @@ class ShotReport:
     freed: int
     seconds: dict[str, float]
     peak_memory_gb: float
+    ppl: float | None = None
 
 
 @dataclass

@@ -14,6 +14,7 @@ from surgeon.errors import SurgeonError, first_line
 from surgeon.evaluate import perplexity
 from surgeon.io import COMPLETE_MARKER, OutputDirectory, write_checkpoint
 from surgeon.model import load_model, max_seqlen
+from surgeon.report import ShotReport
 from surgeon.shots import prune
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,12 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool) -> 
     windows = calibration_windows(tokenize(tokenizer, calibration), run.nsamples, run.seqlen, config.seed)
     before = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress)
     logger.info("dense perplexity %.4f (%d windows)", before.ppl, before.windows)
-    report = prune(model, windows, config, progress)
+
+    def evaluate_shot(shot: ShotReport) -> None:
+        shot.ppl = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress).ppl
+        logger.info("perplexity after shot %d: %.4f", shot.shot, shot.ppl)
+
+    report = prune(model, windows, config, progress, evaluate_shot if run.eval_every_shot else None)
     after = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress)
     logger.info("pruned perplexity %.4f (%d windows)", after.ppl, after.windows)
     result = {

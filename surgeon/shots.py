@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -246,13 +247,15 @@ def _check_inputs(model: nn.Module, calibration_ids: torch.Tensor) -> None:
                          f"({limit})")
 
 
-def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, progress: bool = True) -> PruneReport:
+def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, progress: bool = True,
+          after_shot: Callable[[ShotReport], None] | None = None) -> PruneReport:
     """Prune `model` in place to `config.target_size` in `config.shots` shots (Algorithm 1).
 
     model: a transformers causal LM whose decoder blocks hold `nn.Linear` layers (embeddings and
         the LM head are never pruned); any dtype and device, its weights change in place.
     calibration_ids: `torch.LongTensor [n, seqlen]`, n windows of token ids (`calibration_windows`).
     config: what to prune and how (`PruneConfig`). progress: draw progress bars (False: silent).
+    after_shot: called with each shot's `ShotReport` once the shot is done (e.g. to evaluate it).
     Returns a `PruneReport`: `sparsity` (fraction of zero prunable weights), `layers` (that fraction
     per layer, by qualified name), `shots` (per shot: target size, sparsity reached, seconds per
     phase, peak memory in GiB), `config` and `seconds`.
@@ -315,6 +318,8 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
         logger.info("shot %d/%d · target size %.3f · sparsity %.4f · %s · peak %.2f GB", shot, config.shots,
                     target_size, sparsity, " · ".join(f"{k} {v:.2f}s" for k, v in seconds.items()),
                     shot_report.peak_memory_gb)
+        if after_shot is not None:
+            after_shot(shot_report)
     report.layers, report.removed, report.sparsity = removed_fractions([(layer.name, layer.mask) for layer in layers])
     report.zero_fraction = zero_fraction(named)
     report.seconds = time.perf_counter() - start

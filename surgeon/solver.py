@@ -182,7 +182,8 @@ def solve(
     the identity (a layer-wise reconstruction loss). Both are damped by `damping.damp` (λ_A =
     `damp_a`, λ_G = `damp_g`). One target:
     - `sparsity`: that fraction of weights removed, in `shots` steps of growing sparsity;
-    - `nm`: (n, m) keeps n of every m consecutive weights in each row (2:4 is (2, 4));
+    - `nm`: (n, m) keeps n of every m consecutive weights in each row (2:4 is (2, 4)); shot s of
+      the at most m − n shots prunes ⌈(m − n)·s/shots⌉ of each group;
     - `mask`: a boolean [R, C], True = remove;
     - `rows`, `cols`: removed rows and columns (boolean masks or indices).
     With G = None the rows decouple: each shot chooses the mask with SparseGPT's column sweep
@@ -218,6 +219,8 @@ def solve(
         pruned, new = mask, exact(mask)
     else:
         pruned, new = torch.zeros(R, C, dtype=torch.bool, device=W.device), W0
+        if nm is not None:  # a shot prunes at least one more weight per group
+            shots = min(shots, nm[1] - nm[0])
         for shot in range(1, shots + 1):
             pruned = _select(new, A0, f, pruned, G is None, sparsity, nm, (shot, shots), damp_a, blocksize)
             new = exact(pruned)
