@@ -6,7 +6,8 @@ tokens of the WikiText-2 test split. Damping as docs/DESIGN.md (λ_G = 0.1, λ_A
 Unstructured and 2:4 LLM Surgeon rows solve all pruned weights of a layer jointly (the default
 `max_correlate=0`: eqs. 4-5 by conjugate gradients, at most 40 iterations per layer); the row
 `unstructured-0.5-surgeon-m64` is the reference code's form (chunks of 64 solved independently,
-λ_G = 0.01). SparseGPT and Wanda run in one shot, as published.
+λ_G = 0.01). SparseGPT and Wanda run in one shot, as published; so does `sparsegpt-exact` (SparseGPT's
+mask with the exact per-row update).
 
 Each run is saved as bench/results/quality/<row>@<commit>.json and skipped when that file exists,
 so an interrupted table resumes; `python bench/results_md.py` writes the table into RESULTS.md.
@@ -35,7 +36,7 @@ from surgeon.model import load_model
 
 ROOT = Path(__file__).parent / "results" / "quality"
 STRUCTURED = ("magnitude", "lobd", "kobd", "surgeon-within", "surgeon")
-ELEMENT = ("magnitude", "wanda", "sparsegpt", "kobd", "surgeon")
+ELEMENT = ("magnitude", "wanda", "sparsegpt", "sparsegpt-exact", "kobd", "surgeon")
 
 
 def rows(shots_structured: int, shots_element: int) -> list[tuple[str, PruneConfig]]:
@@ -49,7 +50,7 @@ def rows(shots_structured: int, shots_element: int) -> list[tuple[str, PruneConf
             out.append((f"structured-{size}-{method}", config))
     for structure, size in (("unstructured", 0.5), ("2:4", 0.5)):
         for method in ELEMENT:
-            shots = 1 if method in ("wanda", "sparsegpt") else shots_element
+            shots = 1 if method in ("wanda", "sparsegpt", "sparsegpt-exact") else shots_element
             config = PruneConfig(structure=structure, target_size=size, shots=shots, method=method)
             out.append((f"{structure.replace(':', 'of')}-{size}-{method}", config))
     ablation = PruneConfig(structure="unstructured", target_size=0.5, shots=shots_element, max_correlate=64,

@@ -82,10 +82,12 @@ def mark(commit: str, paths: tuple[str, ...] = CODE) -> str:
 
 def quality_runs() -> tuple[str, dict[str, dict[str, Any]]]:
     """The newest commit with a complete set of quality runs, and its runs by row name."""
-    dense = newest(sorted((RESULTS / "quality").glob("dense@*.json")))
-    if dense is None:
+    order = commit_order()
+    denses = [p for p in (RESULTS / "quality").glob("dense@*.json") if commit_of(p) in order]
+    if not denses:
         raise SystemExit("no bench/results/quality/dense@<commit>.json: run `python bench/quality.py`")
-    commit = commit_of(dense)
+    count = {commit_of(p): len(list((RESULTS / "quality").glob(f"*@{commit_of(p)}.json"))) for p in denses}
+    commit = min(count, key=lambda c: (-count[c], order[c]))  # the most rows; among equals the newest
     runs = {p.stem.rsplit("@", 1)[0]: load(p) for p in sorted((RESULTS / "quality").glob(f"*@{commit}.json"))}
     return commit, runs
 

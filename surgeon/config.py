@@ -10,13 +10,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-METHODS = ("surgeon", "magnitude", "lobd", "kobd", "sparsegpt", "wanda")
+METHODS = ("surgeon", "magnitude", "lobd", "kobd", "sparsegpt", "sparsegpt-exact", "wanda")
 METHOD_HELP = (
     "surgeon: LLM Surgeon, Kronecker-factored curvature G ⊗ A with correlated weight updates; "
     "magnitude: |w|, no update; "
     "lobd: L-OBD, optimal brain damage with the layer's input curvature diag(A) only, no update; "
     "kobd: K-OBD, optimal brain damage with the Kronecker diagonal diag(G) ⊗ diag(A), no update; "
     "sparsegpt: SparseGPT's per-layer OBS with lazy batches; "
+    "sparsegpt-exact: SparseGPT's mask, then every row's kept weights solved exactly (G = I, surgeon.solve); "
     "wanda: |w|·‖x‖ per output row"
 )
 DEFAULT_TARGET_SIZE = 0.8
@@ -117,7 +118,7 @@ class PruneConfig:
             raise ValueError(f"shots={self.shots}: must be at least 1")
         if self.method not in METHODS:
             raise ValueError(f"method={self.method!r}: choose one of {', '.join(METHODS)}")
-        if self.method in ("sparsegpt", "wanda") and self.structure in ("structured", "coupled"):
+        if self.method in ("sparsegpt", "sparsegpt-exact", "wanda") and self.structure in ("structured", "coupled"):
             raise ValueError(f"method={self.method!r} prunes unstructured or N:M, not {self.structure}")
         if self.max_correlate is not None and self.max_correlate < 0:
             raise ValueError(f"max_correlate={self.max_correlate}: must be >= 0 (0 = all)")

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from surgeon import baselines, channels, costs, curvature, inverses, kronecker_sum, threshold, units, updates
+from surgeon import baselines, channels, costs, curvature, inverses, kronecker_sum, solver, threshold, units, updates
 from surgeon.block_inputs import BlockInputs
 from surgeon.config import PruneConfig
 from surgeon.damping import damp
@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 NEEDS_G = ("surgeon", "kobd")
 NEEDS_A = ("surgeon", "kobd", "lobd")  # from one whole-model pass per shot
-PER_LAYER = ("sparsegpt", "wanda")  # estimate each block's inputs themselves, block by block
+PER_LAYER = ("sparsegpt", "sparsegpt-exact", "wanda")  # estimate each block's inputs themselves, block by block
 
 
 def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig,
@@ -205,7 +205,7 @@ def _per_layer_shot(model: nn.Module, layers: list[Layer], calibration: torch.Te
 
 
 def _prune_one_layer(layer: Layer, A: torch.Tensor, target_size: float, config: PruneConfig) -> None:
-    """SparseGPT's lazy-batch OBS or Wanda's |W|·‖a‖ per row on one layer, given its input factor A."""
+    """SparseGPT (as published, or its mask with the exact update) or Wanda on one layer, given its input factor A."""
     W, C = layer.weight(), layer.module.in_features
     A = A[:C, :C]
     if config.method == "wanda":
@@ -213,8 +213,10 @@ def _prune_one_layer(layer: Layer, A: torch.Tensor, target_size: float, config: 
             baselines.wanda_scores(W[:, :C], A.diagonal()), 1 - target_size, layer.mask, config.nm)
     else:
         pruned, mask = baselines.sparsegpt(W[:, :C], A, 1 - target_size, layer.mask, config.nm)
-        W[:, :C] = pruned
         layer.mask = mask | layer.mask
+        if config.method == "sparsegpt-exact":  # the row-wise exact minimiser for the same mask (docs/DESIGN.md)
+            pruned = solver.solve(W[:, :C], A, mask=layer.mask).weight
+        W[:, :C] = pruned
     layer.store(W)
 
 

@@ -17,8 +17,8 @@ from tests.conftest import tiny_model
 CASES = [
     ("structured", "surgeon"), ("structured", "magnitude"), ("structured", "lobd"), ("structured", "kobd"),
     ("unstructured", "surgeon"), ("unstructured", "magnitude"), ("unstructured", "kobd"),
-    ("unstructured", "sparsegpt"), ("unstructured", "wanda"),
-    ("2:4", "surgeon"), ("2:4", "magnitude"), ("2:4", "sparsegpt"), ("2:4", "wanda"),
+    ("unstructured", "sparsegpt"), ("unstructured", "sparsegpt-exact"), ("unstructured", "wanda"),
+    ("2:4", "surgeon"), ("2:4", "magnitude"), ("2:4", "sparsegpt"), ("2:4", "sparsegpt-exact"), ("2:4", "wanda"),
 ]
 
 
@@ -44,7 +44,7 @@ def assert_report_reaches_target(report, model):
 def test_reaches_target_and_keeps_pruned_zero(arch, structure, method):
     model = tiny_model(arch)
     embed = model.get_input_embeddings().weight.detach().clone()
-    shots = 1 if method in ("sparsegpt", "wanda") and structure == "2:4" else 2
+    shots = 1 if method in ("sparsegpt", "sparsegpt-exact", "wanda") and structure == "2:4" else 2
     size = None if structure == "2:4" else 0.6
     config = PruneConfig(structure=structure, target_size=size, shots=shots, method=method, max_correlate=40)
     report = prune(model, calibration(), config, progress=False)
@@ -179,7 +179,29 @@ def test_backends_give_the_same_pruned_model(structure, max_correlate):
 
 
 
-@pytest.mark.parametrize("method", ["sparsegpt", "wanda"])
+@pytest.mark.parametrize("structure", ["unstructured", "2:4"])
+def test_sparsegpt_exact_keeps_sparsegpts_mask_and_lowers_its_error(structure):
+    """In the first block (same inputs for both), the same mask and a lower output error ½ tr(ΔW A ΔWᵀ) per layer."""
+    from surgeon import curvature
+
+    dense, ids = tiny_model("llama"), calibration()
+    first = prunable_layers(dense)[0]
+    A = {name: f.A.dense() for name, f in curvature.estimate(dense, first, ids, need_g=False).items()}
+    before = weights(dense)
+    pruned = {}
+    for method in ("sparsegpt", "sparsegpt-exact"):
+        model = tiny_model("llama")
+        prune(model, ids, PruneConfig(structure=structure, target_size=None if structure == "2:4" else 0.5, shots=1,
+                                      method=method), progress=False)
+        pruned[method] = weights(model)
+    for name, _ in first:
+        theirs, ours = pruned["sparsegpt"][name], pruned["sparsegpt-exact"][name]
+        assert torch.equal(theirs == 0, ours == 0), name
+        errors = [float(((before[name] - W) @ A[name] * (before[name] - W)).sum()) for W in (theirs, ours)]
+        assert errors[1] < errors[0], name
+
+
+@pytest.mark.parametrize("method", ["sparsegpt", "sparsegpt-exact", "wanda"])
 def test_per_layer_methods_see_inputs_of_pruned_blocks(method, monkeypatch):
     from surgeon import curvature
 
