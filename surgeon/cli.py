@@ -136,6 +136,16 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_run_command(sub: Any, name: str, cls: type, func: Any, help: str, description: str) -> None:
+    """A subcommand on a `surgeon prune` output folder: RUN_DIR, then one option per other field of `cls`."""
+    command = sub.add_parser(name, help=help, description=description)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    command.add_argument("run", metavar="RUN_DIR", help=fields.pop("run").metadata["help"])
+    _add_fields(command, cls, list(fields), required=("output",),
+                helps={"output": OUTPUT_HELP[name]})
+    command.set_defaults(func=func)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `surgeon` argument parser with its `eval`, `prune`, `export` and `report` subcommands."""
     parser = _Parser(prog="surgeon", description="Prune large language models with LLM Surgeon "
@@ -154,22 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fields(prune, RunConfig, required=("output",), helps={"output": OUTPUT_HELP["prune"]})
     _add_fields(prune, PruneConfig)
     prune.set_defaults(func=_cmd_prune)
-    export = sub.add_parser("export", help="write a pruned model without its removed neurons and heads",
-                            description="Write the model of a `surgeon prune` output folder with the MLP neurons "
-                            "and attention heads whose output is exactly zero cut out, as a checkpoint that "
-                            "AutoModelForCausalLM.from_pretrained loads.")
-    export.add_argument("run", metavar="RUN_DIR", help=ExportConfig.__dataclass_fields__["run"].metadata["help"])
-    _add_fields(export, ExportConfig, ("compact", "format", "output", "overwrite"), required=("output",),
-                helps={"output": OUTPUT_HELP["export"]})
-    export.set_defaults(func=_cmd_export)
-    report = sub.add_parser("report", help="draw figures and a Markdown summary of a pruning run",
-                            description="Draw the kept fraction per layer, perplexity per shot and time per phase of "
-                            "a `surgeon prune` output folder (PNG, matplotlib) with a Markdown summary; --compare "
-                            "adds the mask equivalence with another run.")
-    report.add_argument("run", metavar="RUN_DIR", help=ReportConfig.__dataclass_fields__["run"].metadata["help"])
-    _add_fields(report, ReportConfig, ("compare", "output", "overwrite"), required=("output",),
-                helps={"output": OUTPUT_HELP["report"]})
-    report.set_defaults(func=_cmd_report)
+    _add_run_command(sub, "export", ExportConfig, _cmd_export, "write a pruned model without its removed neurons "
+                     "and heads", "Write the model of a `surgeon prune` output folder with the MLP neurons and "
+                     "attention heads whose output is exactly zero cut out, as a checkpoint that "
+                     "AutoModelForCausalLM.from_pretrained loads.")
+    _add_run_command(sub, "report", ReportConfig, _cmd_report, "draw figures and a Markdown summary of a pruning "
+                     "run", "Draw the kept fraction per layer, perplexity per shot and time per phase of a "
+                     "`surgeon prune` output folder (PNG, matplotlib) with a Markdown summary; --compare adds the "
+                     "mask equivalence with another run.")
     return parser
 
 

@@ -8,7 +8,6 @@ fraction of prunable weights that are zero in both models.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -18,19 +17,17 @@ import torch
 
 from surgeon.config import ReportConfig
 from surgeon.errors import SurgeonError
-from surgeon.io import COMPLETE_MARKER, OutputDirectory
+from surgeon.io import COMPLETE_MARKER, OutputDirectory, read_run
 
 KEPT, PPL, TIME = "kept-by-layer.png", "perplexity-per-shot.png", "time-per-phase.png"
 
 
 def load_run(folder: str | Path) -> dict[str, Any]:
     """The report.json of a `surgeon prune` output folder, or a SurgeonError naming what is missing."""
-    path = Path(folder) / COMPLETE_MARKER
-    if not path.is_file():
-        raise SurgeonError(f"{str(folder)!r} is not a `surgeon prune` output folder (it has no {COMPLETE_MARKER})")
-    report = json.loads(path.read_text())
+    report = read_run(folder)
     if not report.get("layers") or not report.get("shots"):
-        raise SurgeonError(f"{str(path)!r} is not a pruning report (no per-layer or per-shot results)")
+        raise SurgeonError(f"{str(Path(folder) / COMPLETE_MARKER)!r} is not a pruning report "
+                           "(no per-layer or per-shot results)")
     return report
 
 

@@ -68,6 +68,14 @@ def check_writable_file(path: str | os.PathLike) -> None:
     os.unlink(tmp)
 
 
+def read_run(folder: str | os.PathLike) -> dict:
+    """The report of a finished `surgeon prune` output folder, or a SurgeonError saying it is not one."""
+    path = Path(folder) / COMPLETE_MARKER
+    if not path.is_file():
+        raise SurgeonError(f"{str(folder)!r} is not a `surgeon prune` output folder (it has no {COMPLETE_MARKER})")
+    return json.loads(path.read_text())
+
+
 def write_json(path: str | os.PathLike, data: dict) -> None:
     """Write `data` as JSON to `path` atomically (a temporary file in the same folder, then a rename)."""
     target = Path(path)

@@ -12,7 +12,7 @@ from surgeon.config import ExportConfig, PruneConfig, RunConfig
 from surgeon.data import calibration_text, calibration_windows, evaluation_text, tokenize
 from surgeon.errors import SurgeonError, first_line
 from surgeon.evaluate import perplexity
-from surgeon.io import COMPLETE_MARKER, OutputDirectory, write_checkpoint
+from surgeon.io import OutputDirectory, read_run, write_checkpoint
 from surgeon.model import load_model, max_seqlen
 from surgeon.report import ShotReport
 from surgeon.shots import prune
@@ -77,7 +77,6 @@ def run_export(config: ExportConfig) -> dict:
     (float32: within twice the pruned model's own float32 error against float64, plus 1e-5 of their
     scale) before anything is written.
     """
-    import json
     from pathlib import Path
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -86,14 +85,12 @@ def run_export(config: ExportConfig) -> dict:
     from surgeon.compact import compact_model, same_logits
 
     source = Path(config.run)
-    if not (source / COMPLETE_MARKER).is_file():
-        raise SurgeonError(f"{config.run!r} is not a `surgeon prune` output folder (it has no {COMPLETE_MARKER})")
+    report = read_run(source)
     if config.output is None:
         raise SurgeonError("export needs --output DIR for the exported checkpoint")
     if Path(config.output).resolve() == source.resolve():
         raise SurgeonError("--output must be another folder than the pruning run it exports")
     with OutputDirectory(config.output, config.overwrite) as output:
-        report = json.loads((source / COMPLETE_MARKER).read_text())
         try:
             model = AutoModelForCausalLM.from_pretrained(source, dtype="auto").eval()
             tokenizer = AutoTokenizer.from_pretrained(source)
