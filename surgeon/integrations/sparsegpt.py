@@ -24,21 +24,30 @@ from typing import Any
 import torch
 from torch import nn
 
-from surgeon.solver import solve
+from surgeon.solver import Solution, solve
 
 logger = logging.getLogger(__name__)
 
 
-def _is_conv1d(layer: nn.Module) -> bool:
+def is_conv1d(layer: nn.Module) -> bool:
     """transformers' Conv1D (GPT-2 style), whose weight is stored [in, out]."""
     return type(layer).__name__ == "Conv1D" and type(layer).__module__.startswith("transformers")
+
+
+def sparsegpt_solve(W: torch.Tensor, H: torch.Tensor, sparsity: float, prunen: int, prunem: int, blocksize: int,
+                    percdamp: float, shots: int) -> Solution:
+    """`surgeon.solve` with SparseGPT's arguments: `prunen` of every `prunem` weights removed (0, 0: `sparsity`)."""
+    if prunen and not 0 < prunen <= prunem:
+        raise ValueError(f"prunen={prunen}, prunem={prunem}: N:M prunes n of every m weights, 0 < n ≤ m")
+    target: dict[str, Any] = dict(nm=(prunem - prunen, prunem)) if prunen else dict(sparsity=sparsity)
+    return solve(W, H, blocksize=blocksize, damp_a=percdamp, shots=shots, **target)
 
 
 class SparseGPT:
     """One layer's state: `add_batch` accumulates H = (2/n) Σ x xᵀ, `fasterprune` prunes the layer in place."""
 
     def __init__(self, layer: nn.Module):
-        if not (isinstance(layer, nn.Linear) or _is_conv1d(layer)):
+        if not (isinstance(layer, nn.Linear) or is_conv1d(layer)):
             raise TypeError(f"SparseGPT prunes nn.Linear and transformers' Conv1D layers, not {type(layer).__name__}")
         self.layer = layer
         self.weight: torch.Tensor = layer.weight  # type: ignore[assignment]  # nn.Linear and Conv1D have one
@@ -50,7 +59,7 @@ class SparseGPT:
 
     def _weight(self) -> torch.Tensor:
         W = self.weight.data
-        return W.t() if _is_conv1d(self.layer) else W
+        return W.t() if is_conv1d(self.layer) else W
 
     def add_batch(self, inp: torch.Tensor, out: torch.Tensor | None = None, blocksize: int = 1024) -> None:
         """Add a batch of inputs [batch, tokens, C] or [tokens, C] to H, a running mean over batches as SparseGPT's."""
@@ -91,12 +100,8 @@ class SparseGPT:
         if self.nsamples == 0:
             raise RuntimeError("fasterprune before add_batch: H holds no calibration inputs")
         n, m = (prune_n, prune_m) if prune_n is not None or prune_m is not None else (prunen, prunem)
-        n, m = n or 0, m or 0
-        if n and not 0 < n <= m:
-            raise ValueError(f"prunen={n}, prunem={m}: N:M prunes n of every m weights, 0 < n ≤ m")
-        target: dict[str, Any] = dict(nm=(m - n, m)) if n else dict(sparsity=sparsity)
-        solution = solve(self._weight(), self.H, blocksize=blocksize, damp_a=percdamp, shots=shots, **target)
-        W = solution.weight.t() if _is_conv1d(self.layer) else solution.weight
+        solution = sparsegpt_solve(self._weight(), self.H, sparsity, n or 0, m or 0, blocksize, percdamp, shots)
+        W = solution.weight.t() if is_conv1d(self.layer) else solution.weight
         self.weight.data = W.to(self.weight.dtype).contiguous()
         self.error = solution.loss
         logger.info("pruned %d×%d layer: %.4f of weights, error %.4g", self.rows, self.columns,

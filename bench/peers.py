@@ -1,0 +1,96 @@
+"""Peers on the quality table's protocol: llm-compressor's SparseGPTModifier and WandaPruningModifier.
+
+Beside them runs `SurgeonSparseGPTModifier` (surgeon's exact per-row solve inside the same
+llm-compressor pipeline). Same model (SmolLM2-135M, float32), the same calibration windows as
+`bench/quality.py` (passed to `oneshot` as a dataset, in order), the same evaluation. Peer settings:
+block size 128, dampening fraction 0.01, the sequential pipeline with pruned activations propagated
+block by block, `lm_head` ignored. Times are whole `oneshot` calls.
+
+Runs in the llm-compressor environment (llm-compressor 0.14 pins transformers 5.15-5.17), created by
+one command, `make install-llmcompressor`:
+
+    .venv-llmcompressor/bin/python bench/peers.py [--only 2of4]
+
+Each run is bench/results/quality/<row>@<commit>.json beside bench/quality.py's rows and skipped when
+that file exists; `make results` puts them into RESULTS' quality table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import platform
+import tempfile
+import time
+
+import torch
+from datasets import Dataset
+from llmcompressor import __version__ as llmcompressor_version
+from llmcompressor import oneshot
+from llmcompressor.modifiers.pruning import SparseGPTModifier, WandaPruningModifier
+from transformers import AutoModelForCausalLM
+from transformers import __version__ as transformers_version
+
+from bench.quality import ROOT, head_commit, smollm2_protocol
+from surgeon.evaluate import perplexity
+from surgeon.integrations.llmcompressor import SurgeonSparseGPTModifier
+from surgeon.io import write_json
+from surgeon.model import load_tokenizer, prunable_layers
+
+# row suffix -> (modifier, its settings beyond sparsity, mask structure and ignore)
+PEERS = {
+    "llmc-sparsegpt": (SparseGPTModifier, {"block_size": 128, "dampening_frac": 0.01}),
+    "llmc-wanda": (WandaPruningModifier, {}),
+    "llmc-surgeon-sparsegpt": (SurgeonSparseGPTModifier, {"block_size": 128, "dampening_frac": 0.01}),
+}
+
+
+def zero_fraction(model: torch.nn.Module) -> float:
+    """Fraction of exact zeros over the prunable layers (the quality table's sparsity)."""
+    weights = [module.weight for block in prunable_layers(model) for _, module in block]
+    return sum(int((w == 0).sum()) for w in weights) / sum(w.numel() for w in weights)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--eval-windows", type=int, default=8)
+    parser.add_argument("--only", default="")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    ROOT.mkdir(parents=True, exist_ok=True)
+    model, _, test_ids, windows = smollm2_protocol()
+    commit = head_commit()
+    machine = (f"{platform.machine()} {torch.get_num_threads()} threads, Python {platform.python_version()}, "
+               f"torch {torch.__version__}, transformers {transformers_version}, "
+               f"llm-compressor {llmcompressor_version}")
+    ones = torch.ones_like(windows)
+    calibration = Dataset.from_dict({"input_ids": windows.tolist(), "attention_mask": ones.tolist()})
+    with tempfile.TemporaryDirectory() as folder:  # oneshot reads the model's config from its name_or_path
+        model.save_pretrained(folder)
+        load_tokenizer("smollm2-135m").save_pretrained(folder)
+        del model
+        for structure in ("unstructured", "2:4"):
+            for suffix, (modifier, settings) in PEERS.items():
+                name = f"{structure.replace(':', 'of')}-0.5-{suffix}"
+                path = ROOT / f"{name}@{commit}.json"
+                if path.exists() or args.only not in name:
+                    continue
+                model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+                recipe = modifier(sparsity=0.5, mask_structure="2:4" if structure == "2:4" else "0:0",
+                                  ignore=["re:.*lm_head"], **settings)
+                start = time.perf_counter()
+                oneshot(model=model, dataset=calibration, recipe=[recipe], num_calibration_samples=len(windows),
+                        max_seq_length=windows.shape[1], shuffle_calibration_samples=False, pipeline="sequential")
+                seconds = time.perf_counter() - start
+                result = perplexity(model, test_ids, 2048, args.eval_windows, progress=False)
+                config = {"structure": structure, "target_size": 0.5, "method": f"llm-compressor {modifier.__name__}",
+                          "shots": 1, "damp_g": "-", "damp_a": settings.get("dampening_frac", "-")}
+                logging.info("%s: ppl %.3f (%.0f s)", name, result.ppl, seconds)
+                write_json(path, {"ppl": result.ppl, "seconds": seconds, "sparsity": zero_fraction(model),
+                                  "config": config, "calib_windows": windows.shape[0],
+                                  "calib_seqlen": windows.shape[1], "eval_windows": args.eval_windows,
+                                  "eval_seqlen": 2048, "machine": machine, "commit": commit})
+
+
+if __name__ == "__main__":
+    main()
