@@ -20,6 +20,7 @@ from surgeon.errors import SurgeonError
 from surgeon.io import COMPLETE_MARKER, OutputDirectory, read_run
 
 KEPT, PPL, TIME = "kept-by-layer.png", "perplexity-per-shot.png", "time-per-phase.png"
+PRUNE_PARTS = ("costs", "threshold", "update")  # timed inside a shot's "prune" phase (surgeon.shots)
 
 
 def load_run(folder: str | Path) -> dict[str, Any]:
@@ -110,6 +111,7 @@ def draw_kept(report: dict[str, Any], path: Path) -> None:
 def draw_perplexity(report: dict[str, Any], path: Path) -> None:
     """Perplexity after every shot, from the dense model (shot 0), log scale."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
 
     shots = [0] + [s["shot"] for s in report["shots"]]
     ppl = [report["ppl_before"]] + [s["ppl"] for s in report["shots"]]
@@ -119,9 +121,21 @@ def draw_perplexity(report: dict[str, Any], path: Path) -> None:
         axis.annotate(f"{value:.1f}\n(kept {size:.2f})", (shot, value), textcoords="offset points", xytext=(0, 6),
                       ha="center", fontsize=7)
     axis.set(xlabel="shot (0: dense)", ylabel="perplexity", yscale="log", xticks=shots, title=_title(report))
+    axis.yaxis.set_major_formatter(ScalarFormatter())
+    axis.yaxis.set_minor_formatter(ScalarFormatter())
+    axis.margins(y=0.15)  # room for the labels above the points
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def time_stack(seconds: dict[str, float]) -> dict[str, float]:
+    """A shot's seconds as disjoint phases: "prune" less the costs, threshold and update it contains, when timed."""
+    parts = {name: value for name, value in seconds.items() if name != "prune"}
+    if "prune" in seconds:
+        inside = sum(seconds.get(name, 0.0) for name in PRUNE_PARTS)
+        parts["prune, other"] = max(seconds["prune"] - inside, 0.0)
+    return parts
 
 
 def draw_time(report: dict[str, Any], path: Path) -> None:
@@ -129,15 +143,16 @@ def draw_time(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     shots = [s["shot"] for s in report["shots"]]
-    phases = list(dict.fromkeys(p for s in report["shots"] for p in s["seconds"]))
-    figure, axis = plt.subplots(figsize=(6, 4))
+    stacks = [time_stack(s["seconds"]) for s in report["shots"]]
+    phases = list(dict.fromkeys(p for stack in stacks for p in stack))
+    figure, axis = plt.subplots(figsize=(7, 4))
     bottom = [0.0] * len(shots)
     for phase in phases:
-        values = [s["seconds"].get(phase, 0.0) for s in report["shots"]]
+        values = [stack.get(phase, 0.0) for stack in stacks]
         axis.bar(shots, values, bottom=bottom, label=phase)
         bottom = [b + v for b, v in zip(bottom, values)]
     axis.set(xlabel="shot", ylabel="seconds", xticks=shots, title=_title(report))
-    axis.legend(fontsize=8)
+    axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, never over them
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

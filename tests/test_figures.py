@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from surgeon.cli import main
-from surgeon.figures import KEPT, PPL, TIME, kept_by_type, mask_equivalence
+from surgeon.figures import KEPT, PPL, TIME, kept_by_type, mask_equivalence, time_stack
 from tests.test_cli import one_error_line, run_cli
 
 COMMON = ["--nsamples", "2", "--seqlen", "64", "--calibration", "wikitext2-valid", "--eval-windows", "1"]
@@ -69,6 +69,16 @@ def test_kept_fractions_are_the_reports(runs):
     for name, removed in report["layers"].items():
         block, kind = int(name.split(".")[2]), name.rsplit(".", 1)[-1]
         assert (block, 1 - removed) in kept[kind]
+
+
+def test_time_stack_counts_every_second_once(runs):
+    for shot in json.loads((runs[0] / "report.json").read_text())["shots"]:
+        seconds = shot["seconds"]
+        assert {"costs", "threshold", "update"} <= set(seconds)  # timed inside "prune"
+        stack = time_stack(seconds)
+        assert "prune" not in stack and stack["prune, other"] >= 0
+        assert sum(stack.values()) == pytest.approx(seconds["curvature"] + seconds["prune"])
+    assert time_stack({"curvature": 2.0, "prune": 3.0}) == {"curvature": 2.0, "prune, other": 3.0}
 
 
 def test_mask_equivalence_counts_weights_zero_in_both(runs):
