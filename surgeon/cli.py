@@ -25,7 +25,8 @@ from surgeon import __version__
 from surgeon.config import ExportConfig, PruneConfig, ReportConfig, RunConfig
 from surgeon.errors import SurgeonError
 
-EVAL_FIELDS = ("model", "tokenizer", "dataset", "seqlen", "eval_windows", "eval_seqlen", "device", "dtype", "output")
+EVAL_FIELDS = ("model", "tokenizer", "dataset", "seqlen", "eval_windows", "eval_seqlen", "device", "dtype", "output",
+               "tasks", "task_path", "task_limit")
 OUTPUT_HELP = {
     "eval": "write the result as JSON to this file",
     "prune": "a new or empty folder for the pruned checkpoint and report.json",
@@ -89,17 +90,24 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from surgeon.evaluate import perplexity
     from surgeon.io import check_writable_file, write_json
     from surgeon.model import load_model
+    from surgeon.tasks import load_tasks, zero_shot
 
     if run.output:
         check_writable_file(run.output)  # before the slow model load
-    text = evaluation_text(run.dataset)  # fail on a bad dataset before the slow model load
+    text = evaluation_text(run.dataset)  # fail on a bad dataset or task before the slow model load
+    tasks = load_tasks(run.task_list, run.task_path) if run.tasks else None
     model, tokenizer = load_model(run.model, run.tokenizer, run.dtype, run.device)
     ids = tokenize(tokenizer, text)
     result = perplexity(model, ids, run.test_seqlen, run.eval_windows, progress=not args.quiet)
     print(f"perplexity {result.ppl:.4f} on {result.windows} windows of {run.test_seqlen} tokens "
           f"({run.dataset}, {result.seconds:.1f} s)")
+    output: dict[str, Any] = result.to_dict()
+    if tasks:
+        output["tasks"] = zero_shot(model, tokenizer, run.task_list, tasks, limit=run.task_limit)
+        for name, metrics in output["tasks"].items():
+            print(f"{name}: " + ", ".join(f"{key} {metrics[key]:.4f}" for key in ("acc", "acc_norm") if key in metrics))
     if run.output:
-        write_json(run.output, result.to_dict())
+        write_json(run.output, output)
     return 0
 
 
@@ -154,8 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     parser.add_argument("--quiet", action="store_true", help="no progress bars; only warnings and results")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{eval,prune,export,report}")
-    evaluate = sub.add_parser("eval", help="perplexity of a model on a test text",
-                              description="Perplexity of a model on consecutive windows of a test text.")
+    evaluate = sub.add_parser("eval", help="perplexity of a model on a test text (and zero-shot tasks with --tasks)",
+                              description="Perplexity of a model on consecutive windows of a test text; with "
+                              "--tasks, its zero-shot accuracy on lm-eval tasks too.")
     _add_fields(evaluate, RunConfig, EVAL_FIELDS, helps={"output": OUTPUT_HELP["eval"]})
     evaluate.set_defaults(func=_cmd_eval)
     prune = sub.add_parser("prune", help="prune a model and save it with a JSON report",

@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from surgeon.tasks import task_names
+
 METHODS = ("surgeon", "magnitude", "lobd", "kobd", "sparsegpt", "sparsegpt-exact", "wanda")
 METHOD_HELP = (
     "surgeon: LLM Surgeon, Kronecker-factored curvature G ⊗ A with correlated weight updates; "
@@ -180,6 +182,17 @@ class RunConfig:
         False, "prune into an existing non-empty --output folder, replacing only the files the run writes"
     )
     eval_every_shot: bool = _opt(False, "also evaluate perplexity after every shot (per shot in report.json)")
+    resume: bool = _opt(False, "continue the unfinished run in --output after its last checkpoint (same options)")
+    checkpoint_shots: int = _opt(
+        1, "write a checkpoint into --output after every N shots and the last, for --resume (0: never)"
+    )
+    tasks: str | None = _opt(
+        None, "zero-shot lm-eval tasks, comma-separated, or default (boolq, piqa, hellaswag, winogrande, arc_easy, "
+        "arc_challenge, openbookqa); accuracies go into the result (needs the tasks extra)", shown="none",
+    )
+    task_path: str | None = _opt(None, "a folder of lm-eval task YAML files added to lm-eval's own",
+                                 shown="lm-eval's tasks only")
+    task_limit: int | None = _opt(None, "score only the first N documents of each task", shown="all")
 
     @property
     def test_seqlen(self) -> int:
@@ -195,6 +208,19 @@ class RunConfig:
             raise ValueError(f"eval_seqlen={self.eval_seqlen}: must be at least 2")
         if self.eval_windows is not None and self.eval_windows < 1:
             raise ValueError(f"eval_windows={self.eval_windows}: must be at least 1")
+        if self.checkpoint_shots < 0:
+            raise ValueError(f"checkpoint_shots={self.checkpoint_shots}: must be at least 0 (0: never)")
+        if self.tasks is not None:
+            task_names(self.tasks)
+        if self.task_limit is not None and self.task_limit < 1:
+            raise ValueError(f"task_limit={self.task_limit}: must be at least 1")
+        if (self.task_path is not None or self.task_limit is not None) and self.tasks is None:
+            raise ValueError("task_path and task_limit need tasks")
+
+    @property
+    def task_list(self) -> tuple[str, ...]:
+        """The zero-shot tasks to score, none without `tasks`."""
+        return () if self.tasks is None else task_names(self.tasks)
 
 
 

@@ -6,8 +6,10 @@ import dataclasses
 import logging
 import shutil
 import time
+from pathlib import Path
 from typing import Any
 
+from surgeon import __version__
 from surgeon.config import ExportConfig, PruneConfig, RunConfig
 from surgeon.data import calibration_text, calibration_windows, evaluation_text, tokenize
 from surgeon.errors import SurgeonError, first_line
@@ -15,7 +17,9 @@ from surgeon.evaluate import perplexity
 from surgeon.io import OutputDirectory, read_run, write_checkpoint
 from surgeon.model import load_model, max_seqlen
 from surgeon.report import ShotReport
+from surgeon.resume import Checkpoint, has_state, read_state
 from surgeon.shots import prune
+from surgeon.tasks import load_tasks, zero_shot
 
 logger = logging.getLogger(__name__)
 
@@ -24,49 +28,84 @@ def run_prune(run: RunConfig, config: PruneConfig, progress: bool = True) -> dic
     """Prune `run.model` with `config`; write `run.output`/{report.json, model files}; return the report.
 
     The output folder is checked and staged first, so a folder that cannot be written, or one that
-    holds other files (without `run.overwrite`), fails before any work, and an interrupted run
-    leaves nothing behind.
+    holds other files (without `run.overwrite`), fails before any work. After every
+    `run.checkpoint_shots`-th shot a checkpoint is written into the folder (`surgeon.resume`);
+    `run.resume` continues from it. report.json, which marks a finished run, is written last.
     """
     if run.output is None:
         raise SurgeonError("prune needs --output DIR for the pruned model and its report")
-    with OutputDirectory(run.output, run.overwrite) as output:
-        result, model, tokenizer = _prune_and_evaluate(run, config, progress)
+    folder = Path(run.output)
+    fingerprint = run_fingerprint(run, config)
+    state = read_state(folder, fingerprint) if run.resume else None
+    if state is None and not run.overwrite and has_state(folder):
+        raise SurgeonError(f"{run.output!r} holds an unfinished run: pass --resume to continue it (the same "
+                           "options), or --overwrite to start again")
+    with OutputDirectory(run.output, run.overwrite or run.resume) as output:
+        checkpoint = Checkpoint(folder, fingerprint, every=run.checkpoint_shots, state=state)
+        if state is None:
+            checkpoint.remove()  # an earlier run's, replaced with --overwrite
+        result, model, tokenizer = _prune_and_evaluate(run, config, progress, checkpoint)
         write_checkpoint(output.staging, model, tokenizer, result)
         output.commit()
+    checkpoint.remove()
     return result
 
 
-def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool) -> tuple[dict, Any, Any]:
-    """Load, evaluate, prune and evaluate again; the report, the pruned model and its tokenizer."""
+def run_fingerprint(run: RunConfig, config: PruneConfig) -> dict[str, Any]:
+    """The settings a continued run must share with the run it continues (not where its output goes)."""
+    own = {key: value for key, value in dataclasses.asdict(run).items()
+           if key not in ("output", "overwrite", "resume", "checkpoint_shots")}
+    return {"surgeon": __version__, "prune": dataclasses.asdict(config), "run": own}
+
+
+def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
+                        checkpoint: Checkpoint | None = None) -> tuple[dict, Any, Any]:
+    """Load, evaluate, prune and evaluate again; the report, the pruned model and its tokenizer.
+
+    A `checkpoint` holding a saved state continues that run: what was measured before pruning comes
+    from it, and the shots after its last one run.
+    """
     start = time.perf_counter()
-    test = evaluation_text(run.dataset)  # texts first: a bad path fails before the slow model load
+    test = evaluation_text(run.dataset)  # texts and tasks first: bad input fails before the slow model load
     calibration = calibration_text(run.calibration)
+    tasks = load_tasks(run.task_list, run.task_path) if run.tasks else None
     model, tokenizer = load_model(run.model, run.tokenizer, run.dtype, run.device)
     limit = max_seqlen(model)
     if limit is not None and max(run.seqlen, run.test_seqlen) > limit:
         raise SurgeonError(f"seqlen {max(run.seqlen, run.test_seqlen)} is longer than the model allows ({limit})")
     test_ids = tokenize(tokenizer, test)
     windows = calibration_windows(tokenize(tokenizer, calibration), run.nsamples, run.seqlen, config.seed)
-    before = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress)
-    logger.info("dense perplexity %.4f (%d windows)", before.ppl, before.windows)
+    if checkpoint is not None and checkpoint.state is not None:
+        before = checkpoint.state["before"]
+    else:
+        dense = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress)
+        logger.info("dense perplexity %.4f (%d windows)", dense.ppl, dense.windows)
+        before = {"eval": dense.to_dict()}
+        if tasks:
+            before["tasks"] = zero_shot(model, tokenizer, run.task_list, tasks, limit=run.task_limit)
+        if checkpoint is not None:
+            checkpoint.before = before
 
     def evaluate_shot(shot: ShotReport) -> None:
         shot.ppl = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress).ppl
         logger.info("perplexity after shot %d: %.4f", shot.shot, shot.ppl)
 
-    report = prune(model, windows, config, progress, evaluate_shot if run.eval_every_shot else None)
+    report = prune(model, windows, config, progress, evaluate_shot if run.eval_every_shot else None, checkpoint)
     after = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress)
     logger.info("pruned perplexity %.4f (%d windows)", after.ppl, after.windows)
     result = {
         "model": run.model,
         "run": dataclasses.asdict(run),
         "calibration_source": calibration.source,
-        "ppl_before": before.ppl,
+        "ppl_before": before["eval"]["ppl"],
         "ppl_after": after.ppl,
-        "eval": {"before": before.to_dict(), "after": after.to_dict()},
+        "eval": {"before": before["eval"], "after": after.to_dict()},
         **report.to_dict(),
         "seconds": time.perf_counter() - start,
     }
+    if tasks:
+        after_tasks = zero_shot(model, tokenizer, run.task_list, tasks, limit=run.task_limit)
+        result["tasks"] = {"before": before["tasks"], "after": after_tasks}
     return result, model, tokenizer
 
 

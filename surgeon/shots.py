@@ -25,6 +25,7 @@ from surgeon.errors import SurgeonError
 from surgeon.layer import Layer, put_submatrix, submatrix
 from surgeon.model import decoder_blocks, max_seqlen, prunable_layers
 from surgeon.report import PruneReport, ShotReport, peak_memory_gb, removed_fractions, zero_fraction
+from surgeon.resume import Checkpoint
 from surgeon_kernels.ops import Deferred
 
 logger = logging.getLogger(__name__)
@@ -250,7 +251,7 @@ def _check_inputs(model: nn.Module, calibration_ids: torch.Tensor) -> None:
 
 
 def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, progress: bool = True,
-          after_shot: Callable[[ShotReport], None] | None = None) -> PruneReport:
+          after_shot: Callable[[ShotReport], None] | None = None, checkpoint: Checkpoint | None = None) -> PruneReport:
     """Prune `model` in place to `config.target_size` in `config.shots` shots (Algorithm 1).
 
     model: a transformers causal LM whose decoder blocks hold `nn.Linear` layers (embeddings and
@@ -258,6 +259,8 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
     calibration_ids: `torch.LongTensor [n, seqlen]`, n windows of token ids (`calibration_windows`).
     config: what to prune and how (`PruneConfig`). progress: draw progress bars (False: silent).
     after_shot: called with each shot's `ShotReport` once the shot is done (e.g. to evaluate it).
+    checkpoint: a `surgeon.resume.Checkpoint` written after the shots (and `after_shot`); one holding a
+        saved state continues that run after its last saved shot.
     Returns a `PruneReport`: `sparsity` (fraction of zero prunable weights), `layers` (that fraction
     per layer, by qualified name), `shots` (per shot: target size, sparsity reached, seconds per
     phase, peak memory in GiB), `config` and `seconds`.
@@ -280,8 +283,11 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
     device = next(model.parameters()).device
     report = PruneReport(config=dataclasses.asdict(config))
     power_state: dict[str, list[kronecker_sum.PowerIterate]] = {}  # kronecker_terms=2: warm start across shots
-    start = time.perf_counter()
-    for shot in tqdm(range(1, config.shots + 1), desc="shots", disable=not progress):
+    done, elapsed = checkpoint.restore(layers, power_state) if checkpoint is not None else ([], 0.0)
+    report.shots.extend(done)
+    start = time.perf_counter() - elapsed
+    for shot in tqdm(range(len(done) + 1, config.shots + 1), desc="shots", initial=len(done), total=config.shots,
+                     disable=not progress):
         target_size = config.shot_target(shot)
         target_zeros = round((1.0 - target_size) * total)
         t0 = _clock(device)
@@ -322,6 +328,8 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
                     shot_report.peak_memory_gb)
         if after_shot is not None:
             after_shot(shot_report)
+        if checkpoint is not None:
+            checkpoint.save(layers, power_state, report.shots, time.perf_counter() - start, shot == config.shots)
     report.layers, report.removed, report.sparsity = removed_fractions([(layer.name, layer.mask) for layer in layers])
     report.zero_fraction = zero_fraction(named)
     report.seconds = time.perf_counter() - start
