@@ -6,9 +6,11 @@
 # launch per factor; a fifth field names another structure, pruned to 50% instead of 80%, e.g.
 # 32:1:2::unstructured), and the generation speed of SmolLM2 and of the checkpoints named in
 # GENERATION_MODELS (bench/generation_speed.py). Logs and JSON go to $OUT (default out/gpu); the
-# generation results go to bench/results/gpu. SKIP_TESTS=1, SKIP_MICRO=1 and SKIP_GENERATION=1 leave
-# out the tests (at most 300 s), the microbenchmarks (at most MICRO_TIMEOUT, 300 s) and the
-# generation speed (at most 600 s); each shot spec may take 420 s.
+# generation results go to bench/results/gpu. The shots run --backend triton (BACKEND=auto to compare),
+# so that every Triton kernel runs on the GPU; surgeon_kernels.ops.RUN_ON_CUDA then lists those that
+# passed, with this commit. SKIP_TESTS=1, SKIP_MICRO=1 and SKIP_GENERATION=1 leave out the tests (at
+# most 300 s), the microbenchmarks (at most MICRO_TIMEOUT, 300 s) and the generation speed (at most
+# 600 s); each shot spec may take 420 s.
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
@@ -30,7 +32,8 @@ for spec in "$@"; do
   [[ "$profile" =~ ^[0-9]+$ ]] && extra=(--group-bytes "$profile")
   timeout 420 python3 bench/shot_time.py --config bench/configs/llama-2-7b.json --layers "$blocks" --device cuda \
     --dtype bfloat16 --nsamples 128 --seqlen 2048 --shots "$shots" --batch-size "$batch" --target-size "$target" \
-    --structure "$structure" --output "$OUT/shot-$name.json" "${extra[@]}" > "$OUT/shot-$name.log" 2>&1
+    --structure "$structure" --backend "${BACKEND:-triton}" --output "$OUT/shot-$name.json" "${extra[@]}" \
+    > "$OUT/shot-$name.log" 2>&1
   echo "shot $spec rc=$?"; grep -v "it/s\]" "$OUT/shot-$name.log" | tail -6
 done
 if [ -z "${SKIP_MICRO:-}" ]; then

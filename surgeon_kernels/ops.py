@@ -1,7 +1,8 @@
 """One dispatcher for every op: `backend="auto"|"triton"|"cpp"|"torch"`.
 
-`auto` picks Triton for CUDA tensors (when Triton imports; except where the GPU benchmark measured
-PyTorch faster: `AUTO_TORCH_ON_CUDA`, `JACOBI_WIDTHS`), the compiled C++ op for CPU tensors
+`auto` picks Triton for CUDA tensors (when Triton imports) only for kernels that have run on GPU
+hardware as they are now (`RUN_ON_CUDA`) and measured faster there than PyTorch (not in
+`AUTO_TORCH_ON_CUDA`; `JACOBI_WIDTHS`), the compiled C++ op for CPU tensors
 when `surgeon_kernels._C` was built and has the op, and the PyTorch path otherwise. `triton` on
 CPU tensors is offered only under the interpreter (`TRITON_INTERPRET=1`), which is how the tests
 run it. The environment variable `SURGEON_BACKEND` overrides `auto`. `cpp` runs the PyTorch path
@@ -41,6 +42,11 @@ JACOBI_WIDTHS = range(33, 65)
 # `auto` keeps PyTorch for them there. kk_gather: 1.82 vs 1.62 ms (random gathers, B=8, K=2000);
 # kk_solve's Triton path is its PyTorch path with that gather.
 AUTO_TORCH_ON_CUDA = ("kk_gather", "kk_solve")
+# Triton kernels that have run on GPU hardware, with the commit of that run (the CUDA kernel tests and
+# microbenchmarks of bench/measure_gpu.sh, bench/results/gpu/*@<commit>). Their @triton.jit functions
+# must be unchanged since (tests/kernels/test_dispatch.py checks it). Every other Triton kernel, such as
+# kfac_accumulate's grouped launch, runs only with backend="triton" until bench/measure_gpu.sh has run it.
+RUN_ON_CUDA = {"nm_select": "063edc6", "kth_smallest": "063edc6", "batched_eigh": "063edc6", "kk_gather": "063edc6"}
 
 
 def available_backends(device: torch.device | str = "cpu", op: str | None = "kfac_accumulate") -> list[str]:
@@ -60,7 +66,7 @@ def _resolve(backend: str, device: torch.device, op: str) -> str:
         backend = os.environ.get("SURGEON_BACKEND", "auto")
     available = available_backends(device, op)
     if backend == "auto":
-        if device.type == "cuda" and "triton" in available and op not in AUTO_TORCH_ON_CUDA:
+        if device.type == "cuda" and "triton" in available and op in RUN_ON_CUDA and op not in AUTO_TORCH_ON_CUDA:
             return "triton"
         return "cpp" if "cpp" in available else "torch"
     if backend not in ("triton", "cpp", "torch"):
