@@ -1,4 +1,4 @@
-"""Command line: `surgeon eval|prune|export|report …` (also `python -m surgeon`).
+"""Command line: `surgeon eval|prune|plan|export|report …` (also `python -m surgeon`).
 
 Options are generated from the fields of the config dataclasses (`surgeon.config`). Bad input, argparse's
 own complaints included, ends with one line `surgeon: error: …` and exit status 2 (`--debug`
@@ -22,7 +22,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from surgeon import __version__
-from surgeon.config import ExportConfig, PruneConfig, ReportConfig, RunConfig
+from surgeon.config import ExportConfig, PlanConfig, PruneConfig, ReportConfig, RunConfig
 from surgeon.errors import SurgeonError
 
 EVAL_FIELDS = ("model", "tokenizer", "dataset", "seqlen", "eval_windows", "eval_seqlen", "device", "dtype", "output",
@@ -32,6 +32,7 @@ OUTPUT_HELP = {
     "prune": "a new or empty folder for the pruned checkpoint and report.json",
     "export": "a new or empty folder for the exported checkpoint and report.json",
     "report": "a new or empty folder for the figures and summary.md",
+    "plan": "also write the plan as JSON to this file",
 }
 # Exit statuses of a process ended by a signal, as shells report them: 128 + the signal number.
 EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM
@@ -144,6 +145,37 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    plan = _build(PlanConfig, args)
+    config = _build(PruneConfig, args)
+    from surgeon.io import check_writable_file, write_json
+    from surgeon.plan import GIB, make_plan
+
+    if plan.output:
+        check_writable_file(plan.output)
+    result = make_plan(plan, config)
+    print(f"{plan.model}: {result['parameters'] / 1e9:.2f} B parameters, {config.structure} ({config.method}), "
+          f"{plan.nsamples} × {plan.seqlen} tokens, batch {config.batch_size}, {plan.dtype}")
+    for name, parts in result["phases"].items():
+        detail = ", ".join(f"{part} {value / GIB:.2f}" for part, value in parts.items() if part != "total")
+        print(f"  {name:<10} {parts['total'] / GIB:7.2f} GiB  ({detail})")
+    for strategy in result["strategies"]:
+        host = f", host {strategy['host_bytes'] / GIB:.1f} GiB" if strategy["host_bytes"] else ""
+        runs = "" if strategy["runs"] else " (counted only: surgeon prune does not run it)"
+        print(f"  {strategy['name']}: GPU {strategy['peak_gpu_bytes'] / GIB:.1f} GiB{host}, "
+              f"{'fits' if strategy['fits'] else 'does not fit'}{runs}")
+    seconds = result["seconds_per_shot_h100"]
+    print("  per shot on one H100: " + (", ".join(f"{phase} {value:.0f} s" for phase, value in seconds.items())
+                                        + " (scaled from the measured Llama-2-7B rate)" if seconds else
+                                        "no measured rate for this kind of run"))
+    verdict = (f"fits {plan.gpu_memory} with {result['strategy']}" if result["fits"] else
+               f"does not fit {plan.gpu_memory}: short by {result['shortfall_bytes'] / GIB:.1f} GiB")
+    print(f"{verdict} (counts plus {result['headroom']:.0%} headroom)")
+    if plan.output:
+        write_json(plan.output, result)
+    return 0
+
+
 def _add_run_command(sub: Any, name: str, cls: type, func: Any, help: str, description: str) -> None:
     """A subcommand on a `surgeon prune` output folder: RUN_DIR, then one option per other field of `cls`."""
     command = sub.add_parser(name, help=help, description=description)
@@ -155,13 +187,13 @@ def _add_run_command(sub: Any, name: str, cls: type, func: Any, help: str, descr
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `surgeon` argument parser with its `eval`, `prune`, `export` and `report` subcommands."""
+    """The `surgeon` argument parser with its `eval`, `prune`, `plan`, `export` and `report` subcommands."""
     parser = _Parser(prog="surgeon", description="Prune large language models with LLM Surgeon "
                      "(structured, N:M semi-structured, unstructured) and measure their perplexity.")
     parser.add_argument("--version", action="version", version=f"surgeon {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     parser.add_argument("--quiet", action="store_true", help="no progress bars; only warnings and results")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{eval,prune,export,report}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{eval,prune,plan,export,report}")
     evaluate = sub.add_parser("eval", help="perplexity of a model on a test text (and zero-shot tasks with --tasks)",
                               description="Perplexity of a model on consecutive windows of a test text; with "
                               "--tasks, its zero-shot accuracy on lm-eval tasks too.")
@@ -173,6 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fields(prune, RunConfig, required=("output",), helps={"output": OUTPUT_HELP["prune"]})
     _add_fields(prune, PruneConfig)
     prune.set_defaults(func=_cmd_prune)
+    plan = sub.add_parser("plan", help="count the memory and time of a pruning run from the model's config",
+                          description="Count, from the model's configuration alone (no weights), the GPU memory of "
+                          "every phase of a pruning shot, whether it fits, and the time per shot projected from "
+                          "measured rates.")
+    _add_fields(plan, PlanConfig, helps={"output": OUTPUT_HELP["plan"]})
+    _add_fields(plan, PruneConfig, ("structure", "target_size", "shots", "method", "batch_size", "kronecker_terms",
+                                    "group_bytes"))
+    plan.set_defaults(func=_cmd_plan)
     _add_run_command(sub, "export", ExportConfig, _cmd_export, "write a pruned model without its removed neurons "
                      "and heads", "Write the model of a `surgeon prune` output folder with the MLP neurons and "
                      "attention heads whose output is exactly zero cut out, as a checkpoint that "

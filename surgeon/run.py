@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from surgeon import __version__
 from surgeon.config import ExportConfig, PruneConfig, RunConfig
 from surgeon.data import calibration_text, calibration_windows, evaluation_text, tokenize
@@ -16,6 +18,7 @@ from surgeon.errors import SurgeonError, first_line
 from surgeon.evaluate import perplexity
 from surgeon.io import OutputDirectory, read_run, write_checkpoint
 from surgeon.model import load_model, max_seqlen
+from surgeon.plan import check_fits
 from surgeon.report import ShotReport
 from surgeon.resume import Checkpoint, has_state, read_state
 from surgeon.shots import prune
@@ -51,6 +54,13 @@ def run_prune(run: RunConfig, config: PruneConfig, progress: bool = True) -> dic
     return result
 
 
+def gpu_memory(device: str) -> int | None:
+    """Bytes of memory of the CUDA device `device` ("cuda", "cuda:1"); None for the CPU."""
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
+
+
 def run_fingerprint(run: RunConfig, config: PruneConfig) -> dict[str, Any]:
     """The settings a continued run must share with the run it continues (not where its output goes)."""
     own = {key: value for key, value in dataclasses.asdict(run).items()
@@ -69,6 +79,9 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
     test = evaluation_text(run.dataset)  # texts and tasks first: bad input fails before the slow model load
     calibration = calibration_text(run.calibration)
     tasks = load_tasks(run.task_list, run.task_path) if run.tasks else None
+    budget = gpu_memory(run.device)
+    if budget is not None:  # a run that cannot fit the GPU stops before any weight loads
+        check_fits(run.model, run.dtype, run.nsamples, run.seqlen, config, budget)
     model, tokenizer = load_model(run.model, run.tokenizer, run.dtype, run.device)
     limit = max_seqlen(model)
     if limit is not None and max(run.seqlen, run.test_seqlen) > limit:

@@ -1,0 +1,229 @@
+"""Memory and time of a pruning run, counted from the model's configuration alone (`surgeon plan`).
+
+The model is built on the meta device (shapes, no weights), so the count needs only its config.
+Per phase of a shot (docs/DESIGN.md, "Memory design" and "Planning"):
+
+- curvature: the weights; the packed float32 Kronecker factors of every layer (one A per input
+  that several layers read, one G per layer); the tensors autograd saves in one forward pass of
+  `batch_size × seqlen` tokens, read off a meta-device forward under `saved_tensors_hooks` (with
+  fused attention, which keeps no L×L scores); the logits with their float32 probabilities and
+  gradient; the queue of activations waiting for a grouped accumulation (CUDA);
+- prune: the weights; the packed inverses (or inverse roots) of the factors, the same size; one
+  layer's dense temporaries;
+- for SparseGPT, SparseGPT-exact and Wanda (block by block): the weights, one block's inputs for
+  every window, and one block's H.
+
+Strategies: the packed factors on the device (what `surgeon prune` runs), and, counted for
+comparison but not run by `surgeon prune`, factors held in host memory or sharded over `gpus`.
+Time is projected from the rates measured on an H100 (bench/results/gpu) by counted FLOPs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from surgeon.config import PlanConfig, PruneConfig, parse_bytes
+from surgeon.errors import SurgeonError, first_line
+from surgeon.model import DTYPES, prunable_layers, resolve_source
+
+GIB = 2**30
+# The counts ran 9-11% under the peaks measured on an H100 (Llama-2-7B 60.3 vs 66.9 GiB, OPT-6.7B 65.4 vs
+# 72.2, OPT-1.3B 16.1 vs 18.0: bench/RESULTS.md); a run fits when its count plus this headroom does.
+HEADROOM = 0.12
+QUEUE_BYTES_CUDA = 1 << 29  # curvature.DEFAULT_GROUP_BYTES on CUDA
+TILE = 128  # surgeon_kernels.symmetric.TILE
+# Measured on one H100 (bench/results/gpu/shot-llama2-7b-32blocks-4shots-batch2@063edc6.json): a
+# Llama-2-7B structured shot of 128 × 2048 tokens, curvature 30.4 s, prune 13.6 s.
+H100_REFERENCE = {"parameters": 6_476_005_376, "tokens": 128 * 2048, "curvature_s": 30.4, "prune_s": 13.6,
+                  "source": "bench/results/gpu/shot-llama2-7b-32blocks-4shots-batch2@063edc6.json"}
+
+
+def packed_bytes(n: int) -> int:
+    """Bytes of an n×n float32 factor held as its upper-triangle tiles (`PackedSymmetric`)."""
+    blocks = -(-n // TILE)
+    return blocks * (blocks + 1) // 2 * TILE * TILE * 4
+
+
+def meta_model(name: str, dtype: str) -> nn.Module:
+    """The model named `name` (hub id, folder, config.json, .gguf file, built-in name) on the meta device."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        if name.endswith(".json"):
+            settings = json.loads(Path(name).read_text())
+            config = AutoConfig.for_model(**settings)
+        else:
+            source = resolve_source(name)
+            config = AutoConfig.from_pretrained(source.path, gguf_file=source.gguf_file)
+    except (OSError, ValueError, KeyError) as error:
+        raise SurgeonError(f"cannot read the configuration of {name!r}: {first_line(error)}") from error
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype], attn_implementation="sdpa")
+    return model.eval()
+
+
+@dataclass
+class _Trace:
+    """What one meta-device forward shows: which layers read one input, and what autograd saves."""
+
+    owners: dict[str, str]  # layer -> the first layer reading the same input tensor (shares its A)
+    saved_bytes: int
+
+
+def _trace(model: nn.Module, layers: list[tuple[str, nn.Linear]], batch: int, seqlen: int) -> _Trace:
+    """Run one forward of `batch × seqlen` tokens on the meta device, as the curvature pass runs it.
+
+    Attention is counted as the fused kernels (flash, memory-efficient, cuDNN) keep it for the
+    backward pass: query, key, value, output and one float32 statistic per query row, no scores.
+    """
+    import torch.nn.functional as F
+
+    params = {id(p) for p in model.parameters()}
+    inputs: dict[str, torch.Tensor] = {}
+    saved: dict[int, torch.Tensor] = {}  # by id, the tensors themselves held so that no id is reused
+    statistics = 0
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        base = t if t._base is None else t._base
+        if id(base) not in params and id(t) not in params:
+            saved[id(base)] = base
+        return t
+
+    def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any,
+                        **kwargs: Any) -> torch.Tensor:
+        out = (query[..., :1] * 0).expand(*query.shape[:-1], value.shape[-1]).clone()  # keeps nothing itself
+        nonlocal statistics
+        for t in (query, key, value, out):
+            keep(t)
+        statistics += query.shape[:-1].numel() * 4  # the row statistics (log-sum-exp), float32
+        return out
+
+    handles = [module.register_forward_pre_hook(lambda m, args, name=name: inputs.__setitem__(name, args[0]))
+               for name, module in layers]
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    sdpa = F.scaled_dot_product_attention
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        F.scaled_dot_product_attention = fused_attention
+        ids = torch.zeros(batch, seqlen, dtype=torch.long, device="meta")
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            lm: Any = model  # a transformers causal LM
+            embeds = lm.get_input_embeddings()(ids).detach().requires_grad_(True)
+            lm(inputs_embeds=embeds)
+    finally:
+        F.scaled_dot_product_attention = sdpa
+        for handle in handles:
+            handle.remove()
+        for p, flag in flags:
+            p.requires_grad_(flag)
+    owners: dict[str, str] = {}
+    first: dict[int, str] = {}
+    for name, _ in layers:
+        owners[name] = first.setdefault(id(inputs[name]), name)
+    return _Trace(owners, sum(t.numel() * t.element_size() for t in saved.values()) + statistics)
+
+
+def count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, device: str) -> dict[str, Any]:
+    """Bytes per phase of one shot (the phases of docs/DESIGN.md, "Planning") and the counts behind them."""
+    from surgeon.shots import NEEDS_A, NEEDS_G
+
+    layers = [pair for block in prunable_layers(model) for pair in block]
+    settings: Any = model.config
+    itemsize = next(model.parameters()).element_size()
+    weights = sum(p.numel() for p in model.parameters()) * itemsize
+    vocab = settings.vocab_size
+    tokens = config.batch_size * seqlen
+    largest = max(m.weight.numel() for _, m in layers)
+    widest = max(max(m.weight.shape) + 1 for _, m in layers)
+    layer_temporaries = 3 * largest * 4 + 2 * widest * widest * 4  # W, update, mask in float32; one dense inverse
+    phases: dict[str, dict[str, int]] = {}
+    if config.method in NEEDS_A:
+        trace = _trace(model, layers, config.batch_size, seqlen)
+        widths = {name: m.in_features + (m.bias is not None) for name, m in layers}
+        terms = config.kronecker_terms
+        A = sum(packed_bytes(widths[name]) for name, _ in layers if trace.owners[name] == name) * terms
+        G = sum(packed_bytes(m.out_features) for _, m in layers) * terms if config.method in NEEDS_G else 0
+        phases["curvature"] = {
+            "weights": weights, "factors": A + G, "activations": trace.saved_bytes,
+            "logits": tokens * vocab * (2 * itemsize + 4),  # logits, float32 probabilities, their gradient
+            "queue": QUEUE_BYTES_CUDA if device == "cuda" and config.group_bytes is None else (config.group_bytes or 0),
+        }
+        phases["prune"] = {"weights": weights, "inverses": A + G, "layer": layer_temporaries}
+    else:
+        block = [m for _, m in prunable_layers(model)[0]]
+        hidden = settings.hidden_size
+        phases["prune"] = {
+            "weights": weights, "block_inputs": 2 * nsamples * seqlen * hidden * itemsize,
+            "hessians": sum(packed_bytes(m.in_features) * 2 for m in block), "layer": layer_temporaries,
+        }
+    return {"phases": phases, "weights_bytes": weights, "parameters": sum(p.numel() for p in model.parameters()),
+            "prunable_parameters": sum(m.weight.numel() for _, m in layers), "layers": len(layers)}
+
+
+def _projected_seconds(counts: dict[str, Any], config: PruneConfig, nsamples: int, seqlen: int) -> dict[str, float]:
+    """Seconds per shot on one H100, scaled from the measured Llama-2-7B rate by parameters × tokens.
+
+    Only for structured LLM Surgeon, the kind of run that rate was measured on; empty otherwise.
+    """
+    if config.structure != "structured" or config.method != "surgeon":
+        return {}
+    size = counts["prunable_parameters"] / H100_REFERENCE["parameters"]
+    return {"curvature": H100_REFERENCE["curvature_s"] * size * nsamples * seqlen / H100_REFERENCE["tokens"],
+            "prune": H100_REFERENCE["prune_s"] * size}
+
+
+def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
+    """The plan of `surgeon plan`: memory per phase, the strategies and whether one fits, projected time."""
+    model = meta_model(plan.model, plan.dtype)
+    counts = count(model, config, plan.nsamples, plan.seqlen, "cuda")
+    budget = parse_bytes(plan.gpu_memory)
+    phases = {name: {**parts, "total": sum(parts.values())} for name, parts in counts["phases"].items()}
+    peak_phase = max(phases, key=lambda name: phases[name]["total"])
+    peak = phases[peak_phase]["total"]
+    factors = phases.get("curvature", {}).get("factors", 0)  # none for the block-by-block methods
+    strategies = [{"name": "on-device" if not factors else "packed-factors-on-device", "runs": True,
+                   "peak_gpu_bytes": peak, "host_bytes": 0}]
+    if factors:
+        largest_block = max(phases["curvature"]["factors"] // max(len(prunable_layers(model)), 1), 1)
+        strategies.append({"name": "factors-offloaded-to-host", "runs": False,
+                           "peak_gpu_bytes": peak - factors + largest_block, "host_bytes": factors})
+        if plan.gpus > 1:
+            shard = math.ceil(factors / plan.gpus)
+            strategies.append({"name": f"factors-sharded-over-{plan.gpus}-gpus", "runs": False,
+                               "peak_gpu_bytes": peak - factors + shard, "host_bytes": 0})
+    for strategy in strategies:
+        strategy["fits"] = strategy["peak_gpu_bytes"] * (1 + HEADROOM) <= budget
+    chosen = next((s for s in strategies if s["runs"] and s["fits"]), None)
+    return {
+        "model": plan.model, "dtype": plan.dtype, "nsamples": plan.nsamples, "seqlen": plan.seqlen,
+        "gpus": plan.gpus, "gpu_memory_bytes": budget, "config": {"structure": config.structure,
+                                                                   "method": config.method, "shots": config.shots,
+                                                                   "batch_size": config.batch_size},
+        "parameters": counts["parameters"], "prunable_parameters": counts["prunable_parameters"],
+        "phases": phases, "peak_phase": peak_phase, "peak_gpu_bytes": peak, "fits": chosen is not None,
+        "strategy": chosen["name"] if chosen else None, "strategies": strategies,
+        "headroom": HEADROOM, "shortfall_bytes": max(round(peak * (1 + HEADROOM)) - budget, 0),
+        "seconds_per_shot_h100": _projected_seconds(counts, config, plan.nsamples, plan.seqlen),
+        "time_source": H100_REFERENCE["source"],
+    }
+
+
+def check_fits(model_name: str, dtype: str, nsamples: int, seqlen: int, config: PruneConfig, budget: int) -> None:
+    """Refuse, before any weight is loaded, a run whose counted peak (plus `HEADROOM`) exceeds `budget` bytes."""
+    counts = count(meta_model(model_name, dtype), config, nsamples, seqlen, "cuda")
+    totals = {name: sum(parts.values()) for name, parts in counts["phases"].items()}
+    phase = max(totals, key=totals.__getitem__)
+    need = totals[phase] * (1 + HEADROOM)
+    if need > budget:
+        parts = ", ".join(f"{part} {value / GIB:.1f}" for part, value in counts["phases"][phase].items())
+        raise SurgeonError(f"does not fit the GPU: the {phase} phase needs {need / GIB:.1f} GiB ({parts} GiB, plus "
+                           f"{HEADROOM:.0%} headroom), the GPU has {budget / GIB:.1f} GiB, short by "
+                           f"{(need - budget) / GIB:.1f} GiB; lower --batch-size or --seqlen (see `surgeon plan`)")

@@ -1,0 +1,109 @@
+"""`surgeon plan`: memory counted from the config alone, checked against the real pass and the H100 measurements."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from surgeon import curvature
+from surgeon.cli import main
+from surgeon.config import PlanConfig, PruneConfig, parse_bytes
+from surgeon.errors import SurgeonError
+from surgeon.model import prunable_layers
+from surgeon.plan import GIB, HEADROOM, check_fits, count, make_plan, meta_model, packed_bytes
+from tests._families import family_model
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU = ROOT / "bench" / "results" / "gpu"
+# measured structured shots, batch 2 of 128 × 2048 tokens, bfloat16: (config, result file)
+MEASURED = {
+    "llama-2-7b": ("bench/configs/llama-2-7b.json", "shot-llama2-7b-32blocks-4shots-batch2@063edc6.json"),
+    "opt-6.7b": ("bench/configs/opt-6.7b.json", "shot-opt-6.7b-structured-1shots@2918240.json"),
+    "opt-1.3b": ("bench/configs/opt-1.3b.json", "shot-opt-1.3b-structured-4shots@2918240.json"),
+}
+STRUCTURED = PruneConfig(structure="structured", target_size=0.8, shots=4, batch_size=2)
+
+
+def test_sizes():
+    assert parse_bytes("80GB") == parse_bytes("80 GiB") == 80 * GIB
+    assert parse_bytes("512M") == 512 * 2**20 and parse_bytes("1000") == 1000
+    with pytest.raises(ValueError, match="80GB"):
+        parse_bytes("lots")
+    assert packed_bytes(128) == 128 * 128 * 4 and packed_bytes(129) == 3 * 128 * 128 * 4
+
+
+def counted_peak(name: str) -> float:
+    config, _ = MEASURED[name]
+    plan = make_plan(PlanConfig(model=str(ROOT / config), dtype="bfloat16", nsamples=128, seqlen=2048), STRUCTURED)
+    return plan["phases"]["curvature"]["total"] / GIB
+
+
+def measured_peak(name: str) -> float:
+    return max(shot["peak_memory_gb"] for shot in json.loads((GPU / MEASURED[name][1]).read_text())["shots"])
+
+
+def test_llama_2_7b_count_lands_within_10_percent_of_the_h100_measurement():
+    assert counted_peak("llama-2-7b") / measured_peak("llama-2-7b") == pytest.approx(1.0, abs=0.10)
+
+
+@pytest.mark.parametrize("name", sorted(MEASURED))
+def test_the_headroom_covers_every_measured_run(name):
+    """A plan calls a run fitting only when the count plus HEADROOM fits: that was enough for every H100 run."""
+    assert counted_peak(name) * (1 + HEADROOM) >= measured_peak(name)
+
+
+@pytest.mark.parametrize("family", ["llama", "opt", "qwen2", "gpt_neox"])
+def test_counted_factors_are_the_bytes_the_curvature_pass_allocates(family):
+    model = family_model(family)
+    layers = [pair for block in prunable_layers(model) for pair in block]
+    factors = curvature.estimate(model, layers, torch.randint(0, 128, (2, 16)), progress=False)
+    tensors = {id(f.A): f.A.tiles for f in factors.values()} | {id(f.G): f.G.tiles for f in factors.values()}
+    allocated = sum(t.numel() * t.element_size() for t in tensors.values())
+    config = PruneConfig(structure="structured", shots=1)
+    meta = meta_model_of(family)
+    assert count(meta, config, nsamples=2, seqlen=16, device="cpu")["phases"]["curvature"]["factors"] == allocated
+
+
+def meta_model_of(family: str):
+    """The tiny family model on the meta device, from its config."""
+    from transformers import AutoModelForCausalLM
+
+    config = family_model(family).config
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+
+
+def test_a_run_that_cannot_fit_is_refused_before_its_weights_load(monkeypatch, tmp_path):
+    with pytest.raises(SurgeonError, match=r"does not fit the GPU: the curvature phase needs .* short by"):
+        check_fits(str(ROOT / MEASURED["llama-2-7b"][0]), "bfloat16", 128, 2048, STRUCTURED, 40 * GIB)
+    check_fits(str(ROOT / MEASURED["llama-2-7b"][0]), "bfloat16", 128, 2048, STRUCTURED, 80 * GIB)
+
+    import surgeon.run
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(surgeon.run, "gpu_memory", lambda device: 2**20)
+    monkeypatch.setattr(surgeon.run, "load_model", no_load)
+    code = main(["prune", "--model", "smollm2-135m", "--structure", "2:4", "--output", str(tmp_path / "out")])
+    assert code == 2 and not (tmp_path / "out").exists()
+
+
+def test_plan_command_writes_json(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model", str(ROOT / "bench/configs/llama-2-13b.json"), "--structure", "unstructured",
+                 "--target-size", "0.5", "--batch-size", "2", "--gpus", "2", "--output", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    assert {"fits", "peak_gpu_bytes", "strategy", "phases"} <= set(plan)
+    assert not plan["fits"] and plan["strategy"] is None and plan["shortfall_bytes"] > 0
+    assert {s["name"] for s in plan["strategies"]} == {"packed-factors-on-device", "factors-offloaded-to-host",
+                                                       "factors-sharded-over-2-gpus"}
+    assert "does not fit 80GB" in capsys.readouterr().out
+
+
+def test_plan_reads_only_the_configuration():
+    model = meta_model("smollm2-135m", "bfloat16")
+    assert all(p.device.type == "meta" for p in model.parameters())
