@@ -1,10 +1,12 @@
 """Peers on the quality table's protocol: llm-compressor's SparseGPTModifier and WandaPruningModifier.
 
-Beside them runs `SurgeonSparseGPTModifier` (surgeon's exact per-row solve inside the same
-llm-compressor pipeline). Same model (SmolLM2-135M, float32), the same calibration windows as
-`bench/quality.py` (passed to `oneshot` as a dataset, in order), the same evaluation. Peer settings:
-block size 128, dampening fraction 0.01, the sequential pipeline with pruned activations propagated
-block by block, `lm_head` ignored. Times are whole `oneshot` calls.
+Beside them run surgeon's own modifiers inside the same llm-compressor `oneshot`:
+`SurgeonSparseGPTModifier` (the exact per-row solve in llm-compressor's sequential pipeline) and
+`SurgeonModifier` (LLM Surgeon, 4 shots, which should reproduce bench/quality.py's surgeon rows).
+Same model (SmolLM2-135M, float32), the same calibration windows as `bench/quality.py` (passed to
+`oneshot` as a dataset, in order), the same evaluation. Peer settings: block size 128, dampening
+fraction 0.01, the sequential pipeline with pruned activations propagated block by block,
+`lm_head` ignored. Times are whole `oneshot` calls.
 
 Runs in the llm-compressor environment (llm-compressor 0.14 pins transformers 5.15-5.17), created by
 one command, `make install-llmcompressor`:
@@ -33,7 +35,7 @@ from transformers import __version__ as transformers_version
 
 from bench.quality import ROOT, head_commit, smollm2_protocol
 from surgeon.evaluate import perplexity
-from surgeon.integrations.llmcompressor import SurgeonSparseGPTModifier
+from surgeon.integrations.llmcompressor import SurgeonModifier, SurgeonSparseGPTModifier
 from surgeon.io import write_json
 from surgeon.model import load_tokenizer, prunable_layers
 
@@ -42,6 +44,7 @@ PEERS = {
     "llmc-sparsegpt": (SparseGPTModifier, {"block_size": 128, "dampening_frac": 0.01}),
     "llmc-wanda": (WandaPruningModifier, {}),
     "llmc-surgeon-sparsegpt": (SurgeonSparseGPTModifier, {"block_size": 128, "dampening_frac": 0.01}),
+    "llmc-surgeon": (SurgeonModifier, {"shots": 4}),
 }
 
 
@@ -76,15 +79,21 @@ def main() -> None:
                 if path.exists() or args.only not in name:
                     continue
                 model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-                recipe = modifier(sparsity=0.5, mask_structure="2:4" if structure == "2:4" else "0:0",
-                                  ignore=["re:.*lm_head"], **settings)
+                if modifier is SurgeonModifier:  # prunes the decoder blocks' linear layers, never the LM head
+                    recipe = modifier(sparsity=None if structure == "2:4" else 0.5, structure=structure, **settings)
+                else:
+                    recipe = modifier(sparsity=0.5, mask_structure="2:4" if structure == "2:4" else "0:0",
+                                      ignore=["re:.*lm_head"], **settings)
                 start = time.perf_counter()
                 oneshot(model=model, dataset=calibration, recipe=[recipe], num_calibration_samples=len(windows),
                         max_seq_length=windows.shape[1], shuffle_calibration_samples=False, pipeline="sequential")
                 seconds = time.perf_counter() - start
                 result = perplexity(model, test_ids, 2048, args.eval_windows, progress=False)
                 config = {"structure": structure, "target_size": 0.5, "method": f"llm-compressor {modifier.__name__}",
-                          "shots": 1, "damp_g": "-", "damp_a": settings.get("dampening_frac", "-")}
+                          "shots": settings.get("shots", 1), "damp_g": "-",
+                          "damp_a": settings.get("dampening_frac", "-")}
+                if modifier is SurgeonModifier:
+                    config.update(damp_g=recipe._config.damp_g, damp_a=recipe._config.damp_a)
                 logging.info("%s: ppl %.3f (%.0f s)", name, result.ppl, seconds)
                 write_json(path, {"ppl": result.ppl, "seconds": seconds, "sparsity": zero_fraction(model),
                                   "config": config, "calib_windows": windows.shape[0],
