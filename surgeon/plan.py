@@ -21,6 +21,7 @@ Time is projected from the rates measured on an H100 (bench/results/gpu) by coun
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +30,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from surgeon import hub
 from surgeon.config import PlanConfig, PruneConfig, parse_bytes
 from surgeon.errors import SurgeonError, first_line
 from surgeon.model import DTYPES, prunable_layers, resolve_source
+
+logger = logging.getLogger(__name__)
 
 GIB = 2**30
 # The counts ran 9-11% under the peaks measured on an H100 (Llama-2-7B 60.3 vs 66.9 GiB, OPT-6.7B 65.4 vs
@@ -61,11 +65,13 @@ def meta_model(name: str, dtype: str) -> nn.Module:
             config = AutoConfig.for_model(**settings)
         else:
             source = resolve_source(name)
-            config = AutoConfig.from_pretrained(source.path, gguf_file=source.gguf_file)
+            with hub.cache_only_when_unreachable(source.on_hub):
+                config = AutoConfig.from_pretrained(source.path, gguf_file=source.gguf_file)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype], attn_implementation="sdpa")
     except (OSError, ValueError, KeyError) as error:
-        raise SurgeonError(f"cannot read the configuration of {name!r}: {first_line(error)}") from error
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype], attn_implementation="sdpa")
+        raise SurgeonError(f"cannot build {name!r} from its configuration: {first_line(error)}") from error
+    prunable_layers(model)  # names the architecture when nothing in it can be pruned
     return model.eval()
 
 
@@ -217,8 +223,17 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
 
 
 def check_fits(model_name: str, dtype: str, nsamples: int, seqlen: int, config: PruneConfig, budget: int) -> None:
-    """Refuse, before any weight is loaded, a run whose counted peak (plus `HEADROOM`) exceeds `budget` bytes."""
-    counts = count(meta_model(model_name, dtype), config, nsamples, seqlen, "cuda")
+    """Refuse, before any weight is loaded, a run whose counted peak (plus `HEADROOM`) exceeds `budget` bytes.
+
+    A model whose configuration transformers cannot build alone (a heterogeneous compact checkpoint,
+    say) is not counted: the check is skipped with a warning.
+    """
+    try:
+        model = meta_model(model_name, dtype)
+    except SurgeonError as error:
+        logger.warning("memory not checked before loading: %s", error)
+        return
+    counts = count(model, config, nsamples, seqlen, "cuda")
     totals = {name: sum(parts.values()) for name, parts in counts["phases"].items()}
     phase = max(totals, key=totals.__getitem__)
     need = totals[phase] * (1 + HEADROOM)

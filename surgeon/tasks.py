@@ -71,6 +71,8 @@ def zero_shot(model: torch.nn.Module, tokenizer: Any, tasks: Sequence[str], mana
         metrics = output["results"][name]
         results[name] = {key.split(",")[0]: float(value) for key, value in metrics.items()
                          if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "sample_len"}
-        results[name]["samples"] = float(output["n-samples"][name]["effective"])
+        samples = output.get("n-samples", {}).get(name, {}).get("effective")  # groups report theirs per subtask
+        if samples is not None:
+            results[name]["samples"] = float(samples)
         logger.info("%s: %s", name, ", ".join(f"{key} {value:.4f}" for key, value in results[name].items()))
     return results

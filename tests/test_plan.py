@@ -92,6 +92,15 @@ def test_a_run_that_cannot_fit_is_refused_before_its_weights_load(monkeypatch, t
     assert code == 2 and not (tmp_path / "out").exists()
 
 
+def test_a_model_the_plan_cannot_build_is_not_refused(tmp_path, caplog):
+    """The fit check is a guard, not a gate: a config transformers cannot build alone skips it with a warning."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "not-a-transformers-family"}))
+    check_fits(str(tmp_path), "bfloat16", 128, 2048, STRUCTURED, 1)
+    assert "memory not checked before loading" in caplog.text
+    with pytest.raises(SurgeonError, match="cannot build"):
+        meta_model(str(tmp_path), "bfloat16")
+
+
 def test_plan_command_writes_json(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main(["plan", "--model", str(ROOT / "bench/configs/llama-2-13b.json"), "--structure", "unstructured",
