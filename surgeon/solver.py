@@ -200,15 +200,19 @@ def solve(
     R, C = W.shape
     W0, A0 = W.double(), A.double()
     A_inv = spd_inverse(damp(A0, damp_a))
-    G_inv = torch.eye(R, dtype=torch.float64, device=W.device) if G is None else spd_inverse(damp(G.double(), damp_g))
-    f = KroneckerInverse(G_inv, A_inv, G_inv.diagonal().clone(), A_inv.diagonal().clone(), False)
+    f = None  # G⁻¹ ⊗ A⁻¹: needed with G, and for rows/cols (G = None: the identity)
+    if G is not None or rows is not None or cols is not None:
+        G_inv = torch.eye(R, dtype=torch.float64, device=W.device) if G is None else spd_inverse(damp(G.double(),
+                                                                                                     damp_g))
+        f = KroneckerInverse(G_inv, A_inv, G_inv.diagonal().clone(), A_inv.diagonal().clone(), False)
 
     def exact(pruned: torch.Tensor) -> torch.Tensor:
-        if G is None:  # rows decouple: each row's pruned weights form one chunk, solved exactly
-            return updates.unstructured(W0, f, pruned, max_correlate=C, semantics="independent")
+        if f is None:  # G = I, the rows decouple: one exact solve per row against A alone
+            return row_update(W0, A_inv, pruned)
         return updates.unstructured(W0, f, pruned)
 
     if rows is not None or cols is not None:
+        assert f is not None  # built above for rows/cols
         removed_rows = as_indices(rows if rows is not None else [], R, "rows").to(W.device)
         removed_cols = as_indices(cols if cols is not None else [], C, "cols").to(W.device)
         new = updates.structured(W0, f, removed_rows, removed_cols, "joint")
@@ -222,30 +226,52 @@ def solve(
         if nm is not None:  # a shot prunes at least one more weight per group
             shots = min(shots, nm[1] - nm[0])
         for shot in range(1, shots + 1):
-            pruned = _select(new, A0, f, pruned, G is None, sparsity, nm, (shot, shots), damp_a, blocksize)
+            pruned = _select(new, A0, f, pruned, sparsity, nm, (shot, shots), damp_a, blocksize)
             new = exact(pruned)
     delta = new - W0
     loss = 0.5 * (delta * (delta @ A0)).sum() if G is None else quadratic_loss(delta, G.double(), A0)
     return Solution(new.to(W.dtype), pruned, float(loss))
 
 
-def _select(W: torch.Tensor, A: torch.Tensor, f: KroneckerInverse, previous: torch.Tensor, sweep: bool,
+def row_update(W: torch.Tensor, A_inv: torch.Tensor, pruned: torch.Tensor) -> torch.Tensor:
+    """W with the `pruned` weights removed and every row's kept weights solved exactly for G = I (eqs. 4-5).
+
+    With G = I the rows decouple: row r's system is A⁻¹[P_r, P_r] u = w[P_r] for its pruned columns
+    P_r, and ΔW = −U A⁻¹. One system per row (the solves see G⁻¹ = 1 through a 1×1 factor), so no
+    R×R identity is built and no two rows share a system.
+    """
+    r, c = pruned.nonzero(as_tuple=True)
+    U = torch.zeros_like(W)
+    if r.numel():
+        starts = torch.ones(r.numel(), dtype=torch.bool, device=r.device)
+        starts[1:] = r[1:] != r[:-1]
+        bounds = starts.nonzero().squeeze(1).tolist() + [r.numel()]
+        one = torch.ones(1, 1, dtype=W.dtype, device=W.device)
+        f = KroneckerInverse(one, A_inv, one.reshape(1), A_inv.diagonal().clone(), False)
+        U[r, c] = updates.solve_chunks(f, torch.zeros_like(r), c, W[r, c],
+                                       [slice(a, b) for a, b in zip(bounds, bounds[1:])])
+    out = W - U @ A_inv
+    out[pruned] = 0
+    return out
+
+
+def _select(W: torch.Tensor, A: torch.Tensor, f: KroneckerInverse | None, previous: torch.Tensor,
             sparsity: float | None, nm: tuple[int, int] | None, step: tuple[int, int], damp_a: float,
             blocksize: int) -> torch.Tensor:
     """The mask of shot `step` = (s, shots), s/shots of the way to the target, containing `previous` (True = removed).
 
-    sweep: SparseGPT's column sweep on the current W and A (exact per block of columns);
-    otherwise eq. 7's element costs under one threshold over the layer.
+    Without F⁻¹ (G = I): SparseGPT's column sweep on the current W and A (exact per block of columns);
+    with it, eq. 7's element costs under one threshold over the layer.
     """
     if nm is not None:
         n, m = nm
         pruned_per_group = -(-(m - n) * step[0] // step[1])  # ⌈(m − n)·s/shots⌉
-        if sweep:
+        if f is None:
             return baselines.sparsegpt(W, A, 0.0, previous, (m - pruned_per_group, m), blocksize, damp_a)[1]
         target = W.numel() // m * pruned_per_group
         return threshold.nm_selection([costs.element_costs(W, f)], m - pruned_per_group, m, target)[0]()
     assert sparsity is not None
     fraction = sparsity * step[0] / step[1]
-    if sweep:
+    if f is None:
         return baselines.sparsegpt(W, A, fraction, previous, None, blocksize, damp_a)[1]
     return threshold.smallest_k([costs.element_costs(W, f)], round(fraction * W.numel()))[0]()
