@@ -118,17 +118,25 @@ def quality_table(runs: dict[str, dict[str, Any]]) -> str:
 
 
 def headline_table(runs: dict[str, dict[str, Any]]) -> str:
-    """Per structure: magnitude, the best other baseline, and LLM Surgeon (the README's table)."""
-    lines = ["| structure | magnitude | best other baseline | LLM Surgeon |", "| --- | --- | --- | --- |"]
+    """Per structure: magnitude, the best other baseline, LLM Surgeon and surgeon's SparseGPT-exact; the lowest
+    perplexity of the row in bold (the README's table)."""
+    lines = ["| structure | magnitude | best other baseline | LLM Surgeon | SparseGPT mask + exact update |",
+             "| --- | --- | --- | --- | --- |"]
+    names = {"lobd": "L-OBD", "kobd": "K-OBD", "sparsegpt": "SparseGPT", "wanda": "Wanda",
+             "llmc-sparsegpt": "llm-compressor SparseGPT", "llmc-wanda": "llm-compressor Wanda"}
     for prefix, label in HEADLINE:
         rows = {name[len(prefix) + 1:]: run for name, run in runs.items() if name.startswith(prefix + "-")}
-        baselines = {m: r["ppl"] for m, r in rows.items() if m in ("lobd", "kobd", "sparsegpt", "wanda")}
+        baselines = {m: r["ppl"] for m, r in rows.items() if m in names}
         if not baselines or "magnitude" not in rows or "surgeon" not in rows:
             continue  # not run yet
         best = min(baselines, key=baselines.__getitem__)
-        names = {"lobd": "L-OBD", "kobd": "K-OBD", "sparsegpt": "SparseGPT", "wanda": "Wanda"}
-        lines.append(f"| {label} | {rows['magnitude']['ppl']:.4g} | {names[best]} {baselines[best]:.1f} | "
-                     f"**{rows['surgeon']['ppl']:.1f}** |")
+        cells = {"baseline": baselines[best], "surgeon": rows["surgeon"]["ppl"]}
+        if "sparsegpt-exact" in rows:
+            cells["exact"] = rows["sparsegpt-exact"]["ppl"]
+        lowest = min(cells.values())
+        shown = {key: f"**{value:.1f}**" if value == lowest else f"{value:.1f}" for key, value in cells.items()}
+        lines.append(f"| {label} | {rows['magnitude']['ppl']:.4g} | {names[best]} {shown['baseline']} | "
+                     f"{shown['surgeon']} | {shown.get('exact', '-')} |")
     return "\n".join(lines)
 
 
@@ -314,10 +322,12 @@ def results_md() -> str:
         "",
         f"All rows at {mark(commit)}, `python bench/quality.py`: 8 calibration windows of 512 tokens from the "
         "WikiText-2 validation split (seed 0), 4 shots (SparseGPT and Wanda: 1, as published), perplexity on the "
-        "first 8 windows of 2048 tokens of the WikiText-2 test split. \"kept\" is the target size (fraction of "
-        "prunable weights kept); \"sparsity\" the fraction removed. Seconds are the pruning's wall time, indicative "
-        "only: the 2 cores were shared with other jobs during parts of the run (uncontended per-shot time: next "
-        "section).",
+        "first 8 windows of 2048 tokens of the WikiText-2 test split. Rows `llmc-*` ran in llm-compressor's "
+        "`oneshot` on the same windows and evaluation (`bench/peers.py`, in the llm-compressor environment): its "
+        "own SparseGPTModifier and WandaPruningModifier, and surgeon's modifiers inside it. \"kept\" is the target "
+        "size (fraction of prunable weights kept); \"sparsity\" the fraction removed. Seconds are the pruning's "
+        "wall time (for `llmc-*` the whole `oneshot` call), indicative only: the 2 cores were shared with other "
+        "jobs during parts of the run (uncontended per-shot time: next section).",
         "",
         quality_table(runs),
         "",
