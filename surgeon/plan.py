@@ -198,9 +198,9 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
     strategies = [{"name": "on-device" if not factors else "packed-factors-on-device", "runs": True,
                    "peak_gpu_bytes": peak, "host_bytes": 0}]
     if factors:
-        largest_block = max(phases["curvature"]["factors"] // max(len(prunable_layers(model)), 1), 1)
+        one_block = factors // len(prunable_layers(model))  # on the device while its factors accumulate
         strategies.append({"name": "factors-offloaded-to-host", "runs": False,
-                           "peak_gpu_bytes": peak - factors + largest_block, "host_bytes": factors})
+                           "peak_gpu_bytes": peak - factors + one_block, "host_bytes": factors})
         if plan.gpus > 1:
             shard = math.ceil(factors / plan.gpus)
             strategies.append({"name": f"factors-sharded-over-{plan.gpus}-gpus", "runs": False,
