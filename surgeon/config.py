@@ -35,7 +35,7 @@ def parse_nm(structure: str) -> tuple[int, int] | None:
 
 
 def parse_bytes(text: str) -> int:
-    """'80GB', '80GiB', '79.6 GiB' or a number of bytes -> bytes (GB and GiB both read as 2³⁰, as GPUs are sold)."""
+    """'80GB', '80GiB', '79.6 GiB' or a number of bytes -> bytes (GB and GiB both read as 2³⁰, GPU memory's unit)."""
     match = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]i?B?)?\s*", text, re.IGNORECASE)
     if not match:
         raise ValueError(f"gpu_memory={text!r}: give a size such as 80GB")
