@@ -186,17 +186,27 @@ def _projected_seconds(counts: dict[str, Any], config: PruneConfig, nsamples: in
             "prune": H100_REFERENCE["prune_s"] * size}
 
 
+def _peak(phases: dict[str, dict[str, int]]) -> tuple[dict[str, dict[str, int]], str, int]:
+    """Each phase's parts with their "total", the phase with the largest total, and that total."""
+    totals = {name: {**parts, "total": sum(parts.values())} for name, parts in phases.items()}
+    phase = max(totals, key=lambda name: totals[name]["total"])
+    return totals, phase, totals[phase]["total"]
+
+
+def _needed(peak: int) -> float:
+    """Bytes of GPU memory a counted peak is planned with: the count plus `HEADROOM`."""
+    return peak * (1 + HEADROOM)
+
+
 def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
     """The plan of `surgeon plan`: memory per phase, the strategies and whether one fits, projected time."""
     model = meta_model(plan.model, plan.dtype)
     counts = count(model, config, plan.nsamples, plan.seqlen, "cuda")
     budget = parse_bytes(plan.gpu_memory)
-    phases = {name: {**parts, "total": sum(parts.values())} for name, parts in counts["phases"].items()}
-    peak_phase = max(phases, key=lambda name: phases[name]["total"])
-    peak = phases[peak_phase]["total"]
+    phases, peak_phase, peak = _peak(counts["phases"])
     factors = phases.get("curvature", {}).get("factors", 0)  # none for the block-by-block methods
-    strategies = [{"name": "on-device" if not factors else "packed-factors-on-device", "runs": True,
-                   "peak_gpu_bytes": peak, "host_bytes": 0}]
+    strategies: list[dict[str, Any]] = [{"name": "on-device" if not factors else "packed-factors-on-device",
+                                         "runs": True, "peak_gpu_bytes": peak, "host_bytes": 0}]
     if factors:
         one_block = factors // len(prunable_layers(model))  # on the device while its factors accumulate
         strategies.append({"name": "factors-offloaded-to-host", "runs": False,
@@ -206,7 +216,7 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
             strategies.append({"name": f"factors-sharded-over-{plan.gpus}-gpus", "runs": False,
                                "peak_gpu_bytes": peak - factors + shard, "host_bytes": 0})
     for strategy in strategies:
-        strategy["fits"] = strategy["peak_gpu_bytes"] * (1 + HEADROOM) <= budget
+        strategy["fits"] = _needed(strategy["peak_gpu_bytes"]) <= budget
     chosen = next((s for s in strategies if s["runs"] and s["fits"]), None)
     return {
         "model": plan.model, "dtype": plan.dtype, "nsamples": plan.nsamples, "seqlen": plan.seqlen,
@@ -216,7 +226,7 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
         "parameters": counts["parameters"], "prunable_parameters": counts["prunable_parameters"],
         "phases": phases, "peak_phase": peak_phase, "peak_gpu_bytes": peak, "fits": chosen is not None,
         "strategy": chosen["name"] if chosen else None, "strategies": strategies,
-        "headroom": HEADROOM, "shortfall_bytes": max(round(peak * (1 + HEADROOM)) - budget, 0),
+        "headroom": HEADROOM, "shortfall_bytes": max(round(_needed(peak)) - budget, 0),
         "seconds_per_shot_h100": _projected_seconds(counts, config, plan.nsamples, plan.seqlen),
         "time_source": H100_REFERENCE["source"],
     }
@@ -233,12 +243,10 @@ def check_fits(model_name: str, dtype: str, nsamples: int, seqlen: int, config: 
     except SurgeonError as error:
         logger.warning("memory not checked before loading: %s", error)
         return
-    counts = count(model, config, nsamples, seqlen, "cuda")
-    totals = {name: sum(parts.values()) for name, parts in counts["phases"].items()}
-    phase = max(totals, key=totals.__getitem__)
-    need = totals[phase] * (1 + HEADROOM)
+    phases, phase, peak = _peak(count(model, config, nsamples, seqlen, "cuda")["phases"])
+    need = _needed(peak)
     if need > budget:
-        parts = ", ".join(f"{part} {value / GIB:.1f}" for part, value in counts["phases"][phase].items())
+        parts = ", ".join(f"{part} {value / GIB:.1f}" for part, value in phases[phase].items() if part != "total")
         raise SurgeonError(f"does not fit the GPU: the {phase} phase needs {need / GIB:.1f} GiB ({parts} GiB, plus "
                            f"{HEADROOM:.0%} headroom), the GPU has {budget / GIB:.1f} GiB, short by "
                            f"{(need - budget) / GIB:.1f} GiB; lower --batch-size or --seqlen (see `surgeon plan`)")
