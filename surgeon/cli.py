@@ -115,9 +115,25 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_prune(args: argparse.Namespace) -> int:
     run = _build(RunConfig, args)
     config = _build(PruneConfig, args)
+    import torch.distributed as dist
+
+    from surgeon import distributed
+    from surgeon.distributed import launched
     from surgeon.run import run_prune
 
-    report = run_prune(run, config, progress=not args.quiet)
+    if not launched():
+        report = run_prune(run, config, progress=not args.quiet)
+    else:  # torchrun: every rank prunes its share; rank 0 logs, evaluates and writes
+        group = distributed.init(run.device)
+        lead = dist.get_rank(group) == 0
+        if not lead:
+            logging.getLogger().setLevel(logging.WARNING)
+        try:
+            report = run_prune(run, config, progress=lead and not args.quiet, group=group)
+        finally:
+            dist.destroy_process_group()
+    if report is None:  # a rank other than 0
+        return 0
     print(f"perplexity {report['ppl_before']:.4f} -> {report['ppl_after']:.4f}, sparsity "
           f"{report['sparsity']:.4f}, {report['seconds']:.1f} s; saved to {run.output}")
     return 0

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -260,19 +260,25 @@ def estimate(
     autocast: str | None = None,
     progress: bool = True,
     group_bytes: int | None = None,
+    batches: Sequence[int] | None = None,
 ) -> dict[str, LayerFactors]:
     """Kronecker factors (A, and G when `need_g`) of `layers` over calibration `windows` [n, L] (eq. 6).
 
     `autocast` ("bfloat16", "float16"): run the pass under `torch.autocast` in that dtype, the
     layers' inputs cast to it for A as the layers' products see them (factors stay float32).
     `group_bytes`: queued bytes per grouped accumulation (None: `DEFAULT_GROUP_BYTES` of the device).
+    `batches`: the indices of the batches of `batch_size` windows to run (None: all), each scaled as
+    part of all the windows, so that the factors of all shares sum to those of all the windows. A
+    sampled Fisher draws each batch's labels from its own generator, seeded with `seed`·65537 + index
+    (the CPU generator keeps 32 bits of a seed).
     """
     device = next(model.parameters()).device
-    generator = torch.Generator().manual_seed(seed)
-    batches = (batch.to(device) for batch in tqdm(windows.split(batch_size), desc=desc, leave=False,
-                                                   disable=not progress))
+    split = windows.split(batch_size)
+    chosen = range(len(split)) if batches is None else batches
+    runs = ((split[i].to(device), torch.Generator().manual_seed(seed * 65_537 + i))
+            for i in tqdm(chosen, desc=desc, leave=False, disable=not progress))
     passes = (functools.partial(_backward, model, batch, fisher, generator) if need_g
-              else functools.partial(_forward, model, batch) for batch in batches)
+              else functools.partial(_forward, model, batch) for batch, generator in runs)
     with _frozen(model):
         factors = _collect(layers, passes, windows.numel(), need_g, backend, autocast, group_bytes)
     for name, entry in factors.items():

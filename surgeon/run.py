@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from surgeon import __version__
 from surgeon.config import ExportConfig, PruneConfig, RunConfig
 from surgeon.data import calibration_text, calibration_windows, evaluation_text, tokenize
+from surgeon.distributed import local_device
 from surgeon.errors import SurgeonError, first_line
 from surgeon.evaluate import perplexity
 from surgeon.io import OutputDirectory, read_run, write_checkpoint
@@ -27,13 +29,16 @@ from surgeon.tasks import load_tasks, zero_shot
 logger = logging.getLogger(__name__)
 
 
-def run_prune(run: RunConfig, config: PruneConfig, progress: bool = True) -> dict:
+def run_prune(run: RunConfig, config: PruneConfig, progress: bool = True,
+              group: dist.ProcessGroup | None = None) -> dict | None:
     """Prune `run.model` with `config`; write `run.output`/{report.json, model files}; return the report.
 
     The output folder is checked and staged first, so a folder that cannot be written, or one that
     holds other files (without `run.overwrite`), fails before any work. After every
     `run.checkpoint_shots`-th shot a checkpoint is written into the folder (`surgeon.resume`);
     `run.resume` continues from it. report.json, which marks a finished run, is written last.
+    With a process `group` (torchrun) every rank prunes its share (`surgeon.distributed`); rank 0
+    alone evaluates and writes, and the other ranks return None.
     """
     if run.output is None:
         raise SurgeonError("prune needs --output DIR for the pruned model and its report")
@@ -43,11 +48,14 @@ def run_prune(run: RunConfig, config: PruneConfig, progress: bool = True) -> dic
     if state is None and not run.overwrite and has_state(folder):
         raise SurgeonError(f"{run.output!r} holds an unfinished run: pass --resume to continue it (the same "
                            "options), or --overwrite to start again")
+    if group is not None and dist.get_rank(group) != 0:
+        _prune_and_evaluate(run, config, False, Checkpoint(folder, fingerprint, state=state), group)
+        return None
     with OutputDirectory(run.output, run.overwrite or run.resume) as output:
         checkpoint = Checkpoint(folder, fingerprint, every=run.checkpoint_shots, state=state)
         if state is None:
             checkpoint.remove()  # an earlier run's, replaced with --overwrite
-        result, model, tokenizer = _prune_and_evaluate(run, config, progress, checkpoint)
+        result, model, tokenizer = _prune_and_evaluate(run, config, progress, checkpoint, group)
         write_checkpoint(output.staging, model, tokenizer, result)
         output.commit()
     checkpoint.remove()
@@ -69,20 +77,24 @@ def run_fingerprint(run: RunConfig, config: PruneConfig) -> dict[str, Any]:
 
 
 def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
-                        checkpoint: Checkpoint | None = None) -> tuple[dict, Any, Any]:
+                        checkpoint: Checkpoint | None = None,
+                        group: dist.ProcessGroup | None = None) -> tuple[dict, Any, Any]:
     """Load, evaluate, prune and evaluate again; the report, the pruned model and its tokenizer.
 
     A `checkpoint` holding a saved state continues that run: what was measured before pruning comes
-    from it, and the shots after its last one run.
+    from it, and the shots after its last one run. With a process `group`, ranks other than 0 only
+    prune (their share) and return an empty report.
     """
+    lead = group is None or dist.get_rank(group) == 0
     start = time.perf_counter()
     test = evaluation_text(run.dataset)  # texts and tasks first: bad input fails before the slow model load
     calibration = calibration_text(run.calibration)
     tasks = load_tasks(run.task_list, run.task_path) if run.tasks else None
-    budget = gpu_memory(run.device)
+    device = run.device if group is None else local_device(run.device)
+    budget = gpu_memory(device)
     if budget is not None:  # a run that cannot fit the GPU stops before any weight loads
         check_fits(run.model, run.dtype, run.nsamples, run.seqlen, config, budget)
-    model, tokenizer = load_model(run.model, run.tokenizer, run.dtype, run.device)
+    model, tokenizer = load_model(run.model, run.tokenizer, run.dtype, device)
     limit = max_seqlen(model)
     if limit is not None and max(run.seqlen, run.test_seqlen) > limit:
         raise SurgeonError(f"seqlen {max(run.seqlen, run.test_seqlen)} is longer than the model allows ({limit})")
@@ -90,6 +102,8 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
     windows = calibration_windows(tokenize(tokenizer, calibration), run.nsamples, run.seqlen, config.seed)
     if checkpoint is not None and checkpoint.state is not None:
         before = checkpoint.state["before"]
+    elif not lead:
+        before = {}
     else:
         dense = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress)
         logger.info("dense perplexity %.4f (%d windows)", dense.ppl, dense.windows)
@@ -103,7 +117,10 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
         shot.ppl = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress).ppl
         logger.info("perplexity after shot %d: %.4f", shot.shot, shot.ppl)
 
-    report = prune(model, windows, config, progress, evaluate_shot if run.eval_every_shot else None, checkpoint)
+    report = prune(model, windows, config, progress, evaluate_shot if run.eval_every_shot and lead else None,
+                   checkpoint, group)
+    if not lead:
+        return {}, model, tokenizer
     after = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress)
     logger.info("pruned perplexity %.4f (%d windows)", after.ppl, after.windows)
     result = {

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -21,6 +22,7 @@ from surgeon import baselines, channels, costs, curvature, inverses, kronecker_s
 from surgeon.block_inputs import BlockInputs
 from surgeon.config import PruneConfig
 from surgeon.damping import damp
+from surgeon.distributed import Elsewhere, Ranks
 from surgeon.errors import SurgeonError
 from surgeon.layer import Layer, put_submatrix, submatrix
 from surgeon.model import decoder_blocks, max_seqlen, prunable_layers
@@ -36,7 +38,7 @@ PER_LAYER = ("sparsegpt", "sparsegpt-exact", "wanda")  # estimate each block's i
 
 
 def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig,
-                     coupled: list[channels.Coupling], kinds: list[units.UnitKind] | None = None,
+                     coupled: list[channels.Coupling], ranks: Ranks, kinds: list[units.UnitKind] | None = None,
                      ) -> tuple[dict[str, float], int]:
     """Rows and columns, or coupled units: costs (eq. 7), global threshold, joint or within update (sec. 3.4).
 
@@ -47,10 +49,14 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
     too and count toward the target; they take no part in the updates (their inputs or outputs are gone).
 
     Between costs and updates each layer keeps only its packed inverse roots (weights are read again),
-    so a shot never holds more than the factors' packed size plus one layer's dense work.
+    so a shot never holds more than the factors' packed size plus one layer's dense work. Split over
+    `ranks`, each computes its own layers' costs and updates; the costs are summed so that all make
+    the same choice, and the updated layers are broadcast.
     Returns the seconds spent on costs, threshold and updates, and the number of dead weights freed.
     """
-    plans, row_costs, col_costs = [], [], []
+    plans: list[tuple[torch.Tensor, torch.Tensor, inverses.KroneckerInverse | None]] = []
+    row_costs: list[torch.Tensor] = []
+    col_costs: list[torch.Tensor] = []
     device = layers[0].mask.device
     strengths = (config.damp_g, config.damp_a)
     sets = {kind.consumer.layer: kind.consumer.size for kind in kinds or [] if kind.consumer.size > 1}
@@ -58,8 +64,16 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
     sibling: inverses.Sibling | None = None
     times = [_clock(device)]
     for index, layer in enumerate(layers):
-        W, R, C = layer.weight(), layer.module.out_features, layer.module.in_features
+        R, C, size = layer.module.out_features, layer.module.in_features, sets.get(index)
         keep_r, keep_c, real_c = layer.kept()
+        if not ranks.mine(layer.name):  # another rank's: zeros here, its costs once summed
+            plans.append((keep_r, keep_c, None))
+            row_costs.append(torch.zeros(R, device=device))
+            col_costs.append(torch.zeros(C, device=device))
+            if size is not None:
+                set_cost[index] = torch.zeros(C // size, device=device)
+            continue
+        W = layer.weight()
         rows = torch.full((R,), float("-inf"), device=W.device)
         cols = torch.full((C,), float("-inf"), device=W.device)
         entry = raw.pop(layer.name, None)  # frees each raw factor after its last layer
@@ -77,7 +91,6 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
             rc, cc = rc.masked_fill(dead_r, 0), cc.masked_fill(dead_c, 0)
         rows[keep_r] = rc
         cols[real_c] = cc
-        size = sets.get(index)
         if size is not None:  # a consumer of several columns per unit (o: head_dim per head)
             per_set = cols.reshape(-1, size).sum(1)  # OBD: the sum of the set's costs; removed sets stay −inf
             if config.method == "surgeon":
@@ -90,6 +103,11 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
         row_costs.append(rows)
         col_costs.append(cols)
     del sibling
+    if ranks.world > 1:  # −inf (removed) plus the other ranks' zeros stays −inf
+        summed = ranks.sum(torch.cat(row_costs + col_costs + list(set_cost.values())))
+        parts = summed.split([t.numel() for t in row_costs + col_costs + list(set_cost.values())])
+        row_costs, col_costs = list(parts[:len(layers)]), list(parts[len(layers):2 * len(layers)])
+        set_cost = dict(zip(set_cost, parts[2 * len(layers):]))
     times.append(_clock(device))
     with_dead = functools.partial(channels.with_dead, coupled)
     if kinds is None:
@@ -114,6 +132,10 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
     dense = inverses.unpacked(kept for _, _, kept in plans)
     for layer, (keep_r, keep_c, _), inverse, new_rows, new_cols, rows_out, cols_out in zip(
             layers, plans, dense, row_sel, col_sel, removed_rows, removed_cols):
+        layer.rows, layer.cols = rows_out, cols_out
+        layer.mask = rows_out.unsqueeze(1) | cols_out.unsqueeze(0)
+        if not ranks.mine(layer.name):
+            continue
         W = layer.weight()
         if inverse is not None:
             p = new_rows[keep_r].nonzero().squeeze(1)
@@ -121,28 +143,36 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
             sub = submatrix(W, keep_r, keep_c)
             put_submatrix(W, keep_r, keep_c, updates.finite_update(
                 layer.name, inverse, lambda g: updates.structured(sub, g, p, q, config.correlation), max(strengths)))
-        layer.rows, layer.cols = rows_out, cols_out
-        layer.mask = rows_out.unsqueeze(1) | cols_out.unsqueeze(0)
         layer.store(W)
+    ranks.broadcast_layers(layers, masks=False)
     times.append(_clock(device))
     return _phases(times), freed
 
 
-def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig) -> dict[str, float]:
+def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig,
+                  ranks: Ranks) -> dict[str, float]:
     """Elements (unstructured or N:M): costs, global threshold, correlated update (eqs. 4-5).
 
     Costs are not held: each layer keeps what they are computed from (its packed inverse, whose
     diagonals are all eq. 7 reads, or the diagonal curvature), and the threshold recomputes them when
     it reads them (`Deferred`). They read the layer's weights and mask as they are, so each layer's
-    mask is made before its update. Returns the seconds spent on costs, threshold and updates.
+    mask is made before its update. Split over `ranks`, each holds only its own layers' costs
+    (`Elsewhere` for the others'), the threshold is selected over all of them together, and the
+    updated layers are broadcast with their masks. Returns the seconds spent on costs, threshold and
+    updates.
     """
-    plans, element_costs = [], []
+    plans: list[kronecker_sum.KroneckerSum | inverses.KroneckerInverse | None] = []
+    element_costs: list[Deferred] = []
     device = layers[0].mask.device
     strengths = (config.damp_g, config.damp_a)
     sibling: inverses.Sibling | None = None
     times = [_clock(device)]
     for layer in layers:
         R, C = layer.module.out_features, layer.module.in_features
+        if not ranks.mine(layer.name):
+            plans.append(None)
+            element_costs.append(Elsewhere(R * C, device))
+            continue
         entry = raw.pop(layer.name, None)  # frees each raw factor after its last layer
         kept: kronecker_sum.KroneckerSum | inverses.KroneckerInverse | None = None
         if config.method == "surgeon" and entry.G2 is not None:
@@ -164,11 +194,13 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
     del sibling
     times.append(_clock(device))
     nm = config.nm
-    masks = (threshold.nm_selection(element_costs, *nm, target_zeros, config.backend) if nm
-             else threshold.smallest_k(element_costs, target_zeros, config.backend))
+    masks = (threshold.nm_selection(element_costs, *nm, target_zeros, config.backend, ranks.reduce()) if nm
+             else threshold.smallest_k(element_costs, target_zeros, config.backend, ranks.reduce()))
     times.append(_clock(device))
     dense = inverses.unpacked(kept if isinstance(kept, inverses.KroneckerInverse) else None for kept in plans)
     for layer, kept, inverse, mask in zip(layers, plans, dense, masks):
+        if not ranks.mine(layer.name):
+            continue
         layer.mask = mask() | layer.mask  # computed from the layer's costs before its mask and weights change
         W = layer.weight()
         if kept is not None:
@@ -177,6 +209,7 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
                 original, g, pruned, config.max_correlate or None, config.chunk_semantics, config.cg_tol,
                 config.cg_max_iter, config.backend), max(strengths))
         layer.store(W)
+    ranks.broadcast_layers(layers, masks=True)
     times.append(_clock(device))
     return _phases(times)
 
@@ -187,21 +220,26 @@ def _phases(times: list[float]) -> dict[str, float]:
 
 
 def _per_layer_shot(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, target_size: float,
-                    config: PruneConfig, progress: bool) -> None:
+                    config: PruneConfig, ranks: Ranks, progress: bool) -> None:
     """SparseGPT or Wanda: each layer pruned to the same sparsity with its own algorithm.
 
     As published, block by block: each block's inputs come from the blocks before it, already
     pruned; the block runs once to estimate its layers' input factors and once, pruned, to give
-    the next block's inputs (`BlockInputs`).
+    the next block's inputs (`BlockInputs`). Split over `ranks`, each runs its share of the batches;
+    a block's factors are summed onto its owner, which prunes it and broadcasts it.
     """
     by_name = {layer.name: layer for layer in layers}
     blocks = decoder_blocks(model)
-    inputs = BlockInputs(model, blocks, calibration, config.batch_size)
+    batches = calibration.split(config.batch_size)
+    share = torch.cat([batches[i] for i in ranks.batches(len(batches))])
+    inputs = BlockInputs(model, blocks, share, config.batch_size)
     for named in tqdm(prunable_layers(model), desc="blocks", leave=False, disable=not progress):
         raw = curvature.estimate_inputs(named, inputs.forwards(), calibration.numel(), config.backend,
                                         config.curvature_dtype, config.group_bytes)
-        for name, _ in named:
+        ranks.reduce_factors(raw)
+        for name in raw:
             _prune_one_layer(by_name[name], raw[name].A.dense(), target_size, config)
+        ranks.broadcast_layers([by_name[name] for name, _ in named], masks=True)
         inputs.advance()
 
 
@@ -251,7 +289,8 @@ def _check_inputs(model: nn.Module, calibration_ids: torch.Tensor) -> None:
 
 
 def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, progress: bool = True,
-          after_shot: Callable[[ShotReport], None] | None = None, checkpoint: Checkpoint | None = None) -> PruneReport:
+          after_shot: Callable[[ShotReport], None] | None = None, checkpoint: Checkpoint | None = None,
+          group: dist.ProcessGroup | None = None) -> PruneReport:
     """Prune `model` in place to `config.target_size` in `config.shots` shots (Algorithm 1).
 
     model: a transformers causal LM whose decoder blocks hold `nn.Linear` layers (embeddings and
@@ -260,7 +299,9 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
     config: what to prune and how (`PruneConfig`). progress: draw progress bars (False: silent).
     after_shot: called with each shot's `ShotReport` once the shot is done (e.g. to evaluate it).
     checkpoint: a `surgeon.resume.Checkpoint` written after the shots (and `after_shot`); one holding a
-        saved state continues that run after its last saved shot.
+        saved state continues that run after its last saved shot. Split over ranks, only rank 0 writes it.
+    group: a torch.distributed process group whose ranks all call `prune` with the same model and
+        arguments and share the work (`surgeon.distributed`); each ends with the same pruned model.
     Returns a `PruneReport`: `sparsity` (fraction of zero prunable weights), `layers` (that fraction
     per layer, by qualified name), `shots` (per shot: target size, sparsity reached, seconds per
     phase, peak memory in GiB), `config` and `seconds`.
@@ -268,7 +309,8 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
     if not isinstance(config, PruneConfig):
         raise TypeError(f"config must be a surgeon.PruneConfig, not {type(config).__name__}")
     _check_inputs(model, calibration_ids)
-    named = [pair for block in prunable_layers(model) for pair in block]
+    blocks = prunable_layers(model)
+    named = [pair for block in blocks for pair in block]
     layers = []
     for name, module in named:
         C = module.in_features
@@ -277,6 +319,10 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
         layers.append(Layer.unpruned(name, module))
     if config.method in PER_LAYER and config.nm and config.shots != 1:
         raise SurgeonError(f"{config.method} prunes N:M in one shot; use --shots 1")
+    ranks = Ranks(group, [[name for name, _ in block] for block in blocks])
+    if ranks.world > 1 and (config.kronecker_terms == 2 or config.lora_steps):
+        raise SurgeonError("kronecker_terms=2 and lora_steps run in one process; launch without torchrun")
+    batches = ranks.batches(-(-calibration_ids.shape[0] // config.batch_size))
     total = sum(layer.module.weight.numel() for layer in layers)
     coupled = channels.couplings(model, [name for name, _ in named])
     kinds = units.coupled_units(model, [name for name, _ in named]) if config.structure == "coupled" else None
@@ -291,6 +337,7 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
         target_size = config.shot_target(shot)
         target_zeros = round((1.0 - target_size) * total)
         t0 = _clock(device)
+        collective_seconds = ranks.seconds
         raw = {}
         if config.kronecker_terms == 2:
             raw = kronecker_sum.estimate_sum(model, named, calibration_ids, power_state,
@@ -302,19 +349,22 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
                                      fisher=config.fisher,
                                      batch_size=config.batch_size, seed=config.seed + shot, backend=config.backend,
                                      autocast=config.curvature_dtype, desc=f"shot {shot}/{config.shots} · curvature",
-                                     progress=progress, group_bytes=config.group_bytes)
+                                     progress=progress, group_bytes=config.group_bytes, batches=batches)
+            ranks.reduce_factors(raw)
         t1 = _clock(device)
         phases: dict[str, float] = {}
         freed = 0
         with torch.no_grad():
             if config.method in PER_LAYER:  # "prune" time includes their input estimation
-                _per_layer_shot(model, layers, calibration_ids, target_size, config, progress)
+                _per_layer_shot(model, layers, calibration_ids, target_size, config, ranks, progress)
             elif config.structure in ("structured", "coupled"):
-                phases, freed = _structured_shot(layers, raw, target_zeros, config, coupled, kinds)
+                phases, freed = _structured_shot(layers, raw, target_zeros, config, coupled, ranks, kinds)
             else:
-                phases = _element_shot(layers, raw, target_zeros, config)
+                phases = _element_shot(layers, raw, target_zeros, config, ranks)
         t2 = _clock(device)
         seconds = {"curvature": t1 - t0, "prune": t2 - t1, **phases}
+        if ranks.world > 1:
+            seconds["collectives"] = ranks.seconds - collective_seconds
         if config.lora_steps:
             from surgeon.lora import lora_correction
 
@@ -328,7 +378,7 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
                     shot_report.peak_memory_gb)
         if after_shot is not None:
             after_shot(shot_report)
-        if checkpoint is not None:
+        if checkpoint is not None and ranks.rank == 0:
             checkpoint.save(layers, power_state, report.shots, time.perf_counter() - start, shot == config.shots)
     report.layers, report.removed, report.sparsity = removed_fractions([(layer.name, layer.mask) for layer in layers])
     report.zero_fraction = zero_fraction(named)

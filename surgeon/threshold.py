@@ -12,25 +12,36 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from surgeon.distributed import Elsewhere
 from surgeon.errors import SurgeonError
 from surgeon_kernels import ops
+from surgeon_kernels.kth_smallest.radix import Reduce
 from surgeon_kernels.ops import Deferred, Lazy, materialise
 
 
-def _select(costs: Sequence[Lazy], k: int, backend: str) -> tuple[float, list[int]]:
-    """τ, the k-th smallest of all costs, and how many costs equal to τ each tensor takes (in order, until k)."""
+def _select(costs: Sequence[Lazy], k: int, backend: str, reduce: Reduce | None = None) -> tuple[float, list[int]]:
+    """τ, the k-th smallest of all costs, and how many costs equal to τ each tensor takes (in order, until k).
+
+    Split over ranks (`surgeon.distributed`), `costs` lists every layer's, those of layers owned by other
+    ranks as `Elsewhere`; `reduce` sums the selection's histograms and the counts at τ over the ranks, so
+    every rank finds the same τ and the same ties.
+    """
     total = sum(c.numel() for c in costs)
     if not 0 <= k <= total:
         raise SurgeonError(f"cannot select {k} of {total} structures")
     if not k:
         return float("-inf"), [0] * len(costs)  # nothing is below −∞ and no tie is taken: no costs read
-    tau = ops.kth_smallest(costs, k, backend)
-    counts = []
-    for c in costs:
-        values = materialise(c).float()
-        counts.append((int((values < tau).sum()), int((values == tau).sum())))
-    missing, ties = k - sum(below for below, _ in counts), []
-    for _, equal in counts:
+    here = [c for c in costs if not isinstance(c, Elsewhere)]
+    tau = ops.kth_smallest(here, k, backend, reduce, device=costs[0].device)
+    counts = torch.zeros(len(costs), 2, dtype=torch.int64)
+    for index, c in enumerate(costs):
+        if not isinstance(c, Elsewhere):
+            values = materialise(c).float()
+            counts[index] = torch.stack([(values < tau).sum(), (values == tau).sum()])
+    if reduce is not None:
+        counts = reduce(counts)
+    missing, ties = k - int(counts[:, 0].sum()), []
+    for equal in counts[:, 1].tolist():
         ties.append(min(missing, equal))
         missing -= ties[-1]
     return tau, ties
@@ -45,18 +56,18 @@ def _below(costs: torch.Tensor, tau: float, ties: int) -> torch.Tensor:
     return mask
 
 
-def smallest_k(costs: Sequence[Lazy], k: int, backend: str = "auto") -> list[Deferred]:
+def smallest_k(costs: Sequence[Lazy], k: int, backend: str = "auto", reduce: Reduce | None = None) -> list[Deferred]:
     """Masks (same shapes as `costs`) selecting the k smallest costs over all tensors together.
 
     τ is the k-th smallest cost by selection, never a full sort (`surgeon_kernels.ops.kth_smallest`);
     every cost below τ is taken, then ties at τ in order until k. Costs may be `Deferred`, and so
     are the masks: each is computed from its costs when called, so no layer's costs or mask need
-    be held before its update (Llama-2-7B: 24 GiB of float32 costs).
+    be held before its update (Llama-2-7B: 24 GiB of float32 costs). `reduce`: see `_select`.
     """
     def mask(c: Lazy, ties: int) -> torch.Tensor:
         return _below(materialise(c), tau, ties)
 
-    tau, ties = _select(costs, k, backend)
+    tau, ties = _select(costs, k, backend, reduce)
     return [Deferred(c.numel(), c.device, functools.partial(mask, c, t)) for c, t in zip(costs, ties)]
 
 
@@ -119,12 +130,14 @@ def structured_selection(
     return masks[0::2], masks[1::2]
 
 
-def nm_selection(costs: Sequence[Lazy], n: int, m: int, target_zeros: int, backend: str = "auto") -> list[Deferred]:
+def nm_selection(costs: Sequence[Lazy], n: int, m: int, target_zeros: int, backend: str = "auto",
+                 reduce: Reduce | None = None) -> list[Deferred]:
     """Element masks pruning the m−n cheapest weights of the cheapest groups over all layers (sec. 3.3, N:M).
 
     A group's cost is the sum of its m−n cheapest costs; one global τ over group costs. Every
     layer's columns must be a multiple of m (`prune` checks this up front, naming the layer). Like
-    `smallest_k`, the masks (and the group costs) are `Deferred`, computed from each layer's costs.
+    `smallest_k`, the masks (and the group costs) are `Deferred`, computed from each layer's costs
+    (`reduce`: see `_select`).
     """
     def groups(c: Lazy) -> torch.Tensor:
         return ops.nm_select(materialise(c), n, m, backend)[0]
@@ -133,6 +146,7 @@ def nm_selection(costs: Sequence[Lazy], n: int, m: int, target_zeros: int, backe
         group_costs, element_mask = ops.nm_select(materialise(c), n, m, backend)
         return _below(group_costs, tau, ties).repeat_interleave(m, dim=1) & element_mask
 
-    tau, ties = _select([Deferred(c.numel() // m, c.device, functools.partial(groups, c)) for c in costs],
-                        round(target_zeros / (m - n)), backend)
+    group_costs = [Elsewhere(c.numel() // m, c.device) if isinstance(c, Elsewhere)
+                   else Deferred(c.numel() // m, c.device, functools.partial(groups, c)) for c in costs]
+    tau, ties = _select(group_costs, round(target_zeros / (m - n)), backend, reduce)
     return [Deferred(c.numel(), c.device, functools.partial(mask, c, t)) for c, t in zip(costs, ties)]

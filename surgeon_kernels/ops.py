@@ -140,7 +140,8 @@ def nm_select(costs: torch.Tensor, n: int, m: int, backend: str = "auto") -> tup
     return nm_reference.nm_select(costs, n, m)
 
 
-def kth_smallest(values: Sequence[Lazy], k: int, backend: str = "auto") -> float:
+def kth_smallest(values: Sequence[Lazy], k: int, backend: str = "auto", reduce: radix.Reduce | None = None,
+                 device: torch.device | None = None) -> float:
     """The k-th smallest (1-based) element of all `values` together, without sorting.
 
     Triton: radix selection over order-preserving float32 keys, four byte-histogram passes, no
@@ -149,18 +150,22 @@ def kth_smallest(values: Sequence[Lazy], k: int, backend: str = "auto") -> float
     selection above, where a concatenated copy of the costs would not fit. A value may be a
     `Deferred` tensor, computed each time it is read (once, or once per radix pass), so that the
     costs of a whole model need not be held at once.
+    `reduce`: the values are this process's share; each radix pass's histogram is summed with the other
+    processes' through it (always radix selection, k over all shares). `device`: where the values live
+    when this share is empty (default: the first value's device).
     """
     values = [v for v in values if v.numel()]
     total = sum(v.numel() for v in values)
-    if not 1 <= k <= total:
+    if reduce is None and not 1 <= k <= total:
         raise ValueError(f"k={k}: must be in [1, {total}]")
-    if _resolve(backend, values[0].device, "kth_smallest") == "triton":
+    device = values[0].device if device is None else torch.device(device)
+    if _resolve(backend, device, "kth_smallest") == "triton":
         from surgeon_kernels.kth_smallest import kernel
 
-        return kernel.kth_smallest(values, k)
-    if total <= CONCAT_MAX:
+        return kernel.kth_smallest(values, k, reduce)
+    if reduce is None and total <= CONCAT_MAX:
         return kth_reference.kth_smallest(values, k)
-    return radix.kth_smallest(values, k)
+    return radix.kth_smallest(values, k, reduce=reduce)
 
 
 def kk_gather(G_inv: torch.Tensor, A_inv: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,

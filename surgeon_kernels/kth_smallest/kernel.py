@@ -41,6 +41,7 @@ def byte_histogram(x: torch.Tensor, prefix: int, shift: int) -> torch.Tensor:
     return hist.cpu()
 
 
-def kth_smallest(values: Sequence[Lazy], k: int) -> float:
-    """The k-th smallest (1-based) of all elements of `values` together, histograms in Triton."""
-    return radix.kth_smallest(values, k, byte_histogram)
+def kth_smallest(values: Sequence[Lazy], k: int, reduce: radix.Reduce | None = None) -> float:
+    """The k-th smallest (1-based) of all elements of `values` together, histograms in Triton (`reduce`: see
+    `radix.kth_smallest`)."""
+    return radix.kth_smallest(values, k, byte_histogram, reduce)

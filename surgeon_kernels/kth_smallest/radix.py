@@ -16,6 +16,7 @@ import torch
 from surgeon_kernels.deferred import Lazy, materialise
 
 Histogram = Callable[[torch.Tensor, int, int], torch.Tensor]
+Reduce = Callable[[torch.Tensor], torch.Tensor]
 
 
 def order_keys(x: torch.Tensor) -> torch.Tensor:
@@ -39,15 +40,23 @@ def torch_histogram(x: torch.Tensor, prefix: int, shift: int) -> torch.Tensor:
     return torch.bincount((keys >> shift) & 0xFF, minlength=256).cpu()
 
 
-def kth_smallest(values: Sequence[Lazy], k: int, histogram: Histogram = torch_histogram) -> float:
-    """The k-th smallest (1-based) of all elements of `values` together (a `Deferred` is computed once per pass)."""
+def kth_smallest(values: Sequence[Lazy], k: int, histogram: Histogram = torch_histogram,
+                 reduce: Reduce | None = None) -> float:
+    """The k-th smallest (1-based) of all elements of `values` together (a `Deferred` is computed once per pass).
+
+    `reduce` sums each pass's histogram [256] (int64, CPU) with those of the other processes that hold
+    the rest of the values (torch.distributed): k then counts over all of them, and every process
+    returns the same value.
+    """
     total = sum(v.numel() for v in values)
-    if not 1 <= k <= total:
+    if reduce is None and not 1 <= k <= total:
         raise ValueError(f"k={k}: must be in [1, {total}]")
     prefix = 0
     for shift in (24, 16, 8, 0):
-        counts = torch.stack([histogram(materialise(v), prefix, shift).to(torch.int64)
-                              for v in values if v.numel()]).sum(0)
+        counts = sum((histogram(materialise(v), prefix, shift).to(torch.int64) for v in values if v.numel()),
+                     torch.zeros(256, dtype=torch.int64))
+        if reduce is not None:
+            counts = reduce(counts)
         cumulative = counts.cumsum(0)
         digit = int(torch.searchsorted(cumulative, torch.tensor(k)))
         k -= int(cumulative[digit - 1]) if digit else 0

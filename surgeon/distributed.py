@@ -1,0 +1,158 @@
+"""One pruning run split over processes with torch.distributed (launched by torchrun; NCCL on GPUs, gloo on CPU).
+
+- **Curvature** (eq. 6): calibration batches are dealt to the ranks in turn; each rank runs the
+  pass on its batches, and every factor is then summed onto the rank that owns its decoder block
+  (`dist.reduce` per factor: a reduce-scatter over blocks, as kfac-pytorch/KAISA place
+  second-order work). Blocks are owned in turn (block b by rank b mod world), so sibling layers that
+  share an input factor have one owner.
+- **Costs and updates**: a rank computes the inverses, costs (eq. 7) and updates (eqs. 4-5) of its
+  own blocks only; each updated layer is then broadcast from its owner (weights, and for element
+  structures the mask, which only the owner's costs decide).
+- **Threshold** (sec. 3.3): element costs are never gathered. The byte histograms of the radix
+  selection are summed over ranks (four all-reduces of 256 counts), and so are the per-layer
+  counts of costs at τ that place ties in layer order. Row and column costs, one per row and
+  column (R + C per layer), are summed whole, and every rank makes the same structured choice.
+
+One process is the same code with every collective the identity. Results equal a one-process run's
+up to the order in which the factors' sums are added. Time inside collectives (waiting included) is
+counted in `Ranks.seconds`, reported per shot as `collectives`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+from surgeon.curvature import LayerFactors
+from surgeon.errors import SurgeonError
+from surgeon.layer import Layer
+from surgeon_kernels.deferred import Deferred
+
+
+def launched() -> bool:
+    """Whether this process is one of several started by torchrun (WORLD_SIZE > 1)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def local_device(device: str) -> str:
+    """This rank's device: "cuda" becomes "cuda:LOCAL_RANK", one GPU per process as torchrun starts them."""
+    if device == "cuda":
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    return device
+
+
+def init(device: str) -> dist.ProcessGroup:
+    """Join torchrun's process group (NCCL for a CUDA device, gloo otherwise) and return it."""
+    if not dist.is_initialized():
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        local = local_device(device)
+        if backend == "nccl":
+            torch.cuda.set_device(torch.device(local))
+        try:
+            dist.init_process_group(backend, device_id=torch.device(local) if backend == "nccl" else None)
+        except (RuntimeError, ValueError) as error:
+            raise SurgeonError(f"cannot join the torchrun process group ({backend}): {error}") from error
+    group = dist.group.WORLD
+    assert group is not None
+    return group
+
+
+class Elsewhere(Deferred):
+    """A tensor that another rank holds (e.g. the element costs of a layer it owns): its size is known here,
+    its values are not (calling it raises)."""
+
+    def __init__(self, numel: int, device: torch.device):
+        super().__init__(numel, device, self._missing)
+
+    @staticmethod
+    def _missing() -> torch.Tensor:
+        raise RuntimeError("this tensor is held by another rank")
+
+
+class Ranks:
+    """The processes pruning one model together: who owns each prunable layer, and the collectives between them.
+
+    group: the process group (None: this process alone). blocks: the names of the prunable layers of each
+    decoder block, in order; block b is owned by rank b mod world.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None, blocks: Sequence[Sequence[str]]):
+        self.group = group
+        self.world = dist.get_world_size(group) if group is not None else 1
+        self.rank = dist.get_rank(group) if group is not None else 0
+        self.owners = {name: b % self.world for b, names in enumerate(blocks) for name in names}
+        self.seconds = 0.0
+
+    def mine(self, name: str) -> bool:
+        """Whether this rank owns prunable layer `name` (its factors, costs and update)."""
+        return self.owners[name] == self.rank
+
+    @contextmanager
+    def _timed(self) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def batches(self, count: int) -> list[int]:
+        """The indices of this rank's share of `count` calibration batches (dealt in turn)."""
+        if count < self.world:
+            raise SurgeonError(f"{count} calibration batches cannot be shared by {self.world} ranks: give each rank "
+                               "at least one (--nsamples / --batch-size)")
+        return list(range(self.rank, count, self.world))
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` summed over all ranks, in place (every rank gets the sum)."""
+        if self.world > 1:
+            with self._timed():
+                dist.all_reduce(tensor, group=self.group)
+        return tensor
+
+    def sum_counts(self, counts: torch.Tensor) -> torch.Tensor:
+        """`sum` of a small CPU tensor (counts): through the collective's device and back."""
+        if self.world == 1 or dist.get_backend(self.group) != "nccl":
+            return self.sum(counts)
+        return self.sum(counts.to(torch.device("cuda", torch.cuda.current_device()))).cpu()
+
+    def reduce(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """`sum_counts` where there are other ranks to sum with, else None (selection stays local)."""
+        return self.sum_counts if self.world > 1 else None
+
+    def reduce_factors(self, raw: dict[str, LayerFactors]) -> None:
+        """Sum each layer's factors onto its owner and drop the other layers' from `raw`.
+
+        Every rank holds the same layers in the same order (the hooks' order). A factor shared by
+        sibling layers (one input, one A) is summed once.
+        """
+        if self.world == 1:
+            return
+        seen: set[int] = set()
+        for name in list(raw):
+            entry, owner = raw[name], self.owners[name]
+            if entry.G2 is not None:
+                raise SurgeonError("a sum of two Kronecker factors (kronecker_terms=2) runs in one process")
+            for tensor in (entry.A.tiles, None if entry.G is None else entry.G.tiles, entry.row_quadratic,
+                           entry.col_quadratic):
+                if tensor is not None and id(tensor) not in seen:
+                    seen.add(id(tensor))
+                    with self._timed():
+                        dist.reduce(tensor, group_dst=owner, group=self.group)
+            if owner != self.rank:
+                del raw[name]
+
+    def broadcast_layers(self, layers: Sequence[Layer], masks: bool) -> None:
+        """Copy each of `layers` from its owner to every rank: weight, bias and, with `masks`, the mask of pruned
+        weights."""
+        if self.world == 1:
+            return
+        for layer in layers:
+            tensors = [layer.module.weight.data] + ([layer.module.bias.data] if layer.bias else [])
+            with self._timed():
+                for tensor in tensors + ([layer.mask.view(torch.uint8)] if masks else []):
+                    dist.broadcast(tensor, group_src=self.owners[layer.name], group=self.group)

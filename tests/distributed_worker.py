@@ -1,0 +1,84 @@
+"""Run by torchrun from tests/test_distributed.py: every case pruned by all ranks together (gloo, CPU).
+
+Rank 0 saves what each case produced to the file named on the command line; the test compares it
+with one process's run of the same case.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+from surgeon import PruneConfig, prune
+from surgeon.errors import SurgeonError
+from surgeon.threshold import smallest_k
+from tests.conftest import tiny_model
+
+WINDOWS = torch.randint(0, 96, (4, 24), generator=torch.Generator().manual_seed(0))
+TIGHT = dict(cg_tol=1e-10, cg_max_iter=1000)  # converged solves: what is left is the factors' reduction order
+CASES = {
+    "llama-structured": ("llama", dict(structure="structured", target_size=0.6)),
+    "opt-structured": ("opt", dict(structure="structured", target_size=0.6)),
+    "llama-unstructured": ("llama", dict(structure="unstructured", target_size=0.5, **TIGHT)),
+    "opt-unstructured": ("opt", dict(structure="unstructured", target_size=0.5, **TIGHT)),
+    "llama-2:4": ("llama", dict(structure="2:4", **TIGHT)),
+    "opt-2:4": ("opt", dict(structure="2:4", **TIGHT)),
+    "llama-sampled-fisher": ("llama", dict(structure="structured", target_size=0.6, fisher="sampled")),
+    "llama-coupled": ("llama", dict(structure="coupled", target_size=0.7)),
+    "opt-sparsegpt": ("opt", dict(method="sparsegpt", structure="unstructured", target_size=0.5, shots=1)),
+}
+# Costs with ties at τ in every layer, layers 0 and 2 on rank 0, layer 1 on rank 1.
+TIED = [torch.tensor([0.0, 0.0, 3.0, 1.0]), torch.tensor([0.0, 2.0, 0.0]), torch.tensor([5.0, 0.0, 0.0, 0.0, 1.0])]
+
+
+def run(case: str) -> dict:
+    """The pruned parameters and per-shot report of one case, pruned by the whole group."""
+    arch, settings = CASES[case]
+    model = tiny_model(arch)
+    report = prune(model, WINDOWS, PruneConfig(**{"shots": 3, **settings}), progress=False, group=dist.group.WORLD)
+    return {"params": {name: p.detach().clone() for name, p in model.named_parameters()},
+            "sparsity": [shot.sparsity for shot in report.shots],
+            "collectives": [shot.seconds.get("collectives") for shot in report.shots]}
+
+
+def tied_threshold(k: int) -> list[torch.Tensor]:
+    """`smallest_k` over `TIED` with each rank holding only its layers' costs."""
+    from surgeon.distributed import Elsewhere, Ranks
+
+    ranks = Ranks(dist.group.WORLD, [["a"], ["b"], ["c"]])
+    costs = [c if ranks.mine(name) else Elsewhere(c.numel(), c.device) for c, name in zip(TIED, "abc")]
+    masks = smallest_k(costs, k, reduce=ranks.reduce())
+    held = [mask() if ranks.mine(name) else torch.zeros(c.numel(), dtype=torch.bool)
+            for mask, c, name in zip(masks, TIED, "abc")]
+    return [ranks.sum(m.to(torch.int64)).bool() for m in held]
+
+
+def refusals() -> list[str]:
+    """The errors of what a group cannot run."""
+    errors = []
+    for settings, windows in ((dict(kronecker_terms=2), WINDOWS), (dict(), WINDOWS[:1])):
+        try:
+            prune(tiny_model("llama"), windows, PruneConfig(structure="unstructured", target_size=0.5, **settings),
+                  progress=False, group=dist.group.WORLD)
+        except SurgeonError as error:
+            errors.append(str(error))
+    return errors
+
+
+def main(out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        results: dict = {case: run(case) for case in CASES}
+        results["tied"] = {k: tied_threshold(k) for k in (3, 5, 7)}
+        results["refusals"] = refusals()
+        if dist.get_rank() == 0:
+            torch.save(results, out)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,93 @@
+"""Pruning split over two torchrun processes (gloo on the CPU) equals the one-process run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from surgeon import PruneConfig, prune
+from surgeon.threshold import smallest_k
+from tests import distributed_worker
+from tests.conftest import tiny_model
+from tests.test_cli import run_cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def torchrun(*args: str, ranks: int = 2) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node ranks ARGS` from the repository root, one thread per rank."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+                           "--standalone", *args], capture_output=True, text=True, cwd=ROOT, env=env)
+
+
+def close(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    """The same weights up to the order in which the ranks' factor sums are added: 1e-4 of their norm (measured
+    at most 3e-5 on these models)."""
+    return float((got - expected).norm()) <= 1e-4 * float(expected.norm())
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> dict:
+    """What `tests/distributed_worker.py` produced on two ranks."""
+    out = tmp_path_factory.mktemp("distributed") / "results.pt"
+    result = torchrun("-m", "tests.distributed_worker", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return torch.load(out)
+
+
+@pytest.mark.parametrize("case", list(distributed_worker.CASES))
+def test_two_ranks_prune_as_one_process(two_ranks, case):
+    arch, settings = distributed_worker.CASES[case]
+    model = tiny_model(arch)
+    report = prune(model, distributed_worker.WINDOWS, PruneConfig(**{"shots": 3, **settings}), progress=False)
+    got = two_ranks[case]
+    for name, value in model.named_parameters():
+        assert torch.equal(got["params"][name] == 0, value == 0), name  # the same structures removed
+        assert close(got["params"][name], value.detach()), name
+    assert got["sparsity"] == [shot.sparsity for shot in report.shots]
+    assert all(seconds > 0 for seconds in got["collectives"])
+    assert all("collectives" not in shot.seconds for shot in report.shots)  # one process: no collectives
+
+
+@pytest.mark.parametrize("k", [3, 5, 7])
+def test_the_distributed_threshold_takes_ties_in_layer_order(two_ranks, k):
+    expected = [mask() for mask in smallest_k(distributed_worker.TIED, k)]
+    assert [m.tolist() for m in two_ranks["tied"][k]] == [m.tolist() for m in expected]
+    assert sum(int(m.sum()) for m in expected) == k
+
+
+def test_what_a_group_cannot_run_is_refused(two_ranks):
+    kronecker, batches = two_ranks["refusals"]
+    assert "kronecker_terms=2" in kronecker and "one process" in kronecker
+    assert batches == "1 calibration batches cannot be shared by 2 ranks: give each rank at least one " \
+                      "(--nsamples / --batch-size)"
+
+
+def test_torchrun_prune_writes_what_one_process_writes(tiny_model_dir, tmp_path):
+    args = ["prune", "--model", str(tiny_model_dir), "--structure", "unstructured", "--target-size", "0.5",
+            "--shots", "2", "--nsamples", "4", "--seqlen", "32", "--calibration", "wikitext2-valid",
+            "--eval-windows", "1", "--cg-tol", "1e-10", "--cg-max-iter", "1000"]
+    one = run_cli("--quiet", *args, "--output", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr
+    two = torchrun("-m", "surgeon", *args, "--output", str(tmp_path / "two"))
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert two.stdout.count("saved to") == 1  # rank 0 alone reports and writes
+    expected, report = json.loads((tmp_path / "one" / "report.json").read_text()), \
+        json.loads((tmp_path / "two" / "report.json").read_text())
+    assert report["ppl_before"] == expected["ppl_before"]
+    assert report["ppl_after"] == pytest.approx(expected["ppl_after"], rel=1e-4)
+    assert [shot["sparsity"] for shot in report["shots"]] == [shot["sparsity"] for shot in expected["shots"]]
+    assert all(shot["seconds"]["collectives"] > 0 for shot in report["shots"])
+    a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
+    for name, value in a.items():
+        assert torch.equal(b[name] == 0, value == 0), name
+        assert close(b[name], value), name
+    assert not list((tmp_path / "two").glob("checkpoint*"))
