@@ -181,6 +181,46 @@ def gpu_time_section() -> list[str]:
     return out
 
 
+def ranks_section() -> list[str]:
+    paths = sorted((RESULTS / "cpu").glob("ranks-smollm2-*.json"))
+    if not paths:
+        return ["Not yet measured (`python bench/distributed_time.py`)."]
+    out = ["`python bench/distributed_time.py`: the CPU protocol (SmolLM2-135M, 8 × 512 calibration tokens, 4 shots) "
+           "through `surgeon prune`, in one process with both cores and under `torchrun --nproc-per-node 2` with one "
+           "thread per rank (gloo, split by batches). \"prune s\" is the shots' curvature and prune phases; "
+           "evaluation is not counted.", "",
+           "| structure | commit | ranks | prune s | in collectives s | perplexity | command |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for path in paths:
+        result = load(path)
+        for run in result["runs"]:
+            out.append(f"| [{result['structure']} {result['target_size']}](results/cpu/{path.name}) | "
+                       f"{mark(commit_of(path))} | {run['ranks']} | {run['prune_seconds']:.1f} | "
+                       f"{run['collective_seconds']:.1f} | {run['ppl']:.3f} | `{run['command']}` |")
+    return out
+
+
+def plan_section() -> list[str]:
+    path = newest(sorted((RESULTS / "plan").glob("plan-table@*.json")))
+    if path is None:
+        return ["Not yet counted (`python bench/plan_table.py`)."]
+    result = load(path)
+    out = [f"`python bench/plan_table.py` at {mark(commit_of(path))} ([{path.name}](results/plan/{path.name})): "
+           "`surgeon plan` for each shape in bfloat16, 128 × 2048 calibration tokens, 80 GB GPUs, counted from the "
+           "configuration (docs/DESIGN.md, \"Planning\"). Peak is per GPU for the strategy chosen (the lowest that "
+           "runs where none fits); a run fits when the peak plus 12% headroom does. Time per shot is projected from "
+           "the Llama-2-7B structured rate measured on one H100, for structured LLM Surgeon only.", "",
+           "| model | structure | GPUs | fits | strategy | peak GiB per GPU | projected s per shot (curvature + prune) "
+           "|",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in result["rows"]:
+        time = row["seconds_per_shot"]
+        time = f"{time['curvature']:.0f} + {time['prune']:.0f}" if time else "-"
+        out.append(f"| {row['model']} | {row['structure']} | {row['gpus']} | {'yes' if row['fits'] else 'no'} | "
+                   f"{row['strategy']} | {row['peak_gpu_bytes'] / 2**30:.1f} | {time} |")
+    return out
+
+
 def generation_section() -> list[str]:
     paths = sorted((RESULTS / "cpu").glob("generation-*.json")) + sorted((RESULTS / "gpu").glob("generation-*.json"))
     if not paths:
@@ -340,6 +380,14 @@ def results_md() -> str:
         "### GPU, Llama-2-7B and OPT shapes with random weights (`bench/shot_time.py`)",
         "",
         *gpu_time_section(),
+        "",
+        "### One process against torchrun ranks, CPU",
+        "",
+        *ranks_section(),
+        "",
+        "### Memory plan for the paper's shapes (`bench/plan_table.py`)",
+        "",
+        *plan_section(),
         "",
         "### Generation speed of the pruned models (`bench/generation_speed.py`)",
         "",

@@ -83,6 +83,11 @@ class PruneConfig:
         None, "queued activation bytes per grouped factor accumulation (0: each tensor at once)",
         shown="512 MiB on CUDA, 0 on the CPU",
     )
+    curvature_split: str = _opt(
+        "batches", "under torchrun: each rank runs a share of the calibration batches and the factors are summed onto "
+        "each block's owner (batches: fastest), or each runs every batch and accumulates only its own blocks' factors "
+        "(blocks: 1/N of the factor memory, the one-process result)", ("batches", "blocks"),
+    )
     kronecker_terms: int = _opt(
         1, "Kronecker terms of the curvature: 1 (G ⊗ A, eq. 6) or 2 (nearest sum of two, power method, paper "
         "appendix; unstructured/N:M surgeon with max-correlate 0; measured far worse on SmolLM2, bench/RESULTS.md)",
@@ -202,6 +207,8 @@ class RunConfig:
     task_path: str | None = _opt(None, "a folder of lm-eval task YAML files added to lm-eval's own",
                                  shown="lm-eval's tasks only")
     task_limit: int | None = _opt(None, "score only the first N documents of each task", shown="all")
+    fsdp: bool = _opt(False, "under torchrun, shard the weights over the ranks with FSDP2 (for a model larger than "
+                      "one device; every rank evaluates)")
 
     @property
     def test_seqlen(self) -> int:
@@ -225,6 +232,8 @@ class RunConfig:
             raise ValueError(f"task_limit={self.task_limit}: must be at least 1")
         if (self.task_path is not None or self.task_limit is not None) and self.tasks is None:
             raise ValueError("task_path and task_limit need tasks")
+        if self.fsdp and self.tasks is not None:
+            raise ValueError("fsdp: zero-shot tasks are scored without it (a model that fits one device)")
 
     @property
     def task_list(self) -> tuple[str, ...]:

@@ -218,10 +218,17 @@ def _logit_gradient(logits: torch.Tensor, batch: torch.Tensor, fisher: str,
 
 
 def _backward(model: nn.Module, batch: torch.Tensor, fisher: str, generator: torch.Generator) -> None:
-    """One forward and input-gradient backward pass of the loss summed over the batch's tokens."""
+    """One forward and input-gradient backward pass of the loss summed over the batch's tokens.
+
+    The gradient starts at the embeddings' output, made a leaf that requires grad by a hook inside
+    the model's own forward (so a model sharded by FSDP2 gathers its embedding weights as usual).
+    """
     embedding: nn.Module = model.get_input_embeddings()  # type: ignore[operator]  # a transformers model
-    embeds = embedding(batch).detach().requires_grad_(True)
-    logits = model(inputs_embeds=embeds).logits
+    handle = embedding.register_forward_hook(lambda module, args, out: out.detach().requires_grad_(True))
+    try:
+        logits = model(batch).logits
+    finally:
+        handle.remove()
     logits.backward(_logit_gradient(logits, batch, fisher, generator))
 
 

@@ -24,19 +24,28 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
 
 from surgeon.curvature import LayerFactors
 from surgeon.errors import SurgeonError
 from surgeon.layer import Layer
+from surgeon.model import decoder_blocks
 from surgeon_kernels.deferred import Deferred
 
 
 def launched() -> bool:
     """Whether this process is one of several started by torchrun (WORLD_SIZE > 1)."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def sharded(module: nn.Module) -> bool:
+    """Whether `module`'s weight is sharded over ranks (a DTensor: FSDP2's `fully_shard`)."""
+    return isinstance(getattr(module, "weight", None), DTensor)
 
 
 def local_device(device: str) -> str:
@@ -62,6 +71,27 @@ def init(device: str) -> dist.ProcessGroup:
     return group
 
 
+def shard_model(model: nn.Module, device: str) -> None:
+    """Shard `model`'s weights over all ranks with FSDP2: each decoder block, then the rest (`fully_shard`).
+
+    The shards move to `device` (this rank's); a forward or backward pass gathers one block at a time.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
+    for block in decoder_blocks(model):
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def whole_state_dict(model: nn.Module) -> dict[str, Any]:
+    """The model's whole state dict on rank 0 in host memory (every rank must call; the others get {})."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
 class Elsewhere(Deferred):
     """A tensor that another rank holds (e.g. the element costs of a layer it owns): its size is known here,
     its values are not (calling it raises)."""
@@ -85,6 +115,8 @@ class Ranks:
         self.group = group
         self.world = dist.get_world_size(group) if group is not None else 1
         self.rank = dist.get_rank(group) if group is not None else 0
+        if self.world > len(blocks):
+            raise SurgeonError(f"{self.world} ranks for {len(blocks)} decoder blocks: each rank must own a block")
         self.owners = {name: b % self.world for b, names in enumerate(blocks) for name in names}
         self.seconds = 0.0
 
@@ -100,11 +132,15 @@ class Ranks:
         finally:
             self.seconds += time.perf_counter() - start
 
-    def batches(self, count: int) -> list[int]:
-        """The indices of this rank's share of `count` calibration batches (dealt in turn)."""
-        if count < self.world:
-            raise SurgeonError(f"{count} calibration batches cannot be shared by {self.world} ranks: give each rank "
-                               "at least one (--nsamples / --batch-size)")
+    def batches(self, count: int, even: bool = False) -> list[int]:
+        """The indices of this rank's share of `count` calibration batches (dealt in turn).
+
+        even: every rank must run as many batches (a sharded model's passes are collectives).
+        """
+        if count < self.world or (even and count % self.world):
+            need = "a multiple of" if even else "at least"
+            raise SurgeonError(f"{count} calibration batches cannot be shared by {self.world} ranks: the batches "
+                               f"(--nsamples / --batch-size) must be {need} the ranks")
         return list(range(self.rank, count, self.world))
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -146,13 +182,36 @@ class Ranks:
             if owner != self.rank:
                 del raw[name]
 
+    def gather_layers(self, layers: Sequence[Layer], onto: int | None = None) -> None:
+        """Gather the weights of layers sharded by FSDP2 whole: each owner keeps its layers' (`Layer.held`).
+
+        Every rank takes part in every layer's all-gather; the others drop theirs at once, so a rank
+        holds its own layers whole (a 1/N share) on top of its shards. `onto`: that rank keeps every
+        layer, in host memory (to write a checkpoint).
+        """
+        for layer in layers:
+            if isinstance(layer.module.weight, DTensor):
+                with self._timed():
+                    whole = [p.full_tensor() for p in layer.parameters() if isinstance(p, DTensor)]
+                if onto is not None and onto == self.rank:
+                    layer.held = [t.cpu() for t in whole]
+                elif onto is None and self.mine(layer.name):
+                    layer.held = whole
+
     def broadcast_layers(self, layers: Sequence[Layer], masks: bool) -> None:
         """Copy each of `layers` from its owner to every rank: weight, bias and, with `masks`, the mask of pruned
-        weights."""
-        if self.world == 1:
-            return
+        weights. A sharded (FSDP2) layer's owner sends its `held` tensors, and every rank keeps its shard."""
         for layer in layers:
-            tensors = [layer.module.weight.data] + ([layer.module.bias.data] if layer.bias else [])
-            with self._timed():
-                for tensor in tensors + ([layer.mask.view(torch.uint8)] if masks else []):
-                    dist.broadcast(tensor, group_src=self.owners[layer.name], group=self.group)
+            owner = self.owners[layer.name]
+            shards = [p for p in layer.parameters() if isinstance(p, DTensor)]
+            if self.world == 1 and not shards:
+                continue
+            whole = layer.whole() if not shards or owner == self.rank else \
+                [torch.empty(p.shape, dtype=p.dtype, device=p.to_local().device) for p in shards]
+            if self.world > 1:
+                with self._timed():
+                    for tensor in whole + ([layer.mask.view(torch.uint8)] if masks else []):
+                        dist.broadcast(tensor, group_src=owner, group=self.group)
+            if shards:
+                layer.assign(whole)
+                layer.held = None

@@ -45,7 +45,7 @@ def window_count(total_tokens: int, seqlen: int, windows: int | None) -> int:
     return available if windows is None else min(windows, available)
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference mode: an FSDP2 model's gathered weights must stay usable for autograd later
 def perplexity(
     model: nn.Module, ids: torch.Tensor, seqlen: int, windows: int | None = None, progress: bool = True
 ) -> EvalResult:

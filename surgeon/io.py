@@ -158,9 +158,13 @@ class OutputDirectory:
                                f"it is complete in {str(self.staging)!r}") from error
 
 
-def write_checkpoint(folder: Path, model: Any, tokenizer: Any, report: dict | None = None) -> None:
-    """Write a Hugging Face checkpoint (`save_pretrained` of model and tokenizer) and `report.json` into `folder`."""
-    model.save_pretrained(folder)
+def write_checkpoint(folder: Path, model: Any, tokenizer: Any, report: dict | None = None,
+                     state_dict: dict | None = None) -> None:
+    """Write a Hugging Face checkpoint (`save_pretrained` of model and tokenizer) and `report.json` into `folder`.
+
+    state_dict: the weights to write instead of the model's own (e.g. gathered whole from shards).
+    """
+    model.save_pretrained(folder, state_dict=state_dict)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
     if report is not None:

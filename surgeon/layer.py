@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from surgeon.errors import SurgeonError
 
@@ -19,6 +20,7 @@ class Layer:
     mask: torch.Tensor
     rows: torch.Tensor
     cols: torch.Tensor
+    held: list[torch.Tensor] | None = None  # weight (and bias) gathered whole from a sharded module (FSDP2)
 
     @classmethod
     def unpruned(cls, name: str, module: nn.Linear) -> Layer:
@@ -32,10 +34,30 @@ class Layer:
     def bias(self) -> bool:
         return self.module.bias is not None
 
+    def parameters(self) -> list[torch.Tensor]:
+        """The module's weight and, when it has one, bias."""
+        return [self.module.weight] + ([self.module.bias] if self.module.bias is not None else [])
+
+    def whole(self) -> list[torch.Tensor]:
+        """The weight (and bias) as whole tensors: `held` for a sharded module, else the parameters' data."""
+        if self.held is not None:
+            return self.held
+        return [p.data for p in self.parameters()]
+
+    @torch.no_grad()
+    def assign(self, whole: list[torch.Tensor]) -> None:
+        """Write whole weight (and bias) tensors into the parameters; a sharded (FSDP2) parameter takes its shard."""
+        for param, tensor in zip(self.parameters(), whole):
+            if isinstance(param, DTensor):
+                shard = distribute_tensor(tensor, param.device_mesh, param.placements, src_data_rank=None)
+                param.to_local().copy_(shard.to_local())
+            else:
+                param.copy_(tensor)
+
     def weight(self) -> torch.Tensor:
         """[W | b] in float32: the bias is an extra input column (docs/DESIGN.md)."""
-        W = self.module.weight.detach().float()
-        return torch.cat([W, self.module.bias.detach().float().unsqueeze(1)], 1) if self.bias else W.clone()
+        W, *bias = (t.detach().float() for t in self.whole())
+        return torch.cat([W, bias[0].unsqueeze(1)], 1) if bias else W.clone()
 
     def kept(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Indices of the kept rows, of the kept columns of [W | b] (the bias last) and of the kept columns of W."""
@@ -55,9 +77,10 @@ class Layer:
         C = self.module.in_features
         W[:, :C][self.mask] = 0
         W[self.rows] = 0
-        self.module.weight.data.copy_(W[:, :C])
-        if self.bias:
-            self.module.bias.data.copy_(W[:, C])
+        weight, *bias = self.whole()
+        weight.copy_(W[:, :C])
+        if bias:
+            bias[0].copy_(W[:, C])
 
 
 def _whole(index: torch.Tensor | slice, size: int) -> bool:

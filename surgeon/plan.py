@@ -13,9 +13,11 @@ Per phase of a shot (docs/DESIGN.md, "Memory design" and "Planning"):
 - for SparseGPT, SparseGPT-exact and Wanda (block by block): the weights, one block's inputs for
   every window, and one block's H.
 
-Strategies: the packed factors on the device (what `surgeon prune` runs), and, counted for
-comparison but not run by `surgeon prune`, factors held in host memory or sharded over `gpus`.
-Time is projected from the rates measured on an H100 (bench/results/gpu) by counted FLOPs.
+Strategies: the packed factors on one device; over `gpus` torchrun ranks, split by batches with
+the weights on every rank, or by blocks with the weights sharded by FSDP2 (one rank's share is
+counted, docs/DESIGN.md "Several processes"); and, counted for comparison but not run by `surgeon
+prune`, factors held in host memory. Time is projected from the rates measured on an H100
+(bench/results/gpu) by counted products.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from torch import nn
 from surgeon import hub
 from surgeon.config import PlanConfig, PruneConfig, parse_bytes
 from surgeon.errors import SurgeonError, first_line
-from surgeon.model import DTYPES, prunable_layers, resolve_source
+from surgeon.model import DTYPES, decoder_blocks, prunable_layers, resolve_source
 
 logger = logging.getLogger(__name__)
 
@@ -151,12 +153,15 @@ def count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, dev
     widest = max(max(m.weight.shape) + 1 for _, m in layers)
     layer_temporaries = 3 * largest * 4 + 2 * widest * widest * 4  # W, update, mask in float32; one dense inverse
     phases: dict[str, dict[str, int]] = {}
+    accumulation = 0
     if config.method in NEEDS_A:
         trace = _trace(model, layers, config.batch_size, seqlen)
         widths = {name: m.in_features + (m.bias is not None) for name, m in layers}
         terms = config.kronecker_terms
         A = sum(packed_bytes(widths[name]) for name, _ in layers if trace.owners[name] == name) * terms
         G = sum(packed_bytes(m.out_features) for _, m in layers) * terms if config.method in NEEDS_G else 0
+        accumulation = sum(widths[name] ** 2 // 2 for name, _ in layers if trace.owners[name] == name) + \
+            sum(m.out_features ** 2 // 2 for _, m in layers) * (config.method in NEEDS_G)
         phases["curvature"] = {
             "weights": weights, "factors": A + G, "activations": trace.saved_bytes,
             "logits": tokens * vocab * (2 * itemsize + 4),  # logits, float32 probabilities, their gradient
@@ -170,8 +175,15 @@ def count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, dev
             "weights": weights, "block_inputs": 2 * nsamples * seqlen * hidden * itemsize,
             "hessians": sum(packed_bytes(m.in_features) * 2 for m in block), "layer": layer_temporaries,
         }
+    blocks = decoder_blocks(model)
+    block_bytes = max(sum(p.numel() for p in block.parameters()) * itemsize for block in blocks)
+    in_blocks = sum(p.numel() for block in blocks for p in block.parameters()) * itemsize
+    prunable = sum(m.weight.numel() for _, m in layers)
     return {"phases": phases, "weights_bytes": weights, "parameters": sum(p.numel() for p in model.parameters()),
-            "prunable_parameters": sum(m.weight.numel() for _, m in layers), "layers": len(layers)}
+            "prunable_parameters": prunable, "prunable_bytes": prunable * itemsize, "layers": len(layers),
+            "blocks": len(blocks), "block_bytes": block_bytes, "root_bytes": weights - in_blocks,
+            # products per token: the forward and input-gradient passes, and the factors' upper triangles
+            "pass_products": 2 * prunable, "accumulation_products": accumulation}
 
 
 def _projected_seconds(counts: dict[str, Any], config: PruneConfig, nsamples: int, seqlen: int) -> dict[str, float]:
@@ -198,26 +210,70 @@ def _needed(peak: int) -> float:
     return peak * (1 + HEADROOM)
 
 
+def _per_rank(counts: dict[str, Any], ranks: int, fsdp: bool, split: str) -> dict[str, dict[str, int]]:
+    """The phases of `count` as each of `ranks` torchrun ranks holds them (docs/DESIGN.md, "Several processes").
+
+    A rank owns ⌈blocks / ranks⌉ blocks: their inverses, and with `split` "blocks" their factors only
+    (by "batches" every rank accumulates every factor before they are summed onto the owners). With
+    `fsdp` a rank holds 1/ranks of the weights, the unsharded root (embeddings, head) and two blocks
+    being gathered, and its own layers whole while it prunes them.
+    """
+    share = -(-counts["blocks"] // ranks) / counts["blocks"]
+    weights = counts["weights_bytes"]
+    if fsdp:
+        weights = math.ceil(weights / ranks) + counts["root_bytes"] + 2 * counts["block_bytes"]
+    phases = {name: dict(parts, weights=weights) for name, parts in counts["phases"].items()}
+    if "curvature" in phases:
+        if split == "blocks":
+            phases["curvature"]["factors"] = math.ceil(phases["curvature"]["factors"] * share)
+        phases["prune"]["inverses"] = math.ceil(phases["prune"]["inverses"] * share)
+    if fsdp:
+        phases["prune"]["own_layers"] = math.ceil(counts["prunable_bytes"] * share)
+    return phases
+
+
+def _rank_seconds(seconds: dict[str, float], counts: dict[str, Any], ranks: int, split: str) -> dict[str, float]:
+    """Projected seconds per shot on `ranks` H100s: the prune phase and, split by batches, the whole curvature pass
+    divide by the ranks; split by blocks, only its factor accumulation does (the share of the pass's products
+    it counts)."""
+    if not seconds:
+        return {}
+    accumulation = counts["accumulation_products"] / (counts["accumulation_products"] + counts["pass_products"])
+    kept = 1 / ranks if split == "batches" else 1 - accumulation + accumulation / ranks
+    return {"curvature": seconds["curvature"] * kept, "prune": seconds["prune"] / ranks}
+
+
 def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
     """The plan of `surgeon plan`: memory per phase, the strategies and whether one fits, projected time."""
     model = meta_model(plan.model, plan.dtype)
     counts = count(model, config, plan.nsamples, plan.seqlen, "cuda")
     budget = parse_bytes(plan.gpu_memory)
     phases, peak_phase, peak = _peak(counts["phases"])
+    seconds = _projected_seconds(counts, config, plan.nsamples, plan.seqlen)
     factors = phases.get("curvature", {}).get("factors", 0)  # none for the block-by-block methods
     strategies: list[dict[str, Any]] = [{"name": "on-device" if not factors else "packed-factors-on-device",
-                                         "runs": True, "peak_gpu_bytes": peak, "host_bytes": 0}]
+                                         "runs": True, "gpus": 1, "launch": "surgeon prune", "peak_gpu_bytes": peak,
+                                         "host_bytes": 0, "seconds_per_shot": seconds}]
     if factors:
-        one_block = factors // len(prunable_layers(model))  # on the device while its factors accumulate
-        strategies.append({"name": "factors-offloaded-to-host", "runs": False,
-                           "peak_gpu_bytes": peak - factors + one_block, "host_bytes": factors})
-        if plan.gpus > 1:
-            shard = math.ceil(factors / plan.gpus)
-            strategies.append({"name": f"factors-sharded-over-{plan.gpus}-gpus", "runs": False,
-                               "peak_gpu_bytes": peak - factors + shard, "host_bytes": 0})
+        one_block = factors // counts["blocks"]  # on the device while its factors accumulate
+        strategies.append({"name": "factors-offloaded-to-host", "runs": False, "gpus": 1, "launch": None,
+                           "peak_gpu_bytes": peak - factors + one_block, "host_bytes": factors,
+                           "seconds_per_shot": {}})
+    if plan.gpus > 1:
+        torchrun = f"torchrun --nproc-per-node {plan.gpus} -m surgeon prune"
+        splits = (("batches", False, ""), ("blocks", True, " --fsdp --curvature-split blocks")) if factors else \
+            (("batches", True, " --fsdp"),)
+        for split, fsdp, flags in splits:
+            rank_phases = _per_rank(counts, plan.gpus, fsdp, split)
+            name = f"{plan.gpus}-ranks{'-fsdp' if fsdp else ''}-split-by-{split}"
+            strategies.append({"name": name, "runs": True, "gpus": plan.gpus, "launch": torchrun + flags,
+                               "peak_gpu_bytes": _peak(rank_phases)[2], "host_bytes": 0,
+                               "seconds_per_shot": _rank_seconds(seconds, counts, plan.gpus, split)})
     for strategy in strategies:
         strategy["fits"] = _needed(strategy["peak_gpu_bytes"]) <= budget
-    chosen = next((s for s in strategies if s["runs"] and s["fits"]), None)
+    # the first that runs and fits, on the GPUs asked for before fewer
+    chosen = next((s for s in sorted(strategies, key=lambda s: s["gpus"] != plan.gpus) if s["runs"] and s["fits"]),
+                  None)
     return {
         "model": plan.model, "dtype": plan.dtype, "nsamples": plan.nsamples, "seqlen": plan.seqlen,
         "gpus": plan.gpus, "gpu_memory_bytes": budget, "config": {"structure": config.structure,
@@ -226,14 +282,18 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
         "parameters": counts["parameters"], "prunable_parameters": counts["prunable_parameters"],
         "phases": phases, "peak_phase": peak_phase, "peak_gpu_bytes": peak, "fits": chosen is not None,
         "strategy": chosen["name"] if chosen else None, "strategies": strategies,
-        "headroom": HEADROOM, "shortfall_bytes": max(round(_needed(peak)) - budget, 0),
-        "seconds_per_shot_h100": _projected_seconds(counts, config, plan.nsamples, plan.seqlen),
+        "headroom": HEADROOM, "shortfall_bytes": max(round(_needed(min(
+            s["peak_gpu_bytes"] for s in strategies if s["runs"]))) - budget, 0),
+        "seconds_per_shot_h100": seconds,
         "time_source": H100_REFERENCE["source"],
     }
 
 
-def check_fits(model_name: str, dtype: str, nsamples: int, seqlen: int, config: PruneConfig, budget: int) -> None:
+def check_fits(model_name: str, dtype: str, nsamples: int, seqlen: int, config: PruneConfig, budget: int,
+               ranks: int = 1, fsdp: bool = False) -> None:
     """Refuse, before any weight is loaded, a run whose counted peak (plus `HEADROOM`) exceeds `budget` bytes.
+
+    ranks, fsdp: a torchrun run's ranks and whether its weights are sharded; the peak is one rank's.
 
     A model whose configuration transformers cannot build alone (a heterogeneous compact checkpoint,
     say) is not counted: the check is skipped with a warning.
@@ -243,7 +303,9 @@ def check_fits(model_name: str, dtype: str, nsamples: int, seqlen: int, config: 
     except SurgeonError as error:
         logger.warning("memory not checked before loading: %s", error)
         return
-    phases, phase, peak = _peak(count(model, config, nsamples, seqlen, "cuda")["phases"])
+    counts = count(model, config, nsamples, seqlen, "cuda")
+    phases, phase, peak = _peak(_per_rank(counts, ranks, fsdp, config.curvature_split) if ranks > 1
+                                else counts["phases"])
     need = _needed(peak)
     if need > budget:
         parts = ", ".join(f"{part} {value / GIB:.1f}" for part, value in phases[phase].items() if part != "total")

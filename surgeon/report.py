@@ -7,7 +7,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 
 @dataclass
@@ -68,6 +70,16 @@ def removed_fractions(masks: list[tuple[str, torch.Tensor]]) -> tuple[dict[str, 
     return per_layer, removed, removed / sum(mask.numel() for _, mask in masks)
 
 
+def _zeros(weight: torch.Tensor) -> int:
+    """Zero entries of `weight`; of all its shards when FSDP2 shards it (every rank must call)."""
+    if not isinstance(weight, DTensor):
+        return int((weight == 0).sum())
+    local = weight.to_local()
+    count = (local == 0).sum().reshape(1)
+    dist.all_reduce(count, group=weight.device_mesh.get_group())
+    return int(count)
+
+
 def zero_fraction(layers: list[tuple[str, nn.Linear]]) -> float:
     """Fraction of zero weights over all `layers` (biases not counted)."""
-    return sum(int((m.weight == 0).sum()) for _, m in layers) / sum(m.weight.numel() for _, m in layers)
+    return sum(_zeros(m.weight) for _, m in layers) / sum(m.weight.numel() for _, m in layers)

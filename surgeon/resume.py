@@ -101,10 +101,7 @@ class Checkpoint:
 
         tensors = load_file(self.folder / self.state["tensors"])
         for layer in layers:
-            module = layer.module
-            module.weight.data.copy_(tensors[f"{layer.name}.weight"])
-            if module.bias is not None:
-                module.bias.data.copy_(tensors[f"{layer.name}.bias"])
+            layer.assign([tensors[f"{layer.name}.{part}"] for part in ("weight", "bias")[:len(layer.parameters())]])
             for part in ("mask", "rows", "cols"):
                 getattr(layer, part).copy_(tensors[f"{layer.name}.{part}"])
         for name, sigmas in self.state["power"].items():
@@ -117,19 +114,22 @@ class Checkpoint:
         logger.info("resuming %s after shot %d", self.folder, len(shots))
         return shots, self.state["seconds"]
 
+    def due(self, shot: int, last: bool) -> bool:
+        """Whether a checkpoint is written after `shot` (`last`: the run's final shot)."""
+        return self.every != 0 and (shot % self.every == 0 or last)
+
     def save(self, layers: list[Layer], power: dict[str, list[PowerIterate]], shots: list[ShotReport],
              seconds: float, last: bool) -> None:
         """Write the checkpoint after the newest of `shots` (every `every`-th shot, and the last)."""
         shot = shots[-1].shot
-        if self.every == 0 or (shot % self.every and not last):
+        if not self.due(shot, last):
             return
         from safetensors.torch import save_file
 
         tensors: dict[str, torch.Tensor] = {"rng": torch.get_rng_state()}
         for layer in layers:
-            tensors[f"{layer.name}.weight"] = layer.module.weight.detach()
-            if layer.module.bias is not None:
-                tensors[f"{layer.name}.bias"] = layer.module.bias.detach()
+            for part, tensor in zip(("weight", "bias"), layer.whole()):
+                tensors[f"{layer.name}.{part}"] = tensor.detach()
             for part in ("mask", "rows", "cols"):
                 tensors[f"{layer.name}.{part}"] = getattr(layer, part)
         for name, terms in power.items():

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from surgeon import __version__
 from surgeon.config import ExportConfig, PruneConfig, RunConfig
 from surgeon.data import calibration_text, calibration_windows, evaluation_text, tokenize
-from surgeon.distributed import local_device
+from surgeon.distributed import local_device, shard_model, whole_state_dict
 from surgeon.errors import SurgeonError, first_line
 from surgeon.evaluate import perplexity
 from surgeon.io import OutputDirectory, read_run, write_checkpoint
@@ -48,15 +48,20 @@ def run_prune(run: RunConfig, config: PruneConfig, progress: bool = True,
     if state is None and not run.overwrite and has_state(folder):
         raise SurgeonError(f"{run.output!r} holds an unfinished run: pass --resume to continue it (the same "
                            "options), or --overwrite to start again")
+    if run.fsdp and group is None:
+        raise SurgeonError("--fsdp shards the weights over torchrun ranks: launch with torchrun --nproc-per-node N "
+                           "-m surgeon prune …")
     if group is not None and dist.get_rank(group) != 0:
-        _prune_and_evaluate(run, config, False, Checkpoint(folder, fingerprint, state=state), group)
+        _, model, _ = _prune_and_evaluate(run, config, False, Checkpoint(folder, fingerprint, state=state), group)
+        if run.fsdp:
+            whole_state_dict(model)  # rank 0 gathers the weights to write
         return None
     with OutputDirectory(run.output, run.overwrite or run.resume) as output:
         checkpoint = Checkpoint(folder, fingerprint, every=run.checkpoint_shots, state=state)
         if state is None:
             checkpoint.remove()  # an earlier run's, replaced with --overwrite
         result, model, tokenizer = _prune_and_evaluate(run, config, progress, checkpoint, group)
-        write_checkpoint(output.staging, model, tokenizer, result)
+        write_checkpoint(output.staging, model, tokenizer, result, whole_state_dict(model) if run.fsdp else None)
         output.commit()
     checkpoint.remove()
     return result
@@ -83,9 +88,11 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
 
     A `checkpoint` holding a saved state continues that run: what was measured before pruning comes
     from it, and the shots after its last one run. With a process `group`, ranks other than 0 only
-    prune (their share) and return an empty report.
+    prune (their share) and return an empty report; with `run.fsdp` the weights are sharded over the
+    ranks (FSDP2), and every rank evaluates (a sharded forward pass needs them all).
     """
     lead = group is None or dist.get_rank(group) == 0
+    evaluates = lead or run.fsdp
     start = time.perf_counter()
     test = evaluation_text(run.dataset)  # texts and tasks first: bad input fails before the slow model load
     calibration = calibration_text(run.calibration)
@@ -93,8 +100,11 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
     device = run.device if group is None else local_device(run.device)
     budget = gpu_memory(device)
     if budget is not None:  # a run that cannot fit the GPU stops before any weight loads
-        check_fits(run.model, run.dtype, run.nsamples, run.seqlen, config, budget)
-    model, tokenizer = load_model(run.model, run.tokenizer, run.dtype, device)
+        check_fits(run.model, run.dtype, run.nsamples, run.seqlen, config, budget,
+                   1 if group is None else dist.get_world_size(group), run.fsdp)
+    model, tokenizer = load_model(run.model, run.tokenizer, run.dtype, "cpu" if run.fsdp else device)
+    if run.fsdp:
+        shard_model(model, device)
     limit = max_seqlen(model)
     if limit is not None and max(run.seqlen, run.test_seqlen) > limit:
         raise SurgeonError(f"seqlen {max(run.seqlen, run.test_seqlen)} is longer than the model allows ({limit})")
@@ -102,7 +112,7 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
     windows = calibration_windows(tokenize(tokenizer, calibration), run.nsamples, run.seqlen, config.seed)
     if checkpoint is not None and checkpoint.state is not None:
         before = checkpoint.state["before"]
-    elif not lead:
+    elif not evaluates:
         before = {}
     else:
         dense = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress)
@@ -117,11 +127,11 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
         shot.ppl = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress).ppl
         logger.info("perplexity after shot %d: %.4f", shot.shot, shot.ppl)
 
-    report = prune(model, windows, config, progress, evaluate_shot if run.eval_every_shot and lead else None,
+    report = prune(model, windows, config, progress, evaluate_shot if run.eval_every_shot and evaluates else None,
                    checkpoint, group)
-    if not lead:
+    after = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress) if evaluates else None
+    if after is None or not lead:
         return {}, model, tokenizer
-    after = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress)
     logger.info("pruned perplexity %.4f (%d windows)", after.ppl, after.windows)
     result = {
         "model": run.model,

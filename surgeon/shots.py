@@ -22,7 +22,7 @@ from surgeon import baselines, channels, costs, curvature, inverses, kronecker_s
 from surgeon.block_inputs import BlockInputs
 from surgeon.config import PruneConfig
 from surgeon.damping import damp
-from surgeon.distributed import Elsewhere, Ranks
+from surgeon.distributed import Elsewhere, Ranks, sharded
 from surgeon.errors import SurgeonError
 from surgeon.layer import Layer, put_submatrix, submatrix
 from surgeon.model import decoder_blocks, max_seqlen, prunable_layers
@@ -63,6 +63,7 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
     set_cost: dict[int, torch.Tensor] = {}
     sibling: inverses.Sibling | None = None
     times = [_clock(device)]
+    ranks.gather_layers(layers)
     for index, layer in enumerate(layers):
         R, C, size = layer.module.out_features, layer.module.in_features, sets.get(index)
         keep_r, keep_c, real_c = layer.kept()
@@ -167,6 +168,7 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
     strengths = (config.damp_g, config.damp_a)
     sibling: inverses.Sibling | None = None
     times = [_clock(device)]
+    ranks.gather_layers(layers)
     for layer in layers:
         R, C = layer.module.out_features, layer.module.in_features
         if not ranks.mine(layer.name):
@@ -225,18 +227,24 @@ def _per_layer_shot(model: nn.Module, layers: list[Layer], calibration: torch.Te
 
     As published, block by block: each block's inputs come from the blocks before it, already
     pruned; the block runs once to estimate its layers' input factors and once, pruned, to give
-    the next block's inputs (`BlockInputs`). Split over `ranks`, each runs its share of the batches;
-    a block's factors are summed onto its owner, which prunes it and broadcasts it.
+    the next block's inputs (`BlockInputs`). Split over `ranks` by batches, each runs its share of the
+    batches and a block's factors are summed onto its owner; by blocks, each runs every batch and
+    the owner keeps its block's factors. The owner prunes the block and broadcasts it.
     """
     by_name = {layer.name: layer for layer in layers}
     blocks = decoder_blocks(model)
     batches = calibration.split(config.batch_size)
-    share = torch.cat([batches[i] for i in ranks.batches(len(batches))])
+    split = config.curvature_split == "batches"
+    share = torch.cat([batches[i] for i in ranks.batches(len(batches))]) if split else calibration
     inputs = BlockInputs(model, blocks, share, config.batch_size)
     for named in tqdm(prunable_layers(model), desc="blocks", leave=False, disable=not progress):
         raw = curvature.estimate_inputs(named, inputs.forwards(), calibration.numel(), config.backend,
                                         config.curvature_dtype, config.group_bytes)
-        ranks.reduce_factors(raw)
+        if split:
+            ranks.reduce_factors(raw)
+        else:  # every rank ran every batch; the owner keeps the block's factors
+            raw = {name: entry for name, entry in raw.items() if ranks.mine(name)}
+        ranks.gather_layers([by_name[name] for name, _ in named])
         for name in raw:
             _prune_one_layer(by_name[name], raw[name].A.dense(), target_size, config)
         ranks.broadcast_layers([by_name[name] for name, _ in named], masks=True)
@@ -322,7 +330,10 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
     ranks = Ranks(group, [[name for name, _ in block] for block in blocks])
     if ranks.world > 1 and (config.kronecker_terms == 2 or config.lora_steps):
         raise SurgeonError("kronecker_terms=2 and lora_steps run in one process; launch without torchrun")
-    batches = ranks.batches(-(-calibration_ids.shape[0] // config.batch_size))
+    count = -(-calibration_ids.shape[0] // config.batch_size)
+    batches = ranks.batches(count, even=any(sharded(module) for _, module in named)) \
+        if config.curvature_split == "batches" else list(range(count))
+    hooked = [(name, module) for name, module in named if config.curvature_split == "batches" or ranks.mine(name)]
     total = sum(layer.module.weight.numel() for layer in layers)
     coupled = channels.couplings(model, [name for name, _ in named])
     kinds = units.coupled_units(model, [name for name, _ in named]) if config.structure == "coupled" else None
@@ -345,12 +356,13 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
                                          batch_size=config.batch_size, seed=config.seed + shot,
                                          desc=f"shot {shot}/{config.shots} · curvature", progress=progress)
         elif config.method in NEEDS_A:
-            raw = curvature.estimate(model, named, calibration_ids, need_g=config.method in NEEDS_G,
+            raw = curvature.estimate(model, hooked, calibration_ids, need_g=config.method in NEEDS_G,
                                      fisher=config.fisher,
                                      batch_size=config.batch_size, seed=config.seed + shot, backend=config.backend,
                                      autocast=config.curvature_dtype, desc=f"shot {shot}/{config.shots} · curvature",
                                      progress=progress, group_bytes=config.group_bytes, batches=batches)
-            ranks.reduce_factors(raw)
+            if config.curvature_split == "batches":
+                ranks.reduce_factors(raw)
         t1 = _clock(device)
         phases: dict[str, float] = {}
         freed = 0
@@ -378,8 +390,12 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
                     shot_report.peak_memory_gb)
         if after_shot is not None:
             after_shot(shot_report)
-        if checkpoint is not None and ranks.rank == 0:
-            checkpoint.save(layers, power_state, report.shots, time.perf_counter() - start, shot == config.shots)
+        if checkpoint is not None and checkpoint.due(shot, shot == config.shots):
+            ranks.gather_layers(layers, onto=0)  # sharded weights, whole on the rank that writes
+            if ranks.rank == 0:
+                checkpoint.save(layers, power_state, report.shots, time.perf_counter() - start, shot == config.shots)
+            for layer in layers:
+                layer.held = None
     report.layers, report.removed, report.sparsity = removed_fractions([(layer.name, layer.mask) for layer in layers])
     report.zero_fraction = zero_fraction(named)
     report.seconds = time.perf_counter() - start

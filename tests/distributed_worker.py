@@ -7,12 +7,16 @@ with one process's run of the same case.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from surgeon import PruneConfig, prune
+from surgeon.distributed import shard_model
 from surgeon.errors import SurgeonError
+from surgeon.resume import Checkpoint, read_state
 from surgeon.threshold import smallest_k
 from tests.conftest import tiny_model
 
@@ -33,14 +37,65 @@ CASES = {
 TIED = [torch.tensor([0.0, 0.0, 3.0, 1.0]), torch.tensor([0.0, 2.0, 0.0]), torch.tensor([5.0, 0.0, 0.0, 0.0, 1.0])]
 
 
-def run(case: str) -> dict:
+# Split by blocks (every rank runs every batch): the factors, and so the result, are those of one process.
+BLOCKS = {
+    "llama-structured-blocks": ("llama", dict(structure="structured", target_size=0.6, curvature_split="blocks")),
+    "opt-2:4-blocks": ("opt", dict(structure="2:4", curvature_split="blocks")),
+    "opt-unstructured-blocks": ("opt", dict(structure="unstructured", target_size=0.5, curvature_split="blocks")),
+    "llama-sparsegpt-blocks": ("llama", dict(method="sparsegpt", structure="2:4", shots=1, curvature_split="blocks")),
+}
+CASES.update(BLOCKS)
+FSDP = ["llama-structured", "opt-structured", "llama-unstructured", "opt-unstructured", "llama-2:4", "opt-2:4",
+        *BLOCKS]
+
+
+class Stop(Exception):
+    """Stands for a run that dies after a shot."""
+
+
+def model_of(arch: str, fsdp: bool) -> torch.nn.Module:
+    """The tiny model, its weights sharded over the ranks with FSDP2 when `fsdp`."""
+    model = tiny_model(arch)
+    if fsdp:
+        shard_model(model, "cpu")
+    return model
+
+
+def whole(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter whole (gathered from its shards)."""
+    return {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+            for name, p in model.named_parameters()}
+
+
+def run(case: str, fsdp: bool = False) -> dict:
     """The pruned parameters and per-shot report of one case, pruned by the whole group."""
     arch, settings = CASES[case]
-    model = tiny_model(arch)
+    model = model_of(arch, fsdp)
     report = prune(model, WINDOWS, PruneConfig(**{"shots": 3, **settings}), progress=False, group=dist.group.WORLD)
-    return {"params": {name: p.detach().clone() for name, p in model.named_parameters()},
-            "sparsity": [shot.sparsity for shot in report.shots],
-            "collectives": [shot.seconds.get("collectives") for shot in report.shots]}
+    return {"params": whole(model), "sparsity": [shot.sparsity for shot in report.shots],
+            "collectives": [shot.seconds.get("collectives") for shot in report.shots],
+            "zero_fraction": report.zero_fraction}
+
+
+def resumed(folder: Path, fsdp: bool) -> dict[str, torch.Tensor]:
+    """`llama-unstructured` stopped after shot 1 on every rank, then continued from rank 0's checkpoint."""
+    arch, settings = CASES["llama-unstructured"]
+    config = PruneConfig(shots=3, **settings)
+
+    def stop(shot):
+        if shot.shot == 2:
+            raise Stop
+
+    try:
+        prune(model_of(arch, fsdp), WINDOWS, config, progress=False, after_shot=stop,
+              checkpoint=Checkpoint(folder, {"test": 1}), group=dist.group.WORLD)
+    except Stop:
+        pass
+    dist.barrier()
+    model = model_of(arch, fsdp)
+    prune(model, WINDOWS, config, progress=False, group=dist.group.WORLD,
+          checkpoint=Checkpoint(folder, {"test": 1}, state=read_state(folder, {"test": 1})))
+    return whole(model)
 
 
 def tied_threshold(k: int) -> list[torch.Tensor]:
@@ -58,10 +113,12 @@ def tied_threshold(k: int) -> list[torch.Tensor]:
 def refusals() -> list[str]:
     """The errors of what a group cannot run."""
     errors = []
-    for settings, windows in ((dict(kronecker_terms=2), WINDOWS), (dict(), WINDOWS[:1])):
+    for settings, windows, fsdp in ((dict(kronecker_terms=2), WINDOWS, False), (dict(), WINDOWS[:1], False),
+                                    (dict(), WINDOWS[:3], True)):
         try:
-            prune(tiny_model("llama"), windows, PruneConfig(structure="unstructured", target_size=0.5, **settings),
-                  progress=False, group=dist.group.WORLD)
+            prune(model_of("llama", fsdp), windows,
+                  PruneConfig(structure="unstructured", target_size=0.5, **settings), progress=False,
+                  group=dist.group.WORLD)
         except SurgeonError as error:
             errors.append(str(error))
     return errors
@@ -72,6 +129,8 @@ def main(out: str) -> None:
     dist.init_process_group("gloo")
     try:
         results: dict = {case: run(case) for case in CASES}
+        results["fsdp"] = {case: run(case, fsdp=True) for case in FSDP}
+        results["resumed"] = {fsdp: resumed(Path(out).parent / f"resume-{fsdp}", fsdp) for fsdp in (False, True)}
         results["tied"] = {k: tied_threshold(k) for k in (3, 5, 7)}
         results["refusals"] = refusals()
         if dist.get_rank() == 0:

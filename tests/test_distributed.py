@@ -13,10 +13,11 @@ import torch
 from safetensors.torch import load_file
 
 from surgeon import PruneConfig, prune
+from surgeon.report import PruneReport
 from surgeon.threshold import smallest_k
 from tests import distributed_worker
 from tests.conftest import tiny_model
-from tests.test_cli import run_cli
+from tests.test_cli import one_error_line, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,11 +44,16 @@ def two_ranks(tmp_path_factory) -> dict:
     return torch.load(out)
 
 
-@pytest.mark.parametrize("case", list(distributed_worker.CASES))
-def test_two_ranks_prune_as_one_process(two_ranks, case):
+def one_process(case: str) -> tuple[torch.nn.Module, PruneReport]:
+    """A case of `distributed_worker` pruned in this process alone."""
     arch, settings = distributed_worker.CASES[case]
     model = tiny_model(arch)
-    report = prune(model, distributed_worker.WINDOWS, PruneConfig(**{"shots": 3, **settings}), progress=False)
+    return model, prune(model, distributed_worker.WINDOWS, PruneConfig(**{"shots": 3, **settings}), progress=False)
+
+
+@pytest.mark.parametrize("case", list(distributed_worker.CASES))
+def test_two_ranks_prune_as_one_process(two_ranks, case):
+    model, report = one_process(case)
     got = two_ranks[case]
     for name, value in model.named_parameters():
         assert torch.equal(got["params"][name] == 0, value == 0), name  # the same structures removed
@@ -55,6 +61,28 @@ def test_two_ranks_prune_as_one_process(two_ranks, case):
     assert got["sparsity"] == [shot.sparsity for shot in report.shots]
     assert all(seconds > 0 for seconds in got["collectives"])
     assert all("collectives" not in shot.seconds for shot in report.shots)  # one process: no collectives
+    if case in distributed_worker.BLOCKS:  # every rank ran every batch: one process's factors, bit for bit
+        for name, value in model.named_parameters():
+            assert torch.equal(got["params"][name], value.detach()), name
+
+
+@pytest.mark.parametrize("case", distributed_worker.FSDP)
+def test_two_ranks_with_weights_sharded_by_fsdp2_prune_as_one_process(two_ranks, case):
+    model, report = one_process(case)
+    got = two_ranks["fsdp"][case]
+    for name, value in model.named_parameters():
+        assert torch.equal(got["params"][name] == 0, value == 0), name
+        assert close(got["params"][name], value.detach()), name
+    assert got["sparsity"] == [shot.sparsity for shot in report.shots]
+    assert got["zero_fraction"] == report.zero_fraction
+    assert all(seconds > 0 for seconds in got["collectives"])
+
+
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_two_ranks_stopped_after_a_shot_resume_to_the_same_model(two_ranks, fsdp):
+    model, _ = one_process("llama-unstructured")
+    for name, value in model.named_parameters():
+        assert close(two_ranks["resumed"][fsdp][name], value.detach()), name
 
 
 @pytest.mark.parametrize("k", [3, 5, 7])
@@ -65,19 +93,29 @@ def test_the_distributed_threshold_takes_ties_in_layer_order(two_ranks, k):
 
 
 def test_what_a_group_cannot_run_is_refused(two_ranks):
-    kronecker, batches = two_ranks["refusals"]
+    kronecker, batches, uneven = two_ranks["refusals"]
     assert "kronecker_terms=2" in kronecker and "one process" in kronecker
-    assert batches == "1 calibration batches cannot be shared by 2 ranks: give each rank at least one " \
-                      "(--nsamples / --batch-size)"
+    assert batches == "1 calibration batches cannot be shared by 2 ranks: the batches (--nsamples / --batch-size) " \
+                      "must be at least the ranks"
+    assert uneven == "3 calibration batches cannot be shared by 2 ranks: the batches (--nsamples / --batch-size) " \
+                     "must be a multiple of the ranks"
 
 
-def test_torchrun_prune_writes_what_one_process_writes(tiny_model_dir, tmp_path):
+def test_fsdp_without_torchrun_or_with_tasks_is_refused(tiny_model_dir, tmp_path):
+    args = ["prune", "--model", str(tiny_model_dir), "--nsamples", "2", "--seqlen", "32", "--fsdp"]
+    assert "launch with torchrun" in one_error_line(run_cli(*args, "--output", str(tmp_path / "a")))
+    assert "fsdp: zero-shot tasks" in one_error_line(run_cli(*args, "--tasks", "piqa", "--output", str(tmp_path)))
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("sharding", [[], ["--fsdp"]])
+def test_torchrun_prune_writes_what_one_process_writes(tiny_model_dir, tmp_path, sharding):
     args = ["prune", "--model", str(tiny_model_dir), "--structure", "unstructured", "--target-size", "0.5",
             "--shots", "2", "--nsamples", "4", "--seqlen", "32", "--calibration", "wikitext2-valid",
             "--eval-windows", "1", "--cg-tol", "1e-10", "--cg-max-iter", "1000"]
     one = run_cli("--quiet", *args, "--output", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr
-    two = torchrun("-m", "surgeon", *args, "--output", str(tmp_path / "two"))
+    two = torchrun("-m", "surgeon", *args, *sharding, "--output", str(tmp_path / "two"))
     assert two.returncode == 0, two.stderr[-3000:]
     assert two.stdout.count("saved to") == 1  # rank 0 alone reports and writes
     expected, report = json.loads((tmp_path / "one" / "report.json").read_text()), \

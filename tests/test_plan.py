@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from surgeon.cli import main
 from surgeon.config import PlanConfig, PruneConfig, parse_bytes
 from surgeon.errors import SurgeonError
 from surgeon.model import prunable_layers
-from surgeon.plan import GIB, HEADROOM, check_fits, count, make_plan, meta_model, packed_bytes
+from surgeon.plan import GIB, HEADROOM, _per_rank, check_fits, count, make_plan, meta_model, packed_bytes
 from tests._families import family_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,12 +109,48 @@ def test_plan_command_writes_json(tmp_path, capsys):
                  "--target-size", "0.5", "--batch-size", "2", "--gpus", "2", "--output", str(out)]) == 0
     plan = json.loads(out.read_text())
     assert {"fits", "peak_gpu_bytes", "strategy", "phases"} <= set(plan)
+    assert plan["fits"] and plan["strategy"] == "2-ranks-fsdp-split-by-blocks"
+    assert [s["name"] for s in plan["strategies"]] == ["packed-factors-on-device", "factors-offloaded-to-host",
+                                                      "2-ranks-split-by-batches", "2-ranks-fsdp-split-by-blocks"]
+    assert "fits 80GB with 2-ranks-fsdp-split-by-blocks" in capsys.readouterr().out
+    assert main(["plan", "--model", str(ROOT / "bench/configs/llama-2-70b.json"), "--structure", "structured",
+                 "--gpus", "8", "--output", str(out)]) == 0
+    plan = json.loads(out.read_text())
     assert not plan["fits"] and plan["strategy"] is None and plan["shortfall_bytes"] > 0
-    assert {s["name"] for s in plan["strategies"]} == {"packed-factors-on-device", "factors-offloaded-to-host",
-                                                       "factors-sharded-over-2-gpus"}
     assert "does not fit 80GB" in capsys.readouterr().out
 
 
 def test_plan_reads_only_the_configuration():
     model = meta_model("smollm2-135m", "bfloat16")
     assert all(p.device.type == "meta" for p in model.parameters())
+
+
+def test_a_rank_holds_its_share_of_what_it_owns():
+    counts = count(meta_model(str(ROOT / MEASURED["llama-2-7b"][0]), "bfloat16"), STRUCTURED, 128, 2048, "cuda")
+    one = counts["phases"]
+    by_blocks, by_batches = _per_rank(counts, 3, True, "blocks"), _per_rank(counts, 3, False, "batches")
+    share = 11 / 32  # ⌈32 blocks / 3 ranks⌉
+    assert by_blocks["curvature"]["factors"] == math.ceil(one["curvature"]["factors"] * share)
+    assert by_blocks["prune"]["inverses"] == by_batches["prune"]["inverses"] == \
+        math.ceil(one["prune"]["inverses"] * share)
+    assert by_blocks["prune"]["own_layers"] == math.ceil(counts["prunable_bytes"] * share)
+    assert by_blocks["curvature"]["weights"] == \
+        math.ceil(counts["weights_bytes"] / 3) + counts["root_bytes"] + 2 * counts["block_bytes"]
+    assert by_batches["curvature"] == one["curvature"]  # every factor while the pass runs, every weight
+    assert counts["root_bytes"] == 2 * 32000 * 4096 * 2 + 4096 * 2  # embeddings, head, final norm
+
+
+def test_llama_2_13b_structured_fits_two_gpus_with_sharded_weights_and_factors():
+    config = dataclasses.replace(STRUCTURED, curvature_split="blocks")
+    plan = make_plan(PlanConfig(model=str(ROOT / "bench/configs/llama-2-13b.json"), dtype="bfloat16", nsamples=128,
+                                seqlen=2048, gpus=2), config)
+    fits = {s["name"]: s["fits"] for s in plan["strategies"]}
+    assert fits == {"packed-factors-on-device": False, "factors-offloaded-to-host": True,
+                    "2-ranks-split-by-batches": False, "2-ranks-fsdp-split-by-blocks": True}
+    assert plan["fits"] and plan["strategy"] == "2-ranks-fsdp-split-by-blocks"
+    chosen = next(s for s in plan["strategies"] if s["name"] == plan["strategy"])
+    assert chosen["launch"] == "torchrun --nproc-per-node 2 -m surgeon prune --fsdp --curvature-split blocks"
+    model = str(ROOT / "bench/configs/llama-2-13b.json")
+    with pytest.raises(SurgeonError, match="does not fit the GPU"):
+        check_fits(model, "bfloat16", 128, 2048, config, 80 * GIB)
+    check_fits(model, "bfloat16", 128, 2048, config, 80 * GIB, ranks=2, fsdp=True)
