@@ -10,7 +10,8 @@
 # so that every Triton kernel runs on the GPU; surgeon_kernels.ops.RUN_ON_CUDA then lists those that
 # passed, with this commit. SKIP_TESTS=1, SKIP_MICRO=1 and SKIP_GENERATION=1 leave out the tests (at
 # most 300 s), the microbenchmarks (at most MICRO_TIMEOUT, 300 s) and the generation speed (at most
-# 600 s); each shot spec may take 420 s.
+# 600 s); each shot spec may take 420 s. RANKS=N (on a machine with N GPUs) also times each shot spec
+# under torchrun on N GPUs, split by batches and by blocks with FSDP2 (420 s each).
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
@@ -35,6 +36,18 @@ for spec in "$@"; do
     --structure "$structure" --backend "${BACKEND:-triton}" --output "$OUT/shot-$name.json" "${extra[@]}" \
     > "$OUT/shot-$name.log" 2>&1
   echo "shot $spec rc=$?"; grep -v "it/s\]" "$OUT/shot-$name.log" | tail -6
+  if [ -n "${RANKS:-}" ]; then
+    for split in batches blocks; do
+      sharding=()
+      [ "$split" = blocks ] && sharding=(--fsdp)
+      timeout 420 torchrun --standalone --nproc-per-node "$RANKS" bench/shot_time.py \
+        --config bench/configs/llama-2-7b.json --layers "$blocks" --device cuda --dtype bfloat16 --nsamples 128 \
+        --seqlen 2048 --shots "$shots" --batch-size "$batch" --target-size "$target" --structure "$structure" \
+        --backend "${BACKEND:-triton}" --curvature-split "$split" "${sharding[@]}" \
+        --output "$OUT/shot-$name-${RANKS}ranks-$split.json" > "$OUT/shot-$name-${RANKS}ranks-$split.log" 2>&1
+      echo "shot $spec on $RANKS ranks by $split rc=$?"; grep -v "it/s\]" "$OUT/shot-$name-${RANKS}ranks-$split.log" | tail -4
+    done
+  fi
 done
 if [ -z "${SKIP_MICRO:-}" ]; then
   timeout "${MICRO_TIMEOUT:-300}" python3 bench/gpu_kernels.py --output "$OUT/micro-gpu.json" > "$OUT/micro.log" 2>&1

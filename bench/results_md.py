@@ -187,15 +187,16 @@ def ranks_section() -> list[str]:
         return ["Not yet measured (`python bench/distributed_time.py`)."]
     out = ["`python bench/distributed_time.py`: the CPU protocol (SmolLM2-135M, 8 × 512 calibration tokens, 4 shots) "
            "through `surgeon prune`, in one process with both cores and under `torchrun --nproc-per-node 2` with one "
-           "thread per rank (gloo, split by batches). \"prune s\" is the shots' curvature and prune phases; "
-           "evaluation is not counted.", "",
-           "| structure | commit | ranks | prune s | in collectives s | perplexity | command |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
+           "thread per rank (gloo). \"prune s\" is the shots' curvature and prune phases; evaluation is not "
+           "counted.", "",
+           "| structure | commit | ranks | split | prune s | in collectives s | perplexity | command |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for path in paths:
         result = load(path)
         for run in result["runs"]:
             out.append(f"| [{result['structure']} {result['target_size']}](results/cpu/{path.name}) | "
-                       f"{mark(commit_of(path))} | {run['ranks']} | {run['prune_seconds']:.1f} | "
+                       f"{mark(commit_of(path))} | {run['ranks']} | {run.get('split') or '-'} | "
+                       f"{run['prune_seconds']:.1f} | "
                        f"{run['collective_seconds']:.1f} | {run['ppl']:.3f} | `{run['command']}` |")
     return out
 

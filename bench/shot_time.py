@@ -8,6 +8,10 @@ with random weights, the calibration windows are random tokens: the numbers say 
 takes and how much memory it needs, nothing about quality. `--layers N` keeps the first N decoder
 blocks (for a quick check of a shape). Writes the prune report (seconds per phase and peak memory
 per shot) with the device, shapes and settings.
+
+Under torchrun (`torchrun --nproc-per-node N bench/shot_time.py … --device cuda`) the ranks prune
+together, one GPU each (`--curvature-split`, `--fsdp`: as `surgeon prune`); rank 0 writes the report,
+its peak memory being its own.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from surgeon import PruneConfig, curvature, prune  # noqa: E402
+from surgeon import PruneConfig, curvature, distributed, prune  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
 from surgeon.model import DTYPES  # noqa: E402
 
@@ -61,35 +65,45 @@ def main() -> None:
                         help="queued bytes per grouped factor accumulation on this device (0: one launch per "
                              "factor; default: surgeon.curvature.DEFAULT_GROUP_BYTES)")
     parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--curvature-split", default="batches", choices=["batches", "blocks"])
+    parser.add_argument("--fsdp", action="store_true", help="under torchrun: shard the weights with FSDP2")
     parser.add_argument("--profile", type=Path, default=None,
                         help="also write torch.profiler's table of the run's costliest ops to this file")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    group = distributed.init(args.device) if distributed.launched() else None
+    device = distributed.local_device(args.device) if group is not None else args.device
     start = time.perf_counter()
-    model, config = build(args.config, args.layers, DTYPES[args.dtype], args.device)
+    model, config = build(args.config, args.layers, DTYPES[args.dtype], "cpu" if args.fsdp else device)
+    if args.fsdp:
+        distributed.shard_model(model, device)
     built = time.perf_counter() - start
     windows = torch.randint(0, config.vocab_size, (args.nsamples, args.seqlen),
                             generator=torch.Generator().manual_seed(0))
     prune_config = PruneConfig(structure=args.structure, target_size=args.target_size, shots=args.shots,
-                               batch_size=args.batch_size, backend=args.backend, group_bytes=args.group_bytes)
+                               batch_size=args.batch_size, backend=args.backend, group_bytes=args.group_bytes,
+                               curvature_split=args.curvature_split)
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         with profile(activities=activities) as trace:
-            report = prune(model, windows, prune_config)
+            report = prune(model, windows, prune_config, group=group)
         sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
         args.profile.write_text(trace.key_averages().table(sort_by=sort, row_limit=40)
                                 + trace.key_averages().table(sort_by="cpu_time_total", row_limit=40))
     else:
-        report = prune(model, windows, prune_config)
-    device = torch.device(args.device)
+        report = prune(model, windows, prune_config, group=group)
+    if group is not None and torch.distributed.get_rank(group) != 0:
+        return
+    device = torch.device(device)
     result = dict(
         device=(torch.cuda.get_device_name(device) if device.type == "cuda"
                 else platform.processor() or platform.machine()),
         torch=torch.__version__, model_config=str(args.config), blocks=config.num_hidden_layers,
         hidden=config.hidden_size, dtype=args.dtype, nsamples=args.nsamples, seqlen=args.seqlen,
-        build_seconds=built, command=" ".join(sys.argv), group_bytes=curvature._group_bytes(device, args.group_bytes),
+        build_seconds=built, command=" ".join(sys.argv), ranks=1 if group is None else group.size(),
+        group_bytes=curvature._group_bytes(device, args.group_bytes),
         **report.to_dict(),
     )
     result.pop("layers")  # per-layer sparsity of random weights says nothing

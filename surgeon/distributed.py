@@ -35,7 +35,7 @@ from surgeon.curvature import LayerFactors
 from surgeon.errors import SurgeonError
 from surgeon.layer import Layer
 from surgeon.model import decoder_blocks
-from surgeon_kernels.deferred import Deferred
+from surgeon_kernels.ops import Deferred
 
 
 def launched() -> bool:

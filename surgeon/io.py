@@ -164,7 +164,10 @@ def write_checkpoint(folder: Path, model: Any, tokenizer: Any, report: dict | No
 
     state_dict: the weights to write instead of the model's own (e.g. gathered whole from shards).
     """
-    model.save_pretrained(folder, state_dict=state_dict)
+    if state_dict is None:
+        model.save_pretrained(folder)
+    else:
+        model.save_pretrained(folder, state_dict=state_dict)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
     if report is not None:

@@ -15,8 +15,7 @@ import torch
 from surgeon.distributed import Elsewhere
 from surgeon.errors import SurgeonError
 from surgeon_kernels import ops
-from surgeon_kernels.kth_smallest.radix import Reduce
-from surgeon_kernels.ops import Deferred, Lazy, materialise
+from surgeon_kernels.ops import Deferred, Lazy, Reduce, materialise
 
 
 def _select(costs: Sequence[Lazy], k: int, backend: str, reduce: Reduce | None = None) -> tuple[float, list[int]]:

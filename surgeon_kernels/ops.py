@@ -140,7 +140,10 @@ def nm_select(costs: torch.Tensor, n: int, m: int, backend: str = "auto") -> tup
     return nm_reference.nm_select(costs, n, m)
 
 
-def kth_smallest(values: Sequence[Lazy], k: int, backend: str = "auto", reduce: radix.Reduce | None = None,
+Reduce = radix.Reduce  # sums a selection histogram over processes (`kth_smallest`)
+
+
+def kth_smallest(values: Sequence[Lazy], k: int, backend: str = "auto", reduce: Reduce | None = None,
                  device: torch.device | None = None) -> float:
     """The k-th smallest (1-based) element of all `values` together, without sorting.
 
