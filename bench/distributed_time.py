@@ -50,8 +50,7 @@ def run(structure: str, size: float, ranks: int, split: str) -> dict:
             env["OMP_NUM_THREADS"] = "1"
         subprocess.run([sys.executable, *args], check=True, cwd=ROOT.parent, env=env)
         report = json.loads((Path(folder) / "report.json").read_text())
-    command = " ".join(["python" if ranks == 1 else "torchrun", *args[2 if ranks == 1 else 1:]])
-    command = command.replace("-m torch.distributed.run ", "").replace(folder, "DIR")
+    command = " ".join(["python", *args] if ranks == 1 else ["torchrun", *args[2:]]).replace(folder, "DIR")
     shots = report["shots"]
     return {"ranks": ranks, "split": split if ranks > 1 else None, "command": command, "ppl": report["ppl_after"],
             "sparsity": report["sparsity"],

@@ -216,7 +216,7 @@ def plan_section() -> list[str]:
            "| --- | --- | --- | --- | --- | --- | --- |"]
     for row in result["rows"]:
         time = row["seconds_per_shot"]
-        time = f"{time['curvature']:.0f} + {time['prune']:.0f}" if time else "-"
+        time = f"{time['curvature']:.1f} + {time['prune']:.1f}" if time else "-"
         out.append(f"| {row['model']} | {row['structure']} | {row['gpus']} | {'yes' if row['fits'] else 'no'} | "
                    f"{row['strategy']} | {row['peak_gpu_bytes'] / 2**30:.1f} | {time} |")
     return out
