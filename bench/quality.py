@@ -76,6 +76,27 @@ def smollm2_protocol(calib_windows: int = 8, calib_seqlen: int = 512) -> tuple[A
     return model, dense_state, test_ids, windows
 
 
+def measure(model: Any, dense_state: dict, windows: torch.Tensor, test_ids: torch.Tensor, config: PruneConfig,
+            eval_windows: int) -> dict[str, Any]:
+    """Prune the dense model with `config` and evaluate it: perplexity, seconds of the pruning, and the report."""
+    model.load_state_dict(dense_state)
+    start = time.perf_counter()
+    report = prune(model, windows, config, progress=False)
+    seconds = time.perf_counter() - start
+    result = perplexity(model, test_ids, 2048, eval_windows, progress=False)
+    return {"ppl": result.ppl, "seconds": seconds, **report.to_dict()}
+
+
+def protocol_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The protocol settings, machine and commit every result file records."""
+    import transformers
+
+    machine = (f"{platform.machine()} {torch.get_num_threads()} threads, Python {platform.python_version()}, "
+               f"torch {torch.__version__}, transformers {transformers.__version__}")
+    return {"calib_windows": args.calib_windows, "calib_seqlen": args.calib_seqlen, "eval_windows": args.eval_windows,
+            "eval_seqlen": 2048, "machine": machine, "commit": head_commit()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calib-windows", type=int, default=8)
@@ -88,13 +109,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ROOT.mkdir(parents=True, exist_ok=True)
     model, dense_state, test_ids, windows = smollm2_protocol(args.calib_windows, args.calib_seqlen)
-    import transformers
-
-    machine = (f"{platform.machine()} {torch.get_num_threads()} threads, Python {platform.python_version()}, "
-               f"torch {torch.__version__}, transformers {transformers.__version__}")
-    commit = head_commit()
-    protocol = {"calib_windows": args.calib_windows, "calib_seqlen": args.calib_seqlen,
-                "eval_windows": args.eval_windows, "eval_seqlen": 2048, "machine": machine, "commit": commit}
+    protocol = protocol_of(args)
+    commit = protocol["commit"]
     dense_path = ROOT / f"dense@{commit}.json"
     if not dense_path.exists():
         result = perplexity(model, test_ids, 2048, args.eval_windows, progress=False)
@@ -103,13 +119,9 @@ def main() -> None:
         path = ROOT / f"{name}@{commit}.json"
         if path.exists() or args.only not in name:
             continue
-        model.load_state_dict(dense_state)
-        start = time.perf_counter()
-        report = prune(model, windows, config, progress=False)
-        seconds = time.perf_counter() - start
-        result = perplexity(model, test_ids, 2048, args.eval_windows, progress=False)
-        logging.info("%s: ppl %.3f sparsity %.4f (%.0f s)", name, result.ppl, report.sparsity, seconds)
-        write_json(path, {"ppl": result.ppl, "seconds": seconds, **protocol, **report.to_dict()})
+        result = measure(model, dense_state, windows, test_ids, config, args.eval_windows)
+        logging.info("%s: ppl %.3f sparsity %.4f (%.0f s)", name, result["ppl"], result["sparsity"], result["seconds"])
+        write_json(path, {**result, **protocol})
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """One pruning run split over processes with torch.distributed (launched by torchrun; NCCL on GPUs, gloo on CPU).
 
-- **Curvature** (eq. 6): calibration batches are dealt to the ranks in turn; each rank runs the
-  pass on its batches, and every factor is then summed onto the rank that owns its decoder block
-  (`dist.reduce` per factor: a reduce-scatter over blocks, as kfac-pytorch/KAISA place
+- **Curvature** (eq. 6), split by batches: calibration batches are dealt to the ranks in turn; each
+  rank runs the pass on its batches, and every factor is then summed onto the rank that owns its
+  decoder block (`dist.reduce` per factor: a reduce-scatter over blocks, as kfac-pytorch/KAISA place
   second-order work). Blocks are owned in turn (block b by rank b mod world), so sibling layers that
-  share an input factor have one owner.
+  share an input factor have one owner. Split by blocks: every rank runs every batch and
+  accumulates only its own blocks' factors (1/world of the factor memory, one process's factors).
 - **Costs and updates**: a rank computes the inverses, costs (eq. 7) and updates (eqs. 4-5) of its
   own blocks only; each updated layer is then broadcast from its owner (weights, and for element
   structures the mask, which only the owner's costs decide).
@@ -13,9 +14,12 @@
   counts of costs at τ that place ties in layer order. Row and column costs, one per row and
   column (R + C per layer), are summed whole, and every rank makes the same structured choice.
 
-One process is the same code with every collective the identity. Results equal a one-process run's
-up to the order in which the factors' sums are added. Time inside collectives (waiting included) is
-counted in `Ranks.seconds`, reported per shot as `collectives`.
+Weights sharded by FSDP2 (`shard_model`) are gathered whole layer by layer for the costs and
+updates, kept by their owner only (`Layer.held`), and written back shard by shard after the
+broadcast. One process is the same code with every collective the identity. Results equal a
+one-process run's up to the order in which the factors' sums are added (bit-identical split by
+blocks). Time inside collectives (waiting included) is counted in `Ranks.seconds`, reported per
+shot as `collectives`.
 """
 
 from __future__ import annotations

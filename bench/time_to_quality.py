@@ -1,0 +1,61 @@
+"""Perplexity against pruning seconds for LLM Surgeon on SmolLM2, as the shots and the solve's settings vary.
+
+    python bench/time_to_quality.py [--only unstructured]
+
+The protocol of bench/quality.py (8 × 512 calibration tokens, perplexity on 8 test windows of 2048
+tokens). Each point changes the table's row (4 shots, conjugate gradients to a relative residual of
+1e-4 or 40 iterations) in one setting: fewer shots, a looser tolerance or a lower iteration cap,
+and for 2:4 one shot or weaker damping of G. Each point is saved as
+bench/results/ttq/<point>@<commit>.json and skipped when that file exists;
+`python bench/results_md.py` draws the table into RESULTS.md. Run it alone: the seconds are wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.quality import measure, protocol_of, smollm2_protocol  # noqa: E402
+from surgeon import PruneConfig  # noqa: E402
+from surgeon.io import write_json  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent / "results" / "ttq"
+UNSTRUCTURED = dict(structure="unstructured", target_size=0.5)
+POINTS = {
+    "unstructured-0.5-shots1": PruneConfig(**UNSTRUCTURED, shots=1),
+    "unstructured-0.5-shots2": PruneConfig(**UNSTRUCTURED, shots=2),
+    "unstructured-0.5-shots3": PruneConfig(**UNSTRUCTURED, shots=3),
+    "unstructured-0.5-cg-iter20": PruneConfig(**UNSTRUCTURED, shots=4, cg_max_iter=20),
+    "unstructured-0.5-cg-tol1e-3": PruneConfig(**UNSTRUCTURED, shots=4, cg_tol=1e-3),
+    "unstructured-0.5-shots2-cg-iter20": PruneConfig(**UNSTRUCTURED, shots=2, cg_max_iter=20),
+    "2of4-0.5-shots1": PruneConfig(structure="2:4", shots=1),
+    "2of4-0.5-damp-g0.01": PruneConfig(structure="2:4", shots=4, damp_g=0.01),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calib-windows", type=int, default=8)
+    parser.add_argument("--calib-seqlen", type=int, default=512)
+    parser.add_argument("--eval-windows", type=int, default=8)
+    parser.add_argument("--only", default="")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    model, dense_state, test_ids, windows = smollm2_protocol(args.calib_windows, args.calib_seqlen)
+    protocol = protocol_of(args)
+    ROOT.mkdir(parents=True, exist_ok=True)
+    for name, config in POINTS.items():
+        path = ROOT / f"{name}@{protocol['commit']}.json"
+        if path.exists() or args.only not in name:
+            continue
+        result = measure(model, dense_state, windows, test_ids, config, args.eval_windows)
+        logging.info("%s: ppl %.3f (%.0f s)", name, result["ppl"], result["seconds"])
+        write_json(path, {**result, **protocol})
+
+
+if __name__ == "__main__":
+    main()
