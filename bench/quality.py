@@ -87,6 +87,16 @@ def measure(model: Any, dense_state: dict, windows: torch.Tensor, test_ids: torc
     return {"ppl": result.ppl, "seconds": seconds, **report.to_dict()}
 
 
+def protocol_parser(description: str) -> argparse.ArgumentParser:
+    """A parser with the protocol's options (calibration and evaluation windows) and `--only`."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calib-windows", type=int, default=8)
+    parser.add_argument("--calib-seqlen", type=int, default=512)
+    parser.add_argument("--eval-windows", type=int, default=8)
+    parser.add_argument("--only", default="", help="rows whose id contains this text")
+    return parser
+
+
 def protocol_of(args: argparse.Namespace) -> dict[str, Any]:
     """The protocol settings, machine and commit every result file records."""
     import transformers
@@ -98,13 +108,9 @@ def protocol_of(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calib-windows", type=int, default=8)
-    parser.add_argument("--calib-seqlen", type=int, default=512)
-    parser.add_argument("--eval-windows", type=int, default=8)
+    parser = protocol_parser(__doc__)
     parser.add_argument("--shots-structured", type=int, default=4)
     parser.add_argument("--shots-element", type=int, default=4)
-    parser.add_argument("--only", default="")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ROOT.mkdir(parents=True, exist_ok=True)

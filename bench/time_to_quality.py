@@ -12,14 +12,13 @@ bench/results/ttq/<point>@<commit>.json and skipped when that file exists;
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.quality import measure, protocol_of, smollm2_protocol  # noqa: E402
+from bench.quality import measure, protocol_of, protocol_parser, smollm2_protocol  # noqa: E402
 from surgeon import PruneConfig  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
 
@@ -38,12 +37,7 @@ POINTS = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calib-windows", type=int, default=8)
-    parser.add_argument("--calib-seqlen", type=int, default=512)
-    parser.add_argument("--eval-windows", type=int, default=8)
-    parser.add_argument("--only", default="")
-    args = parser.parse_args()
+    args = protocol_parser(__doc__).parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     model, dense_state, test_ids, windows = smollm2_protocol(args.calib_windows, args.calib_seqlen)
     protocol = protocol_of(args)
