@@ -83,6 +83,10 @@ class PruneConfig:
         None, "queued activation bytes per grouped factor accumulation (0: each tensor at once)",
         shown="512 MiB on CUDA, 0 on the CPU",
     )
+    propagate: bool = _opt(
+        False, "N:M: prune the last shot block by block, each block's A from the inputs of the blocks already pruned "
+        "(as SparseGPT; G from the shot's pass)"
+    )
     curvature_split: str = _opt(
         "batches", "under torchrun: each rank runs a share of the calibration batches and the factors are summed onto "
         "each block's owner (batches: fastest), or each runs every batch and accumulates only its own blocks' factors "
@@ -146,6 +150,10 @@ class PruneConfig:
                 raise ValueError(f"{name}={value}: must be >= 0")
         if self.group_bytes is not None and self.group_bytes < 0:
             raise ValueError(f"group_bytes={self.group_bytes}: must be >= 0")
+        if self.propagate and (self.nm is None or self.method not in ("surgeon", "kobd", "lobd")
+                               or self.kronecker_terms != 1):
+            raise ValueError("propagate prunes the last N:M shot of surgeon, kobd or lobd (one Kronecker term) block "
+                             "by block: use an N:M structure")
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size}: must be at least 1")
         if self.kronecker_terms not in (1, 2):

@@ -51,8 +51,9 @@ def run_prune(run: RunConfig, config: PruneConfig, progress: bool = True,
     if run.fsdp and group is None:
         raise SurgeonError("--fsdp shards the weights over torchrun ranks: launch with torchrun --nproc-per-node N "
                            "-m surgeon prune …")
-    if group is not None and dist.get_rank(group) != 0:
-        _, model, _ = _prune_and_evaluate(run, config, False, Checkpoint(folder, fingerprint, state=state), group)
+    if group is not None and dist.get_rank(group) != 0:  # its checkpoint only restores; rank 0's writes
+        checkpoint = Checkpoint(folder, fingerprint, every=run.checkpoint_shots, state=state)
+        _, model, _ = _prune_and_evaluate(run, config, False, checkpoint, group)
         if run.fsdp:
             whole_state_dict(model)  # rank 0 gathers the weights to write
         return None

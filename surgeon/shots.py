@@ -28,6 +28,7 @@ from surgeon.layer import Layer, put_submatrix, submatrix
 from surgeon.model import decoder_blocks, max_seqlen, prunable_layers
 from surgeon.report import PruneReport, ShotReport, peak_memory_gb, removed_fractions, zero_fraction
 from surgeon.resume import Checkpoint
+from surgeon_kernels import ops
 from surgeon_kernels.ops import Deferred
 
 logger = logging.getLogger(__name__)
@@ -165,7 +166,6 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
     plans: list[kronecker_sum.KroneckerSum | inverses.KroneckerInverse | None] = []
     element_costs: list[Deferred] = []
     device = layers[0].mask.device
-    strengths = (config.damp_g, config.damp_a)
     sibling: inverses.Sibling | None = None
     times = [_clock(device)]
     ranks.gather_layers(layers)
@@ -175,24 +175,9 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
             plans.append(None)
             element_costs.append(Elsewhere(R * C, device))
             continue
-        entry = raw.pop(layer.name, None)  # frees each raw factor after its last layer
-        kept: kronecker_sum.KroneckerSum | inverses.KroneckerInverse | None = None
-        if config.method == "surgeon" and entry.G2 is not None:
-            kept = kronecker_sum.KroneckerSum.of(damp(entry.G.dense(), config.damp_g),
-                                                 damp(entry.A.dense(), config.damp_a), entry.G2.dense(),
-                                                 entry.A2.dense(), config.backend)
-            weigh = functools.partial(costs.element_costs, f=kept)
-        elif config.method == "surgeon":
-            f, kept = inverses.layer_inverse(entry, slice(None), slice(None), strengths, roots=False, sibling=sibling)
-            sibling = (entry, slice(None), kept, f.A)
-            weigh = functools.partial(costs.element_costs, f=kept)
-        else:
-            g, a = costs.diagonal_curvature(entry, (R, C + layer.bias), layer.mask.device, strengths)
-            weigh = functools.partial(costs.diagonal_costs, g=g, a=a)
-        dead = costs.dead(entry, slice(None), slice(0, C), R) if entry is not None else None
-        plans.append(kept)
-        element_costs.append(Deferred(R * C, layer.mask.device,
-                                      functools.partial(costs.layer_element_costs, layer, weigh, dead)))
+        kept, layer_costs, sibling = _element_plan(layer, raw.pop(layer.name, None), config, sibling)
+        plans.append(kept)  # the raw factor is freed after its last layer
+        element_costs.append(Deferred(R * C, layer.mask.device, layer_costs))
     del sibling
     times.append(_clock(device))
     nm = config.nm
@@ -201,19 +186,75 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
     times.append(_clock(device))
     dense = inverses.unpacked(kept if isinstance(kept, inverses.KroneckerInverse) else None for kept in plans)
     for layer, kept, inverse, mask in zip(layers, plans, dense, masks):
-        if not ranks.mine(layer.name):
-            continue
-        layer.mask = mask() | layer.mask  # computed from the layer's costs before its mask and weights change
-        W = layer.weight()
-        if kept is not None:
-            pruned, original = layer.with_bias_col(layer.mask, False), W
-            W = updates.finite_update(layer.name, kept if inverse is None else inverse, lambda g: updates.unstructured(
-                original, g, pruned, config.max_correlate or None, config.chunk_semantics, config.cg_tol,
-                config.cg_max_iter, config.backend), max(strengths))
-        layer.store(W)
+        if ranks.mine(layer.name):
+            _element_update(layer, mask(), kept if inverse is None else inverse, config)
     ranks.broadcast_layers(layers, masks=True)
     times.append(_clock(device))
     return _phases(times)
+
+
+Plan = kronecker_sum.KroneckerSum | inverses.KroneckerInverse | None
+
+
+def _element_plan(layer: Layer, entry: curvature.LayerFactors | None, config: PruneConfig,
+                  sibling: inverses.Sibling | None) -> tuple[Plan, Callable[[], torch.Tensor], inverses.Sibling | None]:
+    """What one layer's element update keeps (its packed inverse, or nothing for the OBD baselines), its element
+    costs (eq. 7, computed when called) and the sibling the next layer may share A⁻¹ with."""
+    R, C = layer.module.out_features, layer.module.in_features
+    strengths = (config.damp_g, config.damp_a)
+    kept: Plan = None
+    if config.method == "surgeon" and entry is not None and entry.G2 is not None:
+        assert entry.G is not None and entry.A2 is not None  # a sum's terms come together
+        kept = kronecker_sum.KroneckerSum.of(damp(entry.G.dense(), config.damp_g), damp(entry.A.dense(), config.damp_a),
+                                             entry.G2.dense(), entry.A2.dense(), config.backend)
+        weigh = functools.partial(costs.element_costs, f=kept)
+    elif config.method == "surgeon" and entry is not None:
+        f, kept = inverses.layer_inverse(entry, slice(None), slice(None), strengths, roots=False, sibling=sibling)
+        sibling = (entry, slice(None), kept, f.A)
+        weigh = functools.partial(costs.element_costs, f=kept)
+    else:
+        g, a = costs.diagonal_curvature(entry, (R, C + layer.bias), layer.mask.device, strengths)
+        weigh = functools.partial(costs.diagonal_costs, g=g, a=a)
+    dead = costs.dead(entry, slice(None), slice(0, C), R) if entry is not None else None
+    return kept, functools.partial(costs.layer_element_costs, layer, weigh, dead), sibling
+
+
+def _element_update(layer: Layer, mask: torch.Tensor, inverse: Plan, config: PruneConfig) -> None:
+    """Add `mask` to the layer's pruned weights and apply the correlated update (eqs. 4-5) with `inverse` (dense)."""
+    layer.mask = mask | layer.mask  # computed from the layer's costs before its mask and weights change
+    W = layer.weight()
+    if inverse is not None:
+        pruned, original = layer.with_bias_col(layer.mask, False), W
+        W = updates.finite_update(layer.name, inverse, lambda g: updates.unstructured(
+            original, g, pruned, config.max_correlate or None, config.chunk_semantics, config.cg_tol,
+            config.cg_max_iter, config.backend), max(config.damp_g, config.damp_a))
+    layer.store(W)
+
+
+def _propagated_shot(model: nn.Module, layers: list[Layer], raw: dict, calibration: torch.Tensor,
+                     config: PruneConfig, progress: bool) -> None:
+    """The N:M shot that prunes every group left, block by block (`PruneConfig.propagate`).
+
+    Every group goes, so each layer's mask is its own N of every M (no global threshold, sec. 3.3);
+    each block's A is estimated again from the inputs the blocks before it give, already pruned and
+    updated in this shot (as SparseGPT prunes), G is the shot's (docs/DESIGN.md).
+    """
+    by_name = {layer.name: layer for layer in layers}
+    inputs = BlockInputs(model, decoder_blocks(model), calibration, config.batch_size)
+    n, m = config.nm or (0, 0)
+    for named in tqdm(prunable_layers(model), desc="blocks", leave=False, disable=not progress):
+        fresh = curvature.estimate_inputs(named, inputs.forwards(), calibration.numel(), config.backend,
+                                          config.curvature_dtype, config.group_bytes)
+        sibling: inverses.Sibling | None = None
+        for name, _ in named:
+            layer = by_name[name]
+            entry = raw.pop(name, None)
+            entry = fresh[name] if entry is None else dataclasses.replace(entry, A=fresh[name].A)
+            kept, layer_costs, sibling = _element_plan(layer, entry, config, sibling)
+            mask = ops.nm_select(layer_costs(), n, m, config.backend)[1]
+            inverse = next(inverses.unpacked([kept])) if isinstance(kept, inverses.KroneckerInverse) else kept
+            _element_update(layer, mask, inverse, config)
+        inputs.advance()
 
 
 def _phases(times: list[float]) -> dict[str, float]:
@@ -328,8 +369,8 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
     if config.method in PER_LAYER and config.nm and config.shots != 1:
         raise SurgeonError(f"{config.method} prunes N:M in one shot; use --shots 1")
     ranks = Ranks(group, [[name for name, _ in block] for block in blocks])
-    if ranks.world > 1 and (config.kronecker_terms == 2 or config.lora_steps):
-        raise SurgeonError("kronecker_terms=2 and lora_steps run in one process; launch without torchrun")
+    if ranks.world > 1 and (config.kronecker_terms == 2 or config.lora_steps or config.propagate):
+        raise SurgeonError("kronecker_terms=2, lora_steps and propagate run in one process; launch without torchrun")
     count = -(-calibration_ids.shape[0] // config.batch_size)
     batches = ranks.batches(count, even=any(sharded(module) for _, module in named)) \
         if config.curvature_split == "batches" else list(range(count))
@@ -369,6 +410,8 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
         with torch.no_grad():
             if config.method in PER_LAYER:  # "prune" time includes their input estimation
                 _per_layer_shot(model, layers, calibration_ids, target_size, config, ranks, progress)
+            elif config.propagate and shot == config.shots:
+                _propagated_shot(model, layers, raw, calibration_ids, config, progress)
             elif config.structure in ("structured", "coupled"):
                 phases, freed = _structured_shot(layers, raw, target_zeros, config, coupled, ranks, kinds)
             else:

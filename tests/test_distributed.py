@@ -26,7 +26,7 @@ def torchrun(*args: str, ranks: int = 2) -> subprocess.CompletedProcess:
     """`torchrun --nproc-per-node ranks ARGS` from the repository root, one thread per rank."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-                           "--standalone", *args], capture_output=True, text=True, cwd=ROOT, env=env)
+                           "--standalone", *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
 
 
 def close(got: torch.Tensor, expected: torch.Tensor) -> bool:
@@ -112,7 +112,7 @@ def test_fsdp_without_torchrun_or_with_tasks_is_refused(tiny_model_dir, tmp_path
 def test_torchrun_prune_writes_what_one_process_writes(tiny_model_dir, tmp_path, sharding):
     args = ["prune", "--model", str(tiny_model_dir), "--structure", "unstructured", "--target-size", "0.5",
             "--shots", "2", "--nsamples", "4", "--seqlen", "32", "--calibration", "wikitext2-valid",
-            "--eval-windows", "1", "--cg-tol", "1e-10", "--cg-max-iter", "1000"]
+            "--eval-windows", "1", "--cg-tol", "1e-10", "--cg-max-iter", "1000", "--checkpoint-shots", "2"]
     one = run_cli("--quiet", *args, "--output", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr
     two = torchrun("-m", "surgeon", *args, *sharding, "--output", str(tmp_path / "two"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -371,3 +372,26 @@ def test_sum_of_two_kronecker_factors_rejects_what_it_cannot_do():
     with pytest.raises(ValueError, match="power_iterations"):
         PruneConfig(structure="unstructured", kronecker_terms=2, power_iterations=1)
     PruneConfig(structure="unstructured", kronecker_terms=2, max_correlate=None)  # None and 0 both mean "all"
+
+
+@pytest.mark.parametrize("arch", ["llama", "opt"])
+def test_the_propagated_last_nm_shot_prunes_later_blocks_on_pruned_inputs(arch):
+    """Block 0's inputs are the embeddings, which no pruning changes: it prunes as in the unpropagated shot.
+    Block 1's A comes from block 0 as pruned and updated: its weights differ. Every group keeps 2 of 4."""
+    config = PruneConfig(structure="2:4", shots=2)
+    plain, propagated = tiny_model(arch), tiny_model(arch)
+    prune(plain, calibration(), config, progress=False)
+    prune(propagated, calibration(), dataclasses.replace(config, propagate=True), progress=False)
+    a, b = weights(plain), weights(propagated)
+    for name, value in b.items():
+        assert bool(((value == 0).reshape(value.shape[0], -1, 4).sum(-1) >= 2).all()), name
+        if ".0." in name:
+            torch.testing.assert_close(value, a[name], **FLOAT32)
+    assert any(not torch.allclose(value, a[name]) for name, value in b.items() if ".1." in name)
+
+
+def test_propagate_needs_an_nm_structure():
+    with pytest.raises(ValueError, match="propagate prunes the last N:M shot"):
+        PruneConfig(structure="unstructured", target_size=0.5, propagate=True)
+    with pytest.raises(ValueError, match="propagate"):
+        PruneConfig(structure="2:4", method="sparsegpt", shots=1, propagate=True)
