@@ -72,7 +72,7 @@ def main() -> None:
         model.save_pretrained(folder)
         load_tokenizer("smollm2-135m").save_pretrained(folder)
         del model
-        for structure in ("unstructured", "2:4"):
+        for structure in ("unstructured", "2:4", "4:8"):
             for suffix, (modifier, settings) in PEERS.items():
                 name = f"{structure.replace(':', 'of')}-0.5-{suffix}"
                 path = ROOT / f"{name}@{commit}.json"
@@ -80,9 +80,9 @@ def main() -> None:
                     continue
                 model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
                 if modifier is SurgeonModifier:  # prunes the decoder blocks' linear layers, never the LM head
-                    recipe = modifier(sparsity=None if structure == "2:4" else 0.5, structure=structure, **settings)
+                    recipe = modifier(sparsity=None if ":" in structure else 0.5, structure=structure, **settings)
                 else:
-                    recipe = modifier(sparsity=0.5, mask_structure="2:4" if structure == "2:4" else "0:0",
+                    recipe = modifier(sparsity=0.5, mask_structure=structure if ":" in structure else "0:0",
                                       ignore=["re:.*lm_head"], **settings)
                 start = time.perf_counter()
                 oneshot(model=model, dataset=calibration, recipe=[recipe], num_calibration_samples=len(windows),

@@ -188,15 +188,21 @@ def time_to_quality_section(runs: dict[str, dict[str, Any]], commit: str) -> lis
     out = ["`python bench/time_to_quality.py`: LLM Surgeon on the quality table's protocol, one setting changed per "
            "point from the table's row (4 shots, conjugate gradients to 1e-4 or 40 iterations), each run alone on the "
            "2 cores. Seconds are the pruning's wall time.", "",
-           "| point | commit | shots | CG tolerance | CG iterations | damping G | propagated | perplexity | seconds |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    reference = [(name, runs[name], commit) for name in ("unstructured-0.5-surgeon", "2of4-0.5-surgeon")
-                 if name in runs]
+           "| point | commit | shots | CG tolerance | CG iterations | damping G | propagated | LoRA steps | perplexity "
+           "| seconds |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    reference = [(name, runs[name], commit) for name in ("unstructured-0.5-surgeon", "2of4-0.5-surgeon",
+                                                          "structured-0.8-surgeon") if name in runs]
     for name, run, at in reference + [(p.stem.rsplit("@", 1)[0], load(p), commit_of(p)) for p in paths]:
         config = run["config"]
         out.append(f"| {name} | {mark(at)} | {config['shots']} | {config['cg_tol']:g} | {config['cg_max_iter']} | "
-                   f"{config['damp_g']:g} | {'yes' if config.get('propagate') else 'no'} | {run['ppl']:.3f} | "
+                   f"{config['damp_g']:g} | {'yes' if config.get('propagate') else 'no'} | {config['lora_steps']} | "
+                   f"{run['ppl']:.3f} | "
                    f"{run['seconds']:.0f} |")
+    peers = [newest(sorted((RESULTS / "quality").glob(f"{structure}-0.5-llmc-sparsegpt@*.json")))
+             for structure in ("unstructured", "2of4", "4of8")]
+    out += ["", "The peer on the same protocol, llm-compressor's SparseGPTModifier (`bench/peers.py`): " + ", ".join(
+        f"{path.stem.rsplit('@', 1)[0]} {load(path)['ppl']:.3f} in {load(path)['seconds']:.0f} s "
+        f"({mark(commit_of(path))})" for path in peers if path is not None) + "."]
     return out
 
 

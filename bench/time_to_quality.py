@@ -6,7 +6,8 @@ The protocol of bench/quality.py (8 × 512 calibration tokens, perplexity on 8 t
 tokens). Each point changes the table's row (4 shots, conjugate gradients to a relative residual of
 1e-4 or 40 iterations) in one setting: fewer shots, a looser tolerance or a lower iteration cap,
 and for N:M one shot, weaker damping of G, or the last shot propagated block by block (with
-stronger damping of G), at 2:4 and 4:8. Each point is saved as
+stronger damping of G), at 2:4 and 4:8; structured 80% with 8 shots or 20 interleaved LoRA steps
+per shot (sec. 3.6). Each point is saved as
 bench/results/ttq/<point>@<commit>.json and skipped when that file exists;
 `python bench/results_md.py` draws the table into RESULTS.md. Run it alone: the seconds are wall time.
 """
@@ -36,9 +37,14 @@ POINTS = {
     "2of4-0.5-damp-g0.01": PruneConfig(structure="2:4", shots=4, damp_g=0.01),
     "2of4-0.5-propagate": PruneConfig(structure="2:4", shots=4, propagate=True),
     "2of4-0.5-shots1-propagate": PruneConfig(structure="2:4", shots=1, propagate=True),
+    "2of4-0.5-shots1-propagate-damp-g0.3": PruneConfig(structure="2:4", shots=1, propagate=True, damp_g=0.3),
     "2of4-0.5-shots1-propagate-damp-g1": PruneConfig(structure="2:4", shots=1, propagate=True, damp_g=1.0),
+    "2of4-0.5-shots1-propagate-damp-g10": PruneConfig(structure="2:4", shots=1, propagate=True, damp_g=10.0),
+    "4of8-0.5-shots1-propagate-damp-g1": PruneConfig(structure="4:8", shots=1, propagate=True, damp_g=1.0),
     "4of8-0.5-surgeon": PruneConfig(structure="4:8", shots=4),
     "4of8-0.5-shots1-propagate": PruneConfig(structure="4:8", shots=1, propagate=True),
+    "structured-0.8-shots8": PruneConfig(structure="structured", target_size=0.8, shots=8),
+    "structured-0.8-lora20": PruneConfig(structure="structured", target_size=0.8, shots=4, lora_steps=20),
 }
 
 
