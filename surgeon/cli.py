@@ -118,10 +118,9 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     from surgeon import distributed
-    from surgeon.distributed import launched
     from surgeon.run import run_prune
 
-    if not launched():
+    if not distributed.launched():
         report = run_prune(run, config, progress=not args.quiet)
     else:  # torchrun: every rank prunes its share; rank 0 logs, evaluates and writes
         group = distributed.init(run.device)

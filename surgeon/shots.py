@@ -106,8 +106,8 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
         col_costs.append(cols)
     del sibling
     if ranks.world > 1:  # −inf (removed) plus the other ranks' zeros stays −inf
-        summed = ranks.sum(torch.cat(row_costs + col_costs + list(set_cost.values())))
-        parts = summed.split([t.numel() for t in row_costs + col_costs + list(set_cost.values())])
+        every = row_costs + col_costs + list(set_cost.values())
+        parts = ranks.sum(torch.cat(every)).split([t.numel() for t in every])
         row_costs, col_costs = list(parts[:len(layers)]), list(parts[len(layers):2 * len(layers)])
         set_cost = dict(zip(set_cost, parts[2 * len(layers):]))
     times.append(_clock(device))
@@ -241,15 +241,15 @@ def _propagated_shot(model: nn.Module, layers: list[Layer], raw: dict, calibrati
     """
     by_name = {layer.name: layer for layer in layers}
     inputs = BlockInputs(model, decoder_blocks(model), calibration, config.batch_size)
-    n, m = config.nm or (0, 0)
+    assert config.nm is not None  # PruneConfig allows propagate only with an N:M structure
+    n, m = config.nm
     for named in tqdm(prunable_layers(model), desc="blocks", leave=False, disable=not progress):
         fresh = curvature.estimate_inputs(named, inputs.forwards(), calibration.numel(), config.backend,
                                           config.curvature_dtype, config.group_bytes)
         sibling: inverses.Sibling | None = None
         for name, _ in named:
             layer = by_name[name]
-            entry = raw.pop(name, None)
-            entry = fresh[name] if entry is None else dataclasses.replace(entry, A=fresh[name].A)
+            entry = dataclasses.replace(raw.pop(name), A=fresh[name].A)  # propagate: methods with a curvature pass
             kept, layer_costs, sibling = _element_plan(layer, entry, config, sibling)
             mask = ops.nm_select(layer_costs(), n, m, config.backend)[1]
             inverse = next(inverses.unpacked([kept])) if isinstance(kept, inverses.KroneckerInverse) else kept
