@@ -96,10 +96,11 @@ def method_label(config: dict[str, Any]) -> str:
     method = config["method"]
     if method == "surgeon" and config["structure"] == "structured":
         return f"surgeon/{config['correlation']}"
+    label = method
     if method == "surgeon":
-        return f"surgeon/m={config['max_correlate']} {config['chunk_semantics']}" if config["max_correlate"] \
+        label = f"surgeon/m={config['max_correlate']} {config['chunk_semantics']}" if config["max_correlate"] \
             else "surgeon/all jointly (CG)"
-    return method
+    return label + (", last shot propagated" if config.get("propagate") else "")
 
 
 def quality_table(runs: dict[str, dict[str, Any]]) -> str:
@@ -186,12 +187,14 @@ def time_to_quality_section(runs: dict[str, dict[str, Any]], commit: str) -> lis
     if not paths:
         return ["Not yet measured (`python bench/time_to_quality.py`)."]
     out = ["`python bench/time_to_quality.py`: LLM Surgeon on the quality table's protocol, one setting changed per "
-           "point from the table's row (4 shots, conjugate gradients to 1e-4 or 40 iterations), each run alone on the "
-           "2 cores. Seconds are the pruning's wall time.", "",
+           "point from a fixed reference (4 shots, conjugate gradients to 1e-4 or 40 iterations, λ_G = 0.1, nothing "
+           "propagated), each run alone on the 2 cores; the quality table's own rows come first. Seconds are the "
+           "pruning's wall time.", "",
            "| point | commit | shots | CG tolerance | CG iterations | damping G | propagated | LoRA steps | perplexity "
            "| seconds |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    reference = [(name, runs[name], commit) for name in ("unstructured-0.5-surgeon", "2of4-0.5-surgeon",
-                                                          "structured-0.8-surgeon") if name in runs]
+    reference = [(name, runs[name], commit) for name in (
+        "unstructured-0.5-surgeon", "unstructured-0.5-surgeon-shots2", "2of4-0.5-surgeon", "2of4-0.5-surgeon-4shots",
+        "4of8-0.5-surgeon", "structured-0.8-surgeon", "structured-0.8-surgeon-lora20") if name in runs]
     for name, run, at in reference + [(p.stem.rsplit("@", 1)[0], load(p), commit_of(p)) for p in paths]:
         config = run["config"]
         out.append(f"| {name} | {mark(at)} | {config['shots']} | {config['cg_tol']:g} | {config['cg_max_iter']} | "

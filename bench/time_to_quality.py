@@ -3,11 +3,11 @@
     python bench/time_to_quality.py [--only unstructured]
 
 The protocol of bench/quality.py (8 × 512 calibration tokens, perplexity on 8 test windows of 2048
-tokens). Each point changes the table's row (4 shots, conjugate gradients to a relative residual of
-1e-4 or 40 iterations) in one setting: fewer shots, a looser tolerance or a lower iteration cap,
-and for N:M one shot, weaker damping of G, or the last shot propagated block by block (with
-stronger damping of G), at 2:4 and 4:8; structured 80% with 8 shots or 20 interleaved LoRA steps
-per shot (sec. 3.6). Each point is saved as
+tokens). Each point changes one setting of a fixed reference (4 shots, conjugate gradients to a
+relative residual of 1e-4 or 40 iterations, λ_G = 0.1, nothing propagated), and pins the rest: fewer
+shots, a looser tolerance or a lower iteration cap, and for N:M one shot, weaker damping of G, or
+the last shot propagated block by block (with stronger damping of G), at 2:4 and 4:8; structured
+80% with 8 shots or 20 interleaved LoRA steps per shot (sec. 3.6). Each point is saved as
 bench/results/ttq/<point>@<commit>.json and skipped when that file exists;
 `python bench/results_md.py` draws the table into RESULTS.md. Run it alone: the seconds are wall time.
 """
@@ -25,24 +25,25 @@ from surgeon import PruneConfig  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent / "results" / "ttq"
-UNSTRUCTURED = dict(structure="unstructured", target_size=0.5)
+UNSTRUCTURED = dict(structure="unstructured", target_size=0.5, cg_tol=1e-4)
 POINTS = {
     "unstructured-0.5-shots1": PruneConfig(**UNSTRUCTURED, shots=1),
     "unstructured-0.5-shots2": PruneConfig(**UNSTRUCTURED, shots=2),
     "unstructured-0.5-shots3": PruneConfig(**UNSTRUCTURED, shots=3),
     "unstructured-0.5-cg-iter20": PruneConfig(**UNSTRUCTURED, shots=4, cg_max_iter=20),
-    "unstructured-0.5-cg-tol1e-3": PruneConfig(**UNSTRUCTURED, shots=4, cg_tol=1e-3),
+    "unstructured-0.5-cg-tol1e-3": PruneConfig(**{**UNSTRUCTURED, "cg_tol": 1e-3}, shots=4),
     "unstructured-0.5-shots2-cg-iter20": PruneConfig(**UNSTRUCTURED, shots=2, cg_max_iter=20),
-    "2of4-0.5-shots1": PruneConfig(structure="2:4", shots=1),
-    "2of4-0.5-damp-g0.01": PruneConfig(structure="2:4", shots=4, damp_g=0.01),
-    "2of4-0.5-propagate": PruneConfig(structure="2:4", shots=4, propagate=True),
-    "2of4-0.5-shots1-propagate": PruneConfig(structure="2:4", shots=1, propagate=True),
-    "2of4-0.5-shots1-propagate-damp-g0.3": PruneConfig(structure="2:4", shots=1, propagate=True, damp_g=0.3),
-    "2of4-0.5-shots1-propagate-damp-g1": PruneConfig(structure="2:4", shots=1, propagate=True, damp_g=1.0),
-    "2of4-0.5-shots1-propagate-damp-g10": PruneConfig(structure="2:4", shots=1, propagate=True, damp_g=10.0),
-    "4of8-0.5-shots1-propagate-damp-g1": PruneConfig(structure="4:8", shots=1, propagate=True, damp_g=1.0),
-    "4of8-0.5-surgeon": PruneConfig(structure="4:8", shots=4),
-    "4of8-0.5-shots1-propagate": PruneConfig(structure="4:8", shots=1, propagate=True),
+    **{name: PruneConfig(structure=structure, **settings) for name, structure, settings in (
+        ("2of4-0.5-shots1", "2:4", dict(shots=1, propagate=False, damp_g=0.1)),
+        ("2of4-0.5-damp-g0.01", "2:4", dict(shots=4, propagate=False, damp_g=0.01)),
+        ("2of4-0.5-propagate", "2:4", dict(shots=4, propagate=True, damp_g=0.1)),
+        ("2of4-0.5-shots1-propagate", "2:4", dict(shots=1, propagate=True, damp_g=0.1)),
+        ("2of4-0.5-shots1-propagate-damp-g0.3", "2:4", dict(shots=1, propagate=True, damp_g=0.3)),
+        ("2of4-0.5-shots1-propagate-damp-g1", "2:4", dict(shots=1, propagate=True, damp_g=1.0)),
+        ("2of4-0.5-shots1-propagate-damp-g10", "2:4", dict(shots=1, propagate=True, damp_g=10.0)),
+        ("4of8-0.5-shots1-propagate-damp-g1", "4:8", dict(shots=1, propagate=True, damp_g=1.0)),
+        ("4of8-0.5-surgeon", "4:8", dict(shots=4, propagate=False, damp_g=0.1)),
+        ("4of8-0.5-shots1-propagate", "4:8", dict(shots=1, propagate=True, damp_g=0.1)))},
     "structured-0.8-shots8": PruneConfig(structure="structured", target_size=0.8, shots=8),
     "structured-0.8-lora20": PruneConfig(structure="structured", target_size=0.8, shots=4, lora_steps=20),
 }

@@ -64,6 +64,11 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type, only: Sequence[str] 
             base, choices = str, typing.get_args(base)
         text = (helps or {}).get(f.name, f.metadata["help"])
         option = "--" + f.name.replace("_", "-")
+        if base is bool and f.default is None:  # resolved by the config: --X or --no-X overrides it
+            shown = f.metadata["shown"]
+            parser.add_argument(option, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                                help=f"{text} (default: {shown})".replace("%", "%%"))
+            continue
         if base is bool:
             parser.add_argument(option, dest=f.name, action="store_true", help=text)
             continue

@@ -23,6 +23,9 @@ METHOD_HELP = (
     "wanda: |w|·‖x‖ per output row"
 )
 DEFAULT_TARGET_SIZE = 0.8
+DEFAULT_SHOTS = 8
+DEFAULT_DAMP_G, PROPAGATED_DAMP_G = 0.1, 1.0  # λ_G; N:M propagated measured best at 1 (bench/RESULTS.md)
+PROPAGATING = ("surgeon", "kobd", "lobd")  # methods whose last N:M shot can run block by block
 Correlation = Literal["joint", "within"]
 ChunkSemantics = Literal["sequential", "independent"]
 _NM = re.compile(r"^(\d+):(\d+)$")
@@ -60,7 +63,7 @@ class PruneConfig:
         None, "fraction of prunable weights kept (non-zero) at the end, in (0, 1]; 0.8 keeps 80%, removes 20%",
         shown=f"{DEFAULT_TARGET_SIZE}; N:M structures keep N/M",
     )
-    shots: int = _opt(8, "number of pruning shots (linear schedule)")
+    shots: int | None = _opt(None, "number of pruning shots (linear schedule)", shown=f"{DEFAULT_SHOTS}; 1 for N:M")
     uniform: bool = _opt(False, "coupled: the same number of neurons and heads in every block")
     width_multiple: int = _opt(
         1, "coupled: every block keeps a multiple of this many neurons, and heads whose width is one (64, 128, 256)"
@@ -73,19 +76,20 @@ class PruneConfig:
     chunk_semantics: ChunkSemantics = _opt(
         "sequential", "unstructured/N:M chunks: sequential (each chunk sees earlier updates) or independent"
     )
-    cg_tol: float = _opt(1e-4, "max-correlate 0: relative residual at which conjugate gradients stop")
+    cg_tol: float = _opt(1e-3, "max-correlate 0: relative residual at which conjugate gradients stop")
     cg_max_iter: int = _opt(40, "max-correlate 0: at most this many conjugate-gradient iterations per layer")
     fisher: str = _opt("empirical", "curvature: empirical Fisher (data labels) or sampled", ("empirical", "sampled"))
     damp_a: float = _opt(0.01, "relative damping of A: A + λ·mean(diag A)·I")
-    damp_g: float = _opt(0.1, "relative damping of G: G + λ·mean(diag G)·I")
+    damp_g: float | None = _opt(None, "relative damping of G: G + λ·mean(diag G)·I",
+                                shown=f"{DEFAULT_DAMP_G}; {PROPAGATED_DAMP_G} with propagate")
     batch_size: int = _opt(1, "calibration windows per forward/backward pass")
     group_bytes: int | None = _opt(
         None, "queued activation bytes per grouped factor accumulation (0: each tensor at once)",
         shown="512 MiB on CUDA, 0 on the CPU",
     )
-    propagate: bool = _opt(
-        False, "N:M: prune the last shot block by block, each block's A from the inputs of the blocks already pruned "
-        "(as SparseGPT; G from the shot's pass)"
+    propagate: bool | None = _opt(
+        None, "N:M: prune the last shot block by block, each block's A from the inputs of the blocks already pruned "
+        "(as SparseGPT; G from the shot's pass)", shown="on for N:M with surgeon, kobd or lobd (one Kronecker term)"
     )
     curvature_split: str = _opt(
         "batches", "under torchrun: each rank runs a share of the calibration batches and the factors are summed onto "
@@ -128,12 +132,20 @@ class PruneConfig:
         elif self.target_size is None:
             object.__setattr__(self, "target_size", DEFAULT_TARGET_SIZE)
         assert self.target_size is not None
+        if self.shots is None:
+            object.__setattr__(self, "shots", DEFAULT_SHOTS if nm is None else 1)
+        if self.propagate is None:
+            object.__setattr__(self, "propagate", nm is not None and self.method in PROPAGATING
+                               and self.kronecker_terms == 1)
+        if self.damp_g is None:
+            object.__setattr__(self, "damp_g", PROPAGATED_DAMP_G if self.propagate else DEFAULT_DAMP_G)
         if not 0.0 < self.target_size <= 1.0:
             raise ValueError(f"target_size={self.target_size}: must be in (0, 1]")
         if self.width_multiple < 1:
             raise ValueError(f"width_multiple={self.width_multiple}: must be at least 1")
         if (self.uniform or self.width_multiple > 1) and self.structure != "coupled":
             raise ValueError("uniform and width_multiple allocate coupled units: use structure coupled")
+        assert self.shots is not None and self.damp_g is not None
         if self.shots < 1:
             raise ValueError(f"shots={self.shots}: must be at least 1")
         if self.method not in METHODS:
@@ -150,7 +162,7 @@ class PruneConfig:
                 raise ValueError(f"{name}={value}: must be >= 0")
         if self.group_bytes is not None and self.group_bytes < 0:
             raise ValueError(f"group_bytes={self.group_bytes}: must be >= 0")
-        if self.propagate and (self.nm is None or self.method not in ("surgeon", "kobd", "lobd")
+        if self.propagate and (self.nm is None or self.method not in PROPAGATING
                                or self.kronecker_terms != 1):
             raise ValueError("propagate prunes the last N:M shot of surgeon, kobd or lobd (one Kronecker term) block "
                              "by block: use an N:M structure")
@@ -169,6 +181,18 @@ class PruneConfig:
             raise ValueError(f"curvature_dtype={self.curvature_dtype!r}: use bfloat16, float16, or None (the model's)")
 
     @property
+    def strengths(self) -> tuple[float, float]:
+        """(λ_G, λ_A), the relative damping of G and A (docs/DESIGN.md: damping)."""
+        assert self.damp_g is not None  # resolved in __post_init__
+        return self.damp_g, self.damp_a
+
+    @property
+    def shot_count(self) -> int:
+        """T, the number of shots (resolved from the structure when not given)."""
+        assert self.shots is not None  # resolved in __post_init__
+        return self.shots
+
+    @property
     def nm(self) -> tuple[int, int] | None:
         """(N, M) for N:M structure, else None."""
         return parse_nm(self.structure)
@@ -176,7 +200,7 @@ class PruneConfig:
     def shot_target(self, shot: int) -> float:
         """α_t = 1 − t(1−α)/T, the fraction that stays after shot t (1-based; docs/DESIGN.md)."""
         assert self.target_size is not None  # resolved in __post_init__
-        return 1.0 - shot * (1.0 - self.target_size) / self.shots
+        return 1.0 - shot * (1.0 - self.target_size) / self.shot_count
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
     row_costs: list[torch.Tensor] = []
     col_costs: list[torch.Tensor] = []
     device = layers[0].mask.device
-    strengths = (config.damp_g, config.damp_a)
+    strengths = config.strengths
     sets = {kind.consumer.layer: kind.consumer.size for kind in kinds or [] if kind.consumer.size > 1}
     set_cost: dict[int, torch.Tensor] = {}
     sibling: inverses.Sibling | None = None
@@ -201,11 +201,11 @@ def _element_plan(layer: Layer, entry: curvature.LayerFactors | None, config: Pr
     """What one layer's element update keeps (its packed inverse, or nothing for the OBD baselines), its element
     costs (eq. 7, computed when called) and the sibling the next layer may share A⁻¹ with."""
     R, C = layer.module.out_features, layer.module.in_features
-    strengths = (config.damp_g, config.damp_a)
+    strengths = config.strengths
     kept: Plan = None
     if config.method == "surgeon" and entry is not None and entry.G2 is not None:
         assert entry.G is not None and entry.A2 is not None  # a sum's terms come together
-        kept = kronecker_sum.KroneckerSum.of(damp(entry.G.dense(), config.damp_g), damp(entry.A.dense(), config.damp_a),
+        kept = kronecker_sum.KroneckerSum.of(damp(entry.G.dense(), strengths[0]), damp(entry.A.dense(), strengths[1]),
                                              entry.G2.dense(), entry.A2.dense(), config.backend)
         weigh = functools.partial(costs.element_costs, f=kept)
     elif config.method == "surgeon" and entry is not None:
@@ -227,34 +227,48 @@ def _element_update(layer: Layer, mask: torch.Tensor, inverse: Plan, config: Pru
         pruned, original = layer.with_bias_col(layer.mask, False), W
         W = updates.finite_update(layer.name, inverse, lambda g: updates.unstructured(
             original, g, pruned, config.max_correlate or None, config.chunk_semantics, config.cg_tol,
-            config.cg_max_iter, config.backend), max(config.damp_g, config.damp_a))
+            config.cg_max_iter, config.backend), max(config.strengths))
     layer.store(W)
 
 
 def _propagated_shot(model: nn.Module, layers: list[Layer], raw: dict, calibration: torch.Tensor,
-                     config: PruneConfig, progress: bool) -> None:
+                     config: PruneConfig, ranks: Ranks, progress: bool) -> None:
     """The N:M shot that prunes every group left, block by block (`PruneConfig.propagate`).
 
     Every group goes, so each layer's mask is its own N of every M (no global threshold, sec. 3.3);
     each block's A is estimated again from the inputs the blocks before it give, already pruned and
-    updated in this shot (as SparseGPT prunes), G is the shot's (docs/DESIGN.md).
+    updated in this shot (as SparseGPT prunes), G is the shot's (docs/DESIGN.md). Over `ranks`, as
+    `_per_layer_shot`: the block's owner, which holds its G, prunes it and broadcasts it.
     """
     by_name = {layer.name: layer for layer in layers}
-    inputs = BlockInputs(model, decoder_blocks(model), calibration, config.batch_size)
+    split = config.curvature_split == "batches"
+    inputs = BlockInputs(model, decoder_blocks(model), _share(calibration, config, ranks), config.batch_size)
     assert config.nm is not None  # PruneConfig allows propagate only with an N:M structure
     n, m = config.nm
     for named in tqdm(prunable_layers(model), desc="blocks", leave=False, disable=not progress):
         fresh = curvature.estimate_inputs(named, inputs.forwards(), calibration.numel(), config.backend,
                                           config.curvature_dtype, config.group_bytes)
+        if split:
+            ranks.reduce_factors(fresh)
+        ranks.gather_layers([by_name[name] for name, _ in named])
         sibling: inverses.Sibling | None = None
-        for name, _ in named:
+        for name in (name for name, _ in named if name in raw):  # this rank's layers
             layer = by_name[name]
             entry = dataclasses.replace(raw.pop(name), A=fresh[name].A)  # propagate: methods with a curvature pass
             kept, layer_costs, sibling = _element_plan(layer, entry, config, sibling)
             mask = ops.nm_select(layer_costs(), n, m, config.backend)[1]
             inverse = next(inverses.unpacked([kept])) if isinstance(kept, inverses.KroneckerInverse) else kept
             _element_update(layer, mask, inverse, config)
+        ranks.broadcast_layers([by_name[name] for name, _ in named], masks=True)
         inputs.advance()
+
+
+def _share(calibration: torch.Tensor, config: PruneConfig, ranks: Ranks) -> torch.Tensor:
+    """The calibration windows this rank runs block by block: its batches when split by batches, else all."""
+    if config.curvature_split != "batches":
+        return calibration
+    batches = calibration.split(config.batch_size)
+    return torch.cat([batches[i] for i in ranks.batches(len(batches))])
 
 
 def _phases(times: list[float]) -> dict[str, float]:
@@ -273,11 +287,8 @@ def _per_layer_shot(model: nn.Module, layers: list[Layer], calibration: torch.Te
     the owner keeps its block's factors. The owner prunes the block and broadcasts it.
     """
     by_name = {layer.name: layer for layer in layers}
-    blocks = decoder_blocks(model)
-    batches = calibration.split(config.batch_size)
     split = config.curvature_split == "batches"
-    share = torch.cat([batches[i] for i in ranks.batches(len(batches))]) if split else calibration
-    inputs = BlockInputs(model, blocks, share, config.batch_size)
+    inputs = BlockInputs(model, decoder_blocks(model), _share(calibration, config, ranks), config.batch_size)
     for named in tqdm(prunable_layers(model), desc="blocks", leave=False, disable=not progress):
         raw = curvature.estimate_inputs(named, inputs.forwards(), calibration.numel(), config.backend,
                                         config.curvature_dtype, config.group_bytes)
@@ -366,11 +377,11 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
         if config.nm and C % config.nm[1]:
             raise SurgeonError(f"{config.structure}: M={config.nm[1]} does not divide the {C} columns of {name}")
         layers.append(Layer.unpruned(name, module))
-    if config.method in PER_LAYER and config.nm and config.shots != 1:
+    if config.method in PER_LAYER and config.nm and config.shot_count != 1:
         raise SurgeonError(f"{config.method} prunes N:M in one shot; use --shots 1")
     ranks = Ranks(group, [[name for name, _ in block] for block in blocks])
-    if ranks.world > 1 and (config.kronecker_terms == 2 or config.lora_steps or config.propagate):
-        raise SurgeonError("kronecker_terms=2, lora_steps and propagate run in one process; launch without torchrun")
+    if ranks.world > 1 and (config.kronecker_terms == 2 or config.lora_steps):
+        raise SurgeonError("kronecker_terms=2 and lora_steps run in one process; launch without torchrun")
     count = -(-calibration_ids.shape[0] // config.batch_size)
     batches = ranks.batches(count, even=any(sharded(module) for _, module in named)) \
         if config.curvature_split == "batches" else list(range(count))
@@ -384,7 +395,8 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
     done, elapsed = checkpoint.restore(layers, power_state) if checkpoint is not None else ([], 0.0)
     report.shots.extend(done)
     start = time.perf_counter() - elapsed
-    for shot in tqdm(range(len(done) + 1, config.shots + 1), desc="shots", initial=len(done), total=config.shots,
+    last = config.shot_count
+    for shot in tqdm(range(len(done) + 1, last + 1), desc="shots", initial=len(done), total=last,
                      disable=not progress):
         target_size = config.shot_target(shot)
         target_zeros = round((1.0 - target_size) * total)
@@ -395,12 +407,12 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
             raw = kronecker_sum.estimate_sum(model, named, calibration_ids, power_state,
                                          config.power_iterations if shot == 1 else 1, fisher=config.fisher,
                                          batch_size=config.batch_size, seed=config.seed + shot,
-                                         desc=f"shot {shot}/{config.shots} · curvature", progress=progress)
+                                         desc=f"shot {shot}/{last} · curvature", progress=progress)
         elif config.method in NEEDS_A:
             raw = curvature.estimate(model, hooked, calibration_ids, need_g=config.method in NEEDS_G,
                                      fisher=config.fisher,
                                      batch_size=config.batch_size, seed=config.seed + shot, backend=config.backend,
-                                     autocast=config.curvature_dtype, desc=f"shot {shot}/{config.shots} · curvature",
+                                     autocast=config.curvature_dtype, desc=f"shot {shot}/{last} · curvature",
                                      progress=progress, group_bytes=config.group_bytes, batches=batches)
             if config.curvature_split == "batches":
                 ranks.reduce_factors(raw)
@@ -410,8 +422,8 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
         with torch.no_grad():
             if config.method in PER_LAYER:  # "prune" time includes their input estimation
                 _per_layer_shot(model, layers, calibration_ids, target_size, config, ranks, progress)
-            elif config.propagate and shot == config.shots:
-                _propagated_shot(model, layers, raw, calibration_ids, config, progress)
+            elif config.propagate and shot == last:
+                _propagated_shot(model, layers, raw, calibration_ids, config, ranks, progress)
             elif config.structure in ("structured", "coupled"):
                 phases, freed = _structured_shot(layers, raw, target_zeros, config, coupled, ranks, kinds)
             else:
@@ -428,15 +440,15 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
         _, _, sparsity = removed_fractions([(layer.name, layer.mask) for layer in layers])
         shot_report = ShotReport(shot, target_size, sparsity, freed, seconds, peak_memory_gb(device))
         report.shots.append(shot_report)
-        logger.info("shot %d/%d · target size %.3f · sparsity %.4f · %s · peak %.2f GB", shot, config.shots,
+        logger.info("shot %d/%d · target size %.3f · sparsity %.4f · %s · peak %.2f GB", shot, last,
                     target_size, sparsity, " · ".join(f"{k} {v:.2f}s" for k, v in seconds.items()),
                     shot_report.peak_memory_gb)
         if after_shot is not None:
             after_shot(shot_report)
-        if checkpoint is not None and checkpoint.due(shot, shot == config.shots):
+        if checkpoint is not None and checkpoint.due(shot, shot == last):
             ranks.gather_layers(layers, onto=0)  # sharded weights, whole on the rank that writes
             if ranks.rank == 0:
-                checkpoint.save(layers, power_state, report.shots, time.perf_counter() - start, shot == config.shots)
+                checkpoint.save(layers, power_state, report.shots, time.perf_counter() - start, shot == last)
             for layer in layers:
                 layer.held = None
     report.layers, report.removed, report.sparsity = removed_fractions([(layer.name, layer.mask) for layer in layers])

@@ -28,7 +28,8 @@ CASES = {
     "llama-unstructured": ("llama", dict(structure="unstructured", target_size=0.5, **TIGHT)),
     "opt-unstructured": ("opt", dict(structure="unstructured", target_size=0.5, **TIGHT)),
     "llama-2:4": ("llama", dict(structure="2:4", **TIGHT)),
-    "opt-2:4": ("opt", dict(structure="2:4", **TIGHT)),
+    "opt-2:4": ("opt", dict(structure="2:4", **TIGHT)),  # the last shot propagated block by block (the default)
+    "llama-2:4-unpropagated": ("llama", dict(structure="2:4", propagate=False, **TIGHT)),
     "llama-sampled-fisher": ("llama", dict(structure="structured", target_size=0.6, fisher="sampled")),
     "llama-coupled": ("llama", dict(structure="coupled", target_size=0.7)),
     "opt-sparsegpt": ("opt", dict(method="sparsegpt", structure="unstructured", target_size=0.5, shots=1)),

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from surgeon import PruneConfig
 from surgeon.cli import main
 from tests._tolerances import assert_reaches_target
 
@@ -177,6 +178,20 @@ def test_help_explains_each_option_once():
     method = next(a for a in commands["prune"]._actions if a.dest == "method").help
     for name in ("lobd: L-OBD", "kobd: K-OBD", "sparsegpt:", "wanda:", "magnitude:"):
         assert name in method
+
+
+def test_a_setting_resolved_by_structure_is_switched_either_way():
+    from surgeon.cli import _build, build_parser
+    from surgeon.errors import SurgeonError
+
+    def config(*args: str) -> PruneConfig:
+        return _build(PruneConfig, build_parser().parse_args(["prune", "--output", "out", *args]))
+
+    assert config("--structure", "2:4").propagate
+    assert not config("--structure", "2:4", "--no-propagate").propagate
+    assert not config("--structure", "unstructured").propagate
+    with pytest.raises(SurgeonError, match="propagate prunes the last N:M shot"):
+        config("--structure", "unstructured", "--propagate")
 
 
 def test_seqlen_longer_than_model_allows(tiny_model_dir):

@@ -378,7 +378,7 @@ def test_sum_of_two_kronecker_factors_rejects_what_it_cannot_do():
 def test_the_propagated_last_nm_shot_prunes_later_blocks_on_pruned_inputs(arch):
     """Block 0's inputs are the embeddings, which no pruning changes: it prunes as in the unpropagated shot.
     Block 1's A comes from block 0 as pruned and updated: its weights differ. Every group keeps 2 of 4."""
-    config = PruneConfig(structure="2:4", shots=2)
+    config = PruneConfig(structure="2:4", shots=2, propagate=False)
     plain, propagated = tiny_model(arch), tiny_model(arch)
     prune(plain, calibration(), config, progress=False)
     prune(propagated, calibration(), dataclasses.replace(config, propagate=True), progress=False)
@@ -388,6 +388,21 @@ def test_the_propagated_last_nm_shot_prunes_later_blocks_on_pruned_inputs(arch):
         if ".0." in name:
             torch.testing.assert_close(value, a[name], **FLOAT32)
     assert any(not torch.allclose(value, a[name]) for name, value in b.items() if ".1." in name)
+
+
+def test_nm_defaults_to_one_propagated_shot_with_stronger_damping_of_g():
+    """N:M's defaults are the measured best (bench/RESULTS.md); other structures keep theirs; given values stay."""
+    nm = PruneConfig(structure="2:4")
+    assert (nm.shots, nm.propagate, nm.strengths) == (1, True, (1.0, 0.01))
+    assert PruneConfig(structure="4:8", method="kobd").propagate
+    for config in (PruneConfig(structure="unstructured"), PruneConfig(structure="structured")):
+        assert (config.shots, config.propagate, config.strengths) == (8, False, (0.1, 0.01))
+    for config in (PruneConfig(structure="2:4", method="sparsegpt"), PruneConfig(structure="2:4", method="magnitude"),
+                   PruneConfig(structure="2:4", kronecker_terms=2)):
+        assert config.shots == 1 and not config.propagate and config.strengths[0] == 0.1
+    given = PruneConfig(structure="2:4", shots=4, propagate=False, damp_g=0.3)
+    assert (given.shots, given.propagate, given.strengths[0]) == (4, False, 0.3)
+    assert dataclasses.replace(given, propagate=True).strengths[0] == 0.3  # resolved once, then kept
 
 
 def test_propagate_needs_an_nm_structure():

@@ -37,8 +37,6 @@ from surgeon.shots import prune
 
 __all__ = ["SurgeonModifier", "SurgeonSparseGPTModifier", "calibration_ids"]
 
-_DEFAULT_SHOTS = PruneConfig().shots
-
 
 def calibration_ids(dataloader: Iterable[Mapping[str, Any]]) -> torch.Tensor:
     """The calibration batches as `surgeon.prune`'s windows [n, seqlen], padding removed.
@@ -69,15 +67,16 @@ class SurgeonModifier(Modifier):
 
     `sparsity`: fraction of the prunable weights removed (N:M structures set it themselves);
     `structure`: structured, coupled, unstructured or N:M such as "2:4" (as `surgeon prune
-    --structure`); `shots`: pruning shots; `options`: any other `surgeon.PruneConfig` field by name,
-    e.g. {"damp_g": 0.1, "max_correlate": 0}. `report` holds the `surgeon.PruneReport` afterwards.
+    --structure`); `shots`: pruning shots (None: surgeon's default for the structure); `options`:
+    any other `surgeon.PruneConfig` field by name, e.g. {"damp_g": 0.1, "max_correlate": 0}.
+    `report` holds the `surgeon.PruneReport` afterwards.
     """
 
     requires_calibration_data: bool = True
 
     sparsity: float | None = None
     structure: str = "unstructured"
-    shots: int = _DEFAULT_SHOTS
+    shots: int | None = None
     options: dict[str, Any] = Field(default_factory=dict)
 
     _config: PruneConfig = PrivateAttr()
