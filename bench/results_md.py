@@ -4,8 +4,9 @@
     python bench/results_md.py --check    # exit 1 if the README's table differs from the quality runs
 
 Every figure names the commit it was measured at (the `@<commit>` of its file name, or the commit
-recorded inside it). Time and kernel rows are marked stale when `surgeon/`, `surgeon_kernels/` or
-`csrc/` changed between that commit and the working tree.
+recorded inside it). Rows are marked stale when the code they measure changed between that commit
+and the working tree: `surgeon/`, `surgeon_kernels/` and `csrc/`, less the export, planning and
+figure modules for pruning runs, and a kernel's own files for its microbenchmark.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 CODE = ("surgeon", "surgeon_kernels", "csrc")
+# What a pruning run executes: the code less what only writes, plans or draws its results afterwards.
+PRUNING = (*CODE, *(f":(exclude)surgeon/{name}.py" for name in ("compact", "compact_modeling", "plan", "figures")))
 HEADLINE_START, HEADLINE_END = "<!-- results-table:start -->", "<!-- results-table:end -->"
 # The README's headline rows: (quality row prefix, label).
 HEADLINE = (("structured-0.8", "structured 80%"), ("unstructured-0.5", "unstructured 50%"), ("2of4-0.5", "2:4"))
@@ -150,7 +153,8 @@ def cpu_time_section() -> list[str]:
         return ["No CPU protocol run saved yet (`make demo`, then copy out/demo/report.json)."]
     run, commit = load(path), commit_of(path)
     out = [f"SmolLM2-135M structured to 80% kept, {run['config']['shots']} shots of {run['run']['nsamples']} × "
-           f"{run['run']['seqlen']} calibration tokens, at {mark(commit)} ([{path.name}](results/cpu/{path.name})): "
+           f"{run['run']['seqlen']} calibration tokens, at {mark(commit, PRUNING)} "
+           f"([{path.name}](results/cpu/{path.name})): "
            f"perplexity {run['ppl_before']:.4f} → {run['ppl_after']:.4f}, {run['seconds']:.1f} s in all, on the CPU "
            "of the Machines section:", "",
            f"    surgeon prune --model {run['run']['model']} --structure {run['config']['structure']} --target-size "
@@ -174,7 +178,8 @@ def gpu_time_section() -> list[str]:
         per_shot = [sum(v for k, v in s["seconds"].items() if k in ("curvature", "prune")) for s in run["shots"]]
         peak = max(s["peak_memory_gb"] for s in run["shots"])
         out.append(f"| [{path.stem.rsplit('@', 1)[0]}](results/gpu/{path.name}) | {run['device']} | "
-                   f"{mark(commit_of(path))} | {len(run['shots'])} | {min(per_shot):.1f}–{max(per_shot):.1f} | "
+                   f"{mark(commit_of(path), PRUNING)} | {len(run['shots'])} | "
+                   f"{min(per_shot):.1f}–{max(per_shot):.1f} | "
                    f"{run['seconds']:.0f} | {peak:.1f} |")
     out += ["", "Commands, as recorded in each file (paths of the measuring machine):", ""]
     out += [f"- {path.stem.rsplit('@', 1)[0]}: `python {load(path)['command']}`"
@@ -197,7 +202,8 @@ def time_to_quality_section(runs: dict[str, dict[str, Any]], commit: str) -> lis
         "4of8-0.5-surgeon", "structured-0.8-surgeon", "structured-0.8-surgeon-lora20") if name in runs]
     for name, run, at in reference + [(p.stem.rsplit("@", 1)[0], load(p), commit_of(p)) for p in paths]:
         config = run["config"]
-        out.append(f"| {name} | {mark(at)} | {config['shots']} | {config['cg_tol']:g} | {config['cg_max_iter']} | "
+        out.append(f"| {name} | {mark(at, PRUNING)} | {config['shots']} | {config['cg_tol']:g} | "
+                   f"{config['cg_max_iter']} | "
                    f"{config['damp_g']:g} | {'yes' if config.get('propagate') else 'no'} | {config['lora_steps']} | "
                    f"{run['ppl']:.3f} | "
                    f"{run['seconds']:.0f} |")
@@ -205,7 +211,7 @@ def time_to_quality_section(runs: dict[str, dict[str, Any]], commit: str) -> lis
              for structure in ("unstructured", "2of4", "4of8")]
     out += ["", "The peer on the same protocol, llm-compressor's SparseGPTModifier (`bench/peers.py`): " + ", ".join(
         f"{path.stem.rsplit('@', 1)[0]} {load(path)['ppl']:.3f} in {load(path)['seconds']:.0f} s "
-        f"({mark(commit_of(path))})" for path in peers if path is not None) + "."]
+        f"({mark(commit_of(path), PRUNING)})" for path in peers if path is not None) + "."]
     return out
 
 
@@ -223,7 +229,7 @@ def ranks_section() -> list[str]:
         result = load(path)
         for run in result["runs"]:
             out.append(f"| [{result['structure']} {result['target_size']}](results/cpu/{path.name}) | "
-                       f"{mark(commit_of(path))} | {run['ranks']} | {run.get('split') or '-'} | "
+                       f"{mark(commit_of(path), PRUNING)} | {run['ranks']} | {run.get('split') or '-'} | "
                        f"{run['prune_seconds']:.1f} | "
                        f"{run['collective_seconds']:.1f} | {run['ppl']:.3f} | `{run['command']}` |")
     return out
@@ -389,8 +395,9 @@ def results_md() -> str:
         "",
         "## Quality: SmolLM2-135M, every method at one commit",
         "",
-        f"All rows at {mark(commit)}, `python bench/quality.py`: 8 calibration windows of 512 tokens from the "
-        "WikiText-2 validation split (seed 0), 4 shots (SparseGPT and Wanda: 1, as published), perplexity on the "
+        f"All rows at {mark(commit, PRUNING)}, `python bench/quality.py`: 8 calibration windows of 512 tokens from "
+        "the WikiText-2 validation split (seed 0), 4 shots for structured and unstructured rows (SparseGPT and "
+        "Wanda: 1, as published), N:M in one shot (its default; `-4shots`: the paper's schedule), perplexity on the "
         "first 8 windows of 2048 tokens of the WikiText-2 test split. Rows `llmc-*` ran in llm-compressor's "
         "`oneshot` on the same windows and evaluation (`bench/peers.py`, in the llm-compressor environment): its "
         "own SparseGPTModifier and WandaPruningModifier, and surgeon's modifiers inside it. \"kept\" is the target "

@@ -15,6 +15,11 @@ ones (whose output is exactly zero) as padding. The head count stays a multiple 
 for Llama (whose config requires it), a divisor of `hidden_size`; `head_dim` is written explicitly.
 OPT keeps its heads (its attention has no `head_dim`: q, k, v stay hidden × hidden) and compacts its MLP.
 The "heterogeneous" format keeps each block's own widths (`compact_modeling`).
+The "decilm" format (Llama only) writes DeciLM's `block_configs`, which vLLM serves natively: each
+layer's MLP width rounded up to a multiple of 256 and its own KV heads, the query heads and head_dim
+of the original in every layer, and a part with no live unit left out (no-op). Padding that no
+original unit provides is new zero weights: a zero neuron, or a query head with zero q rows and zero
+o columns, adds exactly 0.
 """
 
 from __future__ import annotations
@@ -156,13 +161,115 @@ def _block_widths(model: nn.Module, units: list[BlockUnits], format: str) -> lis
             for u in units]
 
 
+def _padded(live: torch.Tensor, count: int) -> torch.Tensor:
+    """`_first(live, count)`, followed by −1 (a new zero unit) for each unit beyond those `live` has."""
+    kept = _first(live, min(count, live.numel()))
+    return torch.cat([kept, kept.new_full((count - kept.numel(),), -1)])
+
+
+def _take(tensor: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
+    """`tensor.index_select(dim, index)` with zeros where the index is −1."""
+    out = tensor.index_select(dim, index.clamp(min=0))
+    shape = [1] * tensor.dim()
+    shape[dim] = -1
+    return out * (index >= 0).reshape(shape).to(out.dtype)
+
+
+def _decilm_block(unit: BlockUnits, heads: int, per_kv: int, head_dim: int, block: nn.Module,
+                  ) -> tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]]]:
+    """One layer in DeciLM's schema: its block config and the weights of its parts that are not no-ops.
+
+    The MLP keeps its live neurons padded to a multiple of 256; attention the fewest KV groups g that
+    hold its live groups, with g dividing the query heads and each group's heads (heads / g) at least
+    its live query heads.
+    """
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    live_groups = unit.heads.any(1)
+    groups_needed, per_needed = int(live_groups.sum()), int(unit.heads.sum(1).max())
+    attention: dict[str, Any] = {"no_op": groups_needed == 0, "replace_with_linear": False, "n_heads_in_group": None}
+    if groups_needed:
+        kv = min(g for g in range(groups_needed, heads + 1) if heads % g == 0 and heads // g >= per_needed)
+        per = heads // kv
+        groups = _first(live_groups, kv)
+        chosen = torch.cat([torch.where(within >= 0, g * per_kv + within, within)
+                            for g, within in ((g, _padded(unit.heads[g], per)) for g in groups.tolist())])
+        q_rows = torch.where(chosen.unsqueeze(1) >= 0, chosen.unsqueeze(1) * head_dim + torch.arange(head_dim),
+                             -1).reshape(-1)
+        kv_rows = _head_rows(groups, head_dim)
+        for name, rows in (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)):
+            parts[f"self_attn.{name}"] = {kind: _take(tensor, rows, 0)
+                                          for kind, tensor in _select(_linear(block, f"self_attn.{name}")).items()}
+        o = _select(_linear(block, "self_attn.o_proj"))
+        parts["self_attn.o_proj"] = {**o, "weight": _take(o["weight"], q_rows, 1)}
+        attention["n_heads_in_group"] = per
+    live = int(unit.neurons.sum())
+    hidden = _linear(block, "mlp.down_proj").out_features
+    ffn: dict[str, Any] = {"no_op": live == 0, "replace_with_linear": False, "ffn_mult": None}
+    if live:
+        width = -(-live // compact_modeling.FFN_MULTIPLE) * compact_modeling.FFN_MULTIPLE
+        neurons = _padded(unit.neurons, width)
+        for name, dim in (("gate_proj", 0), ("up_proj", 0), ("down_proj", 1)):
+            tensors = _select(_linear(block, f"mlp.{name}"))
+            parts[f"mlp.{name}"] = {kind: tensor if kind == "bias" and dim else _take(tensor, neurons, dim)
+                                    for kind, tensor in tensors.items()}
+        ffn["ffn_mult"] = compact_modeling.ffn_mult(width, hidden)
+    return {"attention": attention, "ffn": ffn}, parts
+
+
+def _decilm_model(model: nn.Module, units: list[BlockUnits]) -> nn.Module:
+    """The compact model in DeciLM's schema (`compact_modeling.DeciLMForCausalLM`)."""
+    config = _config(model)
+    if config.model_type != "llama":
+        raise SurgeonError(f"compact export format decilm writes Llama models; the model is {config.model_type!r}")
+    kv_heads, per_kv, head_dim = _head_layout(config)
+    heads = kv_heads * per_kv
+    state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    blocks = []
+    for block, unit in zip(decoder_blocks(model), units):
+        prefix = next(name for name, module in model.named_modules() if module is block) + "."
+        for name in [name for name in state if name.startswith(prefix)]:
+            del state[name]
+        block_config, parts = _decilm_block(unit, heads, per_kv, head_dim, block)
+        blocks.append(block_config)
+        for name, tensors in parts.items():
+            for kind, tensor in tensors.items():
+                state[f"{prefix}{name}.{kind}"] = tensor
+        for norm, part in (("input_layernorm", "attention"), ("post_attention_layernorm", "ffn")):
+            if not block_config[part]["no_op"]:
+                norm_module: Any = block.get_submodule(norm)
+                state[f"{prefix}{norm}.weight"] = norm_module.weight.detach()
+    settings = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures", "auto_map")}
+    settings.update(num_attention_heads=heads, head_dim=head_dim, block_configs=blocks,
+                    num_key_value_heads=max([heads // b["attention"]["n_heads_in_group"] for b in blocks
+                                             if not b["attention"]["no_op"]], default=1),
+                    intermediate_size=max([compact_modeling.ffn_width(b["ffn"]["ffn_mult"], config.hidden_size)
+                                           for b in blocks if not b["ffn"]["no_op"]], default=1))
+    compact_config = compact_modeling.DeciLMConfig(**settings)
+    compact_config.architectures = ["DeciLMForCausalLM"]
+    compact_config.auto_map = {"AutoConfig": "compact_modeling.DeciLMConfig",
+                               "AutoModelForCausalLM": "compact_modeling.DeciLMForCausalLM"}
+    compact: Any = compact_modeling.DeciLMForCausalLM(compact_config)
+    return _loaded(compact.to(next(model.parameters()).dtype), state)
+
+
+def _loaded(compact: Any, state: dict[str, torch.Tensor]) -> nn.Module:
+    """`compact` with the weights of `state`, which must name every one of its weights and nothing else."""
+    missing, unexpected = compact.load_state_dict(state, strict=False)
+    if unexpected or [name for name in missing if not name.endswith("lm_head.weight")]:
+        raise SurgeonError(f"compact export: the new model's weights do not match ({(missing + unexpected)[:3]})")
+    compact.tie_weights()
+    return compact.eval()
+
+
 def compact_model(model: nn.Module, format: str = "standard") -> nn.Module:
-    """A new model without the units that `live_units` finds removable, in the `standard` or `heterogeneous`
-    format (`compact_modeling`: every layer its own widths).
+    """A new model without the units that `live_units` finds removable, in the `standard`, `heterogeneous`
+    (`compact_modeling`: every layer its own widths) or `decilm` format.
 
     Its logits equal the pruned model's up to float rounding; the pruned model is left as it is.
     """
     units = live_units(model)
+    if format == "decilm":
+        return _decilm_model(model, units)
     widths = _block_widths(model, units, format)
     inner, kv, per = standard_widths(model, units)
     config = copy.deepcopy(_config(model))
@@ -209,11 +316,7 @@ def compact_model(model: nn.Module, format: str = "standard") -> nn.Module:
         for name, tensors in parts.items():
             for kind, tensor in tensors.items():
                 state[f"{prefix}{name}.{kind}"] = tensor
-    missing, unexpected = compact.load_state_dict(state, strict=False)
-    if unexpected or [name for name in missing if not name.endswith("lm_head.weight")]:
-        raise SurgeonError(f"compact export: the new model's weights do not match ({(missing + unexpected)[:3]})")
-    compact.tie_weights()
-    return compact.eval()
+    return _loaded(compact, state)
 
 
 def load_compact(path: str | Path, **kwargs: Any) -> nn.Module:

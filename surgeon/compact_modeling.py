@@ -9,12 +9,21 @@ its linear layers take their sizes, and attention its heads per KV head (the mod
 head count from the projections). This file depends only on torch and transformers: it is copied into
 each heterogeneous checkpoint, where `trust_remote_code=True` loads it, and `surgeon.load_compact`
 uses it without remote code.
+
+A "decilm" checkpoint is a Llama with the block schema of DeciLM / nemotron-nas (`model_type`
+"nemotron-nas", architecture `DeciLMForCausalLM`), which vLLM serves natively: per layer,
+`{"attention": {"no_op", "replace_with_linear", "n_heads_in_group"}, "ffn": {"no_op",
+"replace_with_linear", "ffn_mult"}}`; the MLP width is `ffn_width(ffn_mult)`, the KV heads
+`num_attention_heads // n_heads_in_group`, and a no-op part has no weights (`DeciLMForCausalLM`).
 """
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
 from typing import Any
 
+import torch
 import transformers
 from torch import nn
 
@@ -106,6 +115,92 @@ for _config_class, _model_class in ((CompactLlamaConfig, CompactLlamaForCausalLM
     # without remote code (a second copy of this file, loaded as remote code, registers the same names).
     transformers.AutoConfig.register(_config_class.model_type, _config_class, exist_ok=True)
     transformers.AutoModelForCausalLM.register(_config_class, _model_class, exist_ok=True)
+
+
+FFN_MULTIPLE = 256  # DeciLM rounds every MLP width up to a multiple of this
+
+
+def ffn_width(ffn_mult: float, hidden_size: int) -> int:
+    """DeciLM's MLP width for `ffn_mult`: int(2·ffn_mult·hidden/3), rounded up to a multiple of 256."""
+    return math.ceil(int(2 * ffn_mult * hidden_size / 3) / FFN_MULTIPLE) * FFN_MULTIPLE
+
+
+def ffn_mult(width: int, hidden_size: int) -> float:
+    """The `ffn_mult` (6 decimals, as DeciLM configs hold it) whose `ffn_width` is `width`, a multiple of 256."""
+    return round(1.5 * width / hidden_size, 6)
+
+
+class _NoAttention(nn.Module):
+    """A no-op attention: it adds nothing and holds no weights. It gives the KV cache an empty entry (no heads) of
+    the tokens' length, so that the cache's length is right whichever layer it is read from."""
+
+    def __init__(self, layer_idx: int, head_dim: int) -> None:
+        super().__init__()
+        self.layer_idx, self.head_dim = layer_idx, head_dim
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, past_key_values: Any = None,
+                **kwargs: Any) -> tuple[torch.Tensor, None]:
+        if past_key_values is not None:
+            empty = hidden_states.new_zeros(hidden_states.shape[0], 0, hidden_states.shape[1], self.head_dim)
+            past_key_values.update(empty, empty, self.layer_idx)
+        return torch.zeros_like(hidden_states), None
+
+
+class _NoMLP(nn.Module):
+    """A no-op MLP: it adds nothing and holds no weights."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(hidden_states)
+
+
+def _section(value: Any) -> SimpleNamespace:
+    """A block config's `attention` or `ffn` part with attribute access, as DeciLM readers use it."""
+    return value if isinstance(value, SimpleNamespace) else SimpleNamespace(**dict(value))
+
+
+class DeciLMConfig(transformers.LlamaConfig):
+    """LlamaConfig with DeciLM's per-layer `block_configs` (attention and ffn of each layer)."""
+
+    model_type = "nemotron-nas"
+
+    def __init__(self, block_configs: list[dict[str, Any]] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.block_configs = [SimpleNamespace(attention=_section(block["attention"]), ffn=_section(block["ffn"]))
+                              for block in block_configs or []]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["block_configs"] = [{"attention": vars(block.attention), "ffn": vars(block.ffn)}
+                                for block in self.block_configs]
+        return out
+
+
+class DeciLMForCausalLM(transformers.LlamaForCausalLM):
+    """A Llama whose layers take their widths, and no-op parts, from `block_configs`."""
+
+    config_class = DeciLMConfig
+
+    def __init__(self, config: DeciLMConfig) -> None:
+        super().__init__(config)
+        widths: dict[str, dict[str, int]] = {}
+        layer: Any
+        for index, (block, layer) in enumerate(zip(config.block_configs, decoder_layers(self))):
+            if block.attention.no_op:
+                layer.self_attn = _NoAttention(index, layer.self_attn.head_dim)
+                layer.input_layernorm = nn.Identity()
+            else:
+                widths[str(index)] = {"num_key_value_heads":
+                                      config.num_attention_heads // block.attention.n_heads_in_group}
+            if block.ffn.no_op:
+                layer.mlp, layer.post_attention_layernorm = _NoMLP(), nn.Identity()
+            else:
+                widths.setdefault(str(index), {})["intermediate_size"] = ffn_width(block.ffn.ffn_mult,
+                                                                                   config.hidden_size)
+        resize_layers(self, widths)
+
+
+transformers.AutoConfig.register(DeciLMConfig.model_type, DeciLMConfig, exist_ok=True)
+transformers.AutoModelForCausalLM.register(DeciLMConfig, DeciLMForCausalLM, exist_ok=True)
 
 
 def classes(family: str) -> tuple[Any, Any]:

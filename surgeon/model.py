@@ -93,8 +93,8 @@ def load_tokenizer(name: str, gguf_file: str | None = None):
 
 
 def causal_lm_class(path: str) -> Any:
-    """The class that loads the causal LM at `path`: a heterogeneous compact checkpoint's own (`compact_modeling`,
-    no remote code needed), else `AutoModelForCausalLM`."""
+    """The class that loads the causal LM at `path`: a heterogeneous or DeciLM compact checkpoint's own
+    (`compact_modeling`, no remote code needed), else `AutoModelForCausalLM`."""
     from transformers import AutoModelForCausalLM
 
     from surgeon import compact_modeling
@@ -104,6 +104,8 @@ def causal_lm_class(path: str) -> Any:
     base = family.removeprefix(compact_modeling.PREFIX)
     if family.startswith(compact_modeling.PREFIX) and base in compact_modeling.BASES:
         return compact_modeling.classes(base)[1]
+    if family == compact_modeling.DeciLMConfig.model_type:
+        return compact_modeling.DeciLMForCausalLM
     return AutoModelForCausalLM
 
 

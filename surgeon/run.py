@@ -183,7 +183,7 @@ def run_export(config: ExportConfig) -> dict:
         report["export"] = {"format": config.format, "source": str(source), "parameters_before": count,
                             "parameters": kept, "fraction": kept / count}
         write_checkpoint(output.staging, compact, tokenizer, report)
-        if config.format == "heterogeneous":  # the modeling code that trust_remote_code=True loads
+        if config.format != "standard":  # the modeling code that trust_remote_code=True loads
             shutil.copyfile(compact_modeling.__file__, output.staging / "compact_modeling.py")
         output.commit()
     logger.info("compact %s model: %d of %d parameters (%.3f)", config.format, kept, count, kept / count)

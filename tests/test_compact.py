@@ -137,12 +137,65 @@ def test_attention_heads_leave_where_the_layout_allows():
     assert_same_logits(model, compact)
 
 
+def test_decilm_compact_model_writes_block_configs_that_vllm_reads(tmp_path):
+    """Llama in DeciLM's schema: MLP widths padded with zero neurons to multiples of 256, each layer its KV heads
+    (block 1 lost a KV group), the query heads global, a layer without live heads or neurons a no-op with no
+    weights; the same logits (also when generating with the KV cache), and it loads with trust_remote_code and
+    with load_compact."""
+    from transformers import AutoModelForCausalLM
+
+    model = family_model("llama")
+    remove_units(model)
+    d = head_dim(model.config)
+    with torch.no_grad():  # block 0: every query head of KV group 0 leaves too, so one KV group is enough
+        model.model.layers[0].self_attn.o_proj.weight[:, : 2 * d] = 0
+        last = model.model.layers[-1]
+        last.self_attn.o_proj.weight.zero_()
+        last.mlp.down_proj.weight.zero_()
+    units = live_units(model)
+    compact = compact_model(model, "decilm")
+    blocks = compact.config.block_configs
+    assert compact.config.model_type == "nemotron-nas" and compact.config.architectures == ["DeciLMForCausalLM"]
+    heads = model.config.num_attention_heads
+    assert compact.config.num_attention_heads == heads and compact.config.head_dim == d
+    for block, unit, layer in zip(blocks[:-1], units, compact.model.layers):
+        assert not block.attention.no_op and not block.ffn.no_op
+        width = layer.mlp.up_proj.out_features
+        assert width % 256 == 0 and width - 256 < int(unit.neurons.sum()) <= width
+        assert compact_modeling.ffn_width(block.ffn.ffn_mult, model.config.hidden_size) == width
+        kv = heads // block.attention.n_heads_in_group
+        assert layer.self_attn.k_proj.out_features == kv * d >= int(unit.heads.any(1).sum()) * d
+    assert heads // blocks[0].attention.n_heads_in_group == 1 < model.config.num_key_value_heads
+    assert blocks[-1].attention.no_op and blocks[-1].ffn.no_op
+    assert not [name for name, _ in compact.named_parameters() if name.startswith(f"model.layers.{len(blocks) - 1}.")]
+    assert_same_logits(model, compact)
+    ids = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+        assert torch.equal(compact.generate(ids, **kwargs), model.generate(ids, **kwargs))
+    compact.save_pretrained(tmp_path)
+    shutil.copyfile(compact_modeling.__file__, tmp_path / "compact_modeling.py")
+    written = json.loads((tmp_path / "config.json").read_text())["block_configs"]
+    assert written[-1] == {"attention": {"no_op": True, "replace_with_linear": False, "n_heads_in_group": None},
+                           "ffn": {"no_op": True, "replace_with_linear": False, "ffn_mult": None}}
+    assert all(isinstance(block["ffn"]["ffn_mult"], float) for block in written[:-1])
+    ids = torch.randint(3, VOCAB, (1, 12), generator=torch.Generator().manual_seed(2))
+    remote = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True).eval()
+    assert torch.equal(logits(remote, ids), logits(compact, ids))
+    assert torch.equal(logits(load_compact(tmp_path), ids), logits(compact, ids))
+
+
+def test_decilm_format_is_refused_for_other_families():
+    with pytest.raises(SurgeonError, match="format decilm writes Llama models; the model is 'qwen2'"):
+        compact_model(family_model("qwen2"), "decilm")
+
+
 def test_unsupported_family_is_refused_by_name():
     with pytest.raises(SurgeonError, match="compact export supports .*'gemma'"):
         compact_model(family_model("gemma"))
 
 
-@pytest.mark.parametrize("format", ["standard", "heterogeneous"])
+@pytest.mark.parametrize("format", ["standard", "heterogeneous", "decilm"])
 def test_export_command_writes_a_compact_checkpoint(format, tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -156,7 +209,8 @@ def test_export_command_writes_a_compact_checkpoint(format, tiny_model_dir, tmp_
     compact = (AutoModelForCausalLM.from_pretrained(out) if format == "standard" else
                AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True))
     assert report["export"]["parameters"] == sum(p.numel() for p in compact.parameters())
-    assert report["export"]["parameters"] < report["export"]["parameters_before"]
+    if format != "decilm":  # DeciLM pads this tiny model's MLP (64 wide) to 256
+        assert report["export"]["parameters"] < report["export"]["parameters_before"]
     assert report["sparsity"] == json.loads((run / "report.json").read_text())["sparsity"]
     assert_same_logits(AutoModelForCausalLM.from_pretrained(run), compact)
     loaded, _ = load_model(str(out))  # what `surgeon eval --model OUT` loads, without remote code
