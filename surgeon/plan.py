@@ -9,7 +9,7 @@ Per phase of a shot (docs/DESIGN.md, "Memory design" and "Planning"):
   fused attention, which keeps no L×L scores); the logits with their float32 probabilities and
   gradient; the queue of activations waiting for a grouped accumulation (CUDA);
 - prune: the weights; the packed inverses (or inverse roots) of the factors, the same size; one
-  layer's dense temporaries;
+  layer's dense temporaries; with N:M's propagated last shot, one block's inputs for every window;
 - for SparseGPT, SparseGPT-exact and Wanda (block by block): the weights, one block's inputs for
   every window, and one block's H.
 
@@ -168,6 +168,8 @@ def count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, dev
             "queue": QUEUE_BYTES_CUDA if device == "cuda" and config.group_bytes is None else (config.group_bytes or 0),
         }
         phases["prune"] = {"weights": weights, "inverses": A + G, "layer": layer_temporaries}
+        if config.propagate:  # N:M's last shot runs block by block on every window's block inputs
+            phases["prune"]["block_inputs"] = 2 * nsamples * seqlen * settings.hidden_size * itemsize
     else:
         block = [m for _, m in prunable_layers(model)[0]]
         hidden = settings.hidden_size

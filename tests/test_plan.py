@@ -154,3 +154,12 @@ def test_llama_2_13b_structured_fits_two_gpus_with_sharded_weights_and_factors()
     with pytest.raises(SurgeonError, match="does not fit the GPU"):
         check_fits(model, "bfloat16", 128, 2048, config, 80 * GIB)
     check_fits(model, "bfloat16", 128, 2048, config, 80 * GIB, ranks=2, fsdp=True)
+
+
+def test_the_propagated_nm_shot_counts_every_windows_block_inputs():
+    meta = meta_model_of("llama")
+    hidden, itemsize = meta.config.hidden_size, next(meta.parameters()).element_size()
+    propagated = count(meta, PruneConfig(structure="2:4"), nsamples=8, seqlen=16, device="cpu")["phases"]["prune"]
+    assert propagated["block_inputs"] == 2 * 8 * 16 * hidden * itemsize
+    plain = count(meta, PruneConfig(structure="2:4", propagate=False), nsamples=8, seqlen=16, device="cpu")
+    assert "block_inputs" not in plain["phases"]["prune"]
