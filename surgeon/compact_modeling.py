@@ -131,8 +131,9 @@ def ffn_mult(width: int, hidden_size: int) -> float:
 
 
 class _NoAttention(nn.Module):
-    """A no-op attention: it adds nothing and holds no weights. It gives the KV cache an empty entry (no heads) of
-    the tokens' length, so that the cache's length is right whichever layer it is read from."""
+    """A no-op attention: it adds nothing and holds no weights. It gives the KV cache an entry of one zero head for
+    the tokens, so that the cache's length is right whichever layer it is read from (an entry without heads reads
+    as empty)."""
 
     def __init__(self, layer_idx: int, head_dim: int) -> None:
         super().__init__()
@@ -141,8 +142,8 @@ class _NoAttention(nn.Module):
     def forward(self, hidden_states: torch.Tensor, *args: Any, past_key_values: Any = None,
                 **kwargs: Any) -> tuple[torch.Tensor, None]:
         if past_key_values is not None:
-            empty = hidden_states.new_zeros(hidden_states.shape[0], 0, hidden_states.shape[1], self.head_dim)
-            past_key_values.update(empty, empty, self.layer_idx)
+            zero = hidden_states.new_zeros(hidden_states.shape[0], 1, hidden_states.shape[1], self.head_dim)
+            past_key_values.update(zero, zero, self.layer_idx)
         return torch.zeros_like(hidden_states), None
 
 

@@ -13,7 +13,7 @@ from surgeon.cli import main
 from surgeon.compact import compact_model, live_units, load_compact
 from surgeon.errors import SurgeonError
 from surgeon.model import decoder_blocks, load_model
-from tests._families import VOCAB, family_model
+from tests._families import COMMON, VOCAB, family_model
 from tests._tolerances import assert_within_reference_error
 from tests.test_cli import one_error_line, run_cli
 
@@ -139,16 +139,16 @@ def test_attention_heads_leave_where_the_layout_allows():
 
 def test_decilm_compact_model_writes_block_configs_that_vllm_reads(tmp_path):
     """Llama in DeciLM's schema: MLP widths padded with zero neurons to multiples of 256, each layer its KV heads
-    (block 1 lost a KV group), the query heads global, a layer without live heads or neurons a no-op with no
-    weights; the same logits (also when generating with the KV cache), and it loads with trust_remote_code and
-    with load_compact."""
-    from transformers import AutoModelForCausalLM
+    (block 1 lost a KV group), the query heads global, an attention or MLP without live units a no-op with no
+    weights; the same logits (also when generating with the KV cache, whose length layer 0, a no-op, keeps),
+    and it loads with trust_remote_code and with load_compact."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    model = family_model("llama")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**{**COMMON, "num_hidden_layers": 3})).eval()
     remove_units(model)
-    d = head_dim(model.config)
-    with torch.no_grad():  # block 0: every query head of KV group 0 leaves too, so one KV group is enough
-        model.model.layers[0].self_attn.o_proj.weight[:, : 2 * d] = 0
+    with torch.no_grad():  # block 0: attention a no-op; the last block: attention and MLP no-ops
+        model.model.layers[0].self_attn.o_proj.weight.zero_()
         last = model.model.layers[-1]
         last.self_attn.o_proj.weight.zero_()
         last.mlp.down_proj.weight.zero_()
@@ -157,22 +157,29 @@ def test_decilm_compact_model_writes_block_configs_that_vllm_reads(tmp_path):
     blocks = compact.config.block_configs
     assert compact.config.model_type == "nemotron-nas" and compact.config.architectures == ["DeciLMForCausalLM"]
     heads = model.config.num_attention_heads
+    d = head_dim(model.config)
     assert compact.config.num_attention_heads == heads and compact.config.head_dim == d
     for block, unit, layer in zip(blocks[:-1], units, compact.model.layers):
-        assert not block.attention.no_op and not block.ffn.no_op
+        assert not block.ffn.no_op
         width = layer.mlp.up_proj.out_features
         assert width % 256 == 0 and width - 256 < int(unit.neurons.sum()) <= width
         assert compact_modeling.ffn_width(block.ffn.ffn_mult, model.config.hidden_size) == width
-        kv = heads // block.attention.n_heads_in_group
-        assert layer.self_attn.k_proj.out_features == kv * d >= int(unit.heads.any(1).sum()) * d
-    assert heads // blocks[0].attention.n_heads_in_group == 1 < model.config.num_key_value_heads
-    assert blocks[-1].attention.no_op and blocks[-1].ffn.no_op
-    assert not [name for name, _ in compact.named_parameters() if name.startswith(f"model.layers.{len(blocks) - 1}.")]
+        if block is not blocks[0]:
+            kv = heads // block.attention.n_heads_in_group
+            assert layer.self_attn.k_proj.out_features == kv * d >= int(unit.heads.any(1).sum()) * d
+    assert heads // blocks[1].attention.n_heads_in_group < model.config.num_key_value_heads  # v of a group zero
+    assert blocks[0].attention.no_op and blocks[-1].attention.no_op and blocks[-1].ffn.no_op
+    names = [name for name, _ in compact.named_parameters()]
+    assert not [name for name in names if name.startswith(f"model.layers.{len(blocks) - 1}.")]
+    assert not [name for name in names if name.startswith("model.layers.0.") and "mlp" not in name
+                and "post_attention" not in name]
     assert_same_logits(model, compact)
     ids = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
         assert torch.equal(compact.generate(ids, **kwargs), model.generate(ids, **kwargs))
+        cache = compact(ids[:, :4], use_cache=True).past_key_values  # positions from the cache's length
+        torch.testing.assert_close(compact(ids[:, 4:], past_key_values=cache).logits, model(ids).logits[:, 4:])
     compact.save_pretrained(tmp_path)
     shutil.copyfile(compact_modeling.__file__, tmp_path / "compact_modeling.py")
     written = json.loads((tmp_path / "config.json").read_text())["block_configs"]
