@@ -2,7 +2,8 @@
 
 Beside them run surgeon's own modifiers inside the same llm-compressor `oneshot`:
 `SurgeonSparseGPTModifier` (the exact per-row solve in llm-compressor's sequential pipeline) and
-`SurgeonModifier` (LLM Surgeon, 4 shots, which should reproduce bench/quality.py's surgeon rows).
+`SurgeonModifier` (LLM Surgeon with the table's shots: 4 unstructured, N:M's default of one shot
+propagated block by block; it should reproduce bench/quality.py's surgeon rows).
 Same model (SmolLM2-135M, float32), the same calibration windows as `bench/quality.py` (passed to
 `oneshot` as a dataset, in order), the same evaluation. Peer settings: block size 128, dampening
 fraction 0.01, the sequential pipeline with pruned activations propagated block by block,
@@ -44,7 +45,7 @@ PEERS = {
     "llmc-sparsegpt": (SparseGPTModifier, {"block_size": 128, "dampening_frac": 0.01}),
     "llmc-wanda": (WandaPruningModifier, {}),
     "llmc-surgeon-sparsegpt": (SurgeonSparseGPTModifier, {"block_size": 128, "dampening_frac": 0.01}),
-    "llmc-surgeon": (SurgeonModifier, {"shots": 4}),
+    "llmc-surgeon": (SurgeonModifier, {}),
 }
 
 
@@ -80,7 +81,8 @@ def main() -> None:
                     continue
                 model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
                 if modifier is SurgeonModifier:  # prunes the decoder blocks' linear layers, never the LM head
-                    recipe = modifier(sparsity=None if ":" in structure else 0.5, structure=structure, **settings)
+                    nm = ":" in structure
+                    recipe = modifier(sparsity=None if nm else 0.5, structure=structure, shots=None if nm else 4)
                 else:
                     recipe = modifier(sparsity=0.5, mask_structure=structure if ":" in structure else "0:0",
                                       ignore=["re:.*lm_head"], **settings)
@@ -90,10 +92,11 @@ def main() -> None:
                 seconds = time.perf_counter() - start
                 result = perplexity(model, test_ids, 2048, args.eval_windows, progress=False)
                 config = {"structure": structure, "target_size": 0.5, "method": f"llm-compressor {modifier.__name__}",
-                          "shots": settings.get("shots", 1), "damp_g": "-",
+                          "shots": 1, "damp_g": "-",
                           "damp_a": settings.get("dampening_frac", "-")}
                 if modifier is SurgeonModifier:
-                    config.update(damp_g=recipe._config.damp_g, damp_a=recipe._config.damp_a)
+                    config.update(shots=recipe._config.shots, damp_g=recipe._config.damp_g,
+                                  damp_a=recipe._config.damp_a, propagate=recipe._config.propagate)
                 logging.info("%s: ppl %.3f (%.0f s)", name, result.ppl, seconds)
                 write_json(path, {"ppl": result.ppl, "seconds": seconds, "sparsity": zero_fraction(model),
                                   "config": config, "calib_windows": windows.shape[0],
