@@ -156,7 +156,7 @@ def _block_widths(model: nn.Module, units: list[BlockUnits], format: str) -> lis
     if format == "standard":
         return [standard_widths(model, units)] * len(units)
     if format != "heterogeneous":
-        raise SurgeonError(f"compact export format {format!r}: use standard or heterogeneous")
+        raise SurgeonError(f"compact export format {format!r}: use standard, heterogeneous or decilm")
     return [(max(1, int(u.neurons.sum())), max(1, int(u.heads.any(1).sum())), max(1, int(u.heads.sum(1).max())))
             for u in units]
 
@@ -186,9 +186,11 @@ def _decilm_block(unit: BlockUnits, heads: int, per_kv: int, head_dim: int, bloc
     parts: dict[str, dict[str, torch.Tensor]] = {}
     live_groups = unit.heads.any(1)
     groups_needed, per_needed = int(live_groups.sum()), int(unit.heads.sum(1).max())
-    attention: dict[str, Any] = {"no_op": groups_needed == 0, "replace_with_linear": False, "n_heads_in_group": None}
-    if groups_needed:
-        kv = min(g for g in range(groups_needed, heads + 1) if heads % g == 0 and heads // g >= per_needed)
+    o_bias = _linear(block, "self_attn.o_proj").bias
+    attention_live = groups_needed > 0 or (o_bias is not None and bool(o_bias.any()))  # a bias alone is output
+    attention: dict[str, Any] = {"no_op": not attention_live, "replace_with_linear": False, "n_heads_in_group": None}
+    if attention_live:
+        kv = min(g for g in range(max(groups_needed, 1), heads + 1) if heads % g == 0 and heads // g >= per_needed)
         per = heads // kv
         groups = _first(live_groups, kv)
         chosen = torch.cat([torch.where(within >= 0, g * per_kv + within, within)
@@ -203,10 +205,12 @@ def _decilm_block(unit: BlockUnits, heads: int, per_kv: int, head_dim: int, bloc
         parts["self_attn.o_proj"] = {**o, "weight": _take(o["weight"], q_rows, 1)}
         attention["n_heads_in_group"] = per
     live = int(unit.neurons.sum())
-    hidden = _linear(block, "mlp.down_proj").out_features
-    ffn: dict[str, Any] = {"no_op": live == 0, "replace_with_linear": False, "ffn_mult": None}
-    if live:
-        width = -(-live // compact_modeling.FFN_MULTIPLE) * compact_modeling.FFN_MULTIPLE
+    down = _linear(block, "mlp.down_proj")
+    hidden = down.out_features
+    ffn_live = live > 0 or (down.bias is not None and bool(down.bias.any()))
+    ffn: dict[str, Any] = {"no_op": not ffn_live, "replace_with_linear": False, "ffn_mult": None}
+    if ffn_live:
+        width = max(1, -(-live // compact_modeling.FFN_MULTIPLE)) * compact_modeling.FFN_MULTIPLE
         neurons = _padded(unit.neurons, width)
         for name, dim in (("gate_proj", 0), ("up_proj", 0), ("down_proj", 1)):
             tensors = _select(_linear(block, f"mlp.{name}"))

@@ -182,6 +182,12 @@ class DeciLMForCausalLM(transformers.LlamaForCausalLM):
     config_class = DeciLMConfig
 
     def __init__(self, config: DeciLMConfig) -> None:
+        linear = [index for index, block in enumerate(config.block_configs)
+                  if getattr(block.attention, "replace_with_linear", False)
+                  or getattr(block.ffn, "replace_with_linear", False)]
+        if linear:
+            raise ValueError(f"DeciLM layers {linear} replace a part with a linear layer (replace_with_linear), which "
+                             "this modeling code does not build")
         super().__init__(config)
         widths: dict[str, dict[str, int]] = {}
         layer: Any

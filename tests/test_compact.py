@@ -192,6 +192,39 @@ def test_decilm_compact_model_writes_block_configs_that_vllm_reads(tmp_path):
     assert torch.equal(logits(load_compact(tmp_path), ids), logits(compact, ids))
 
 
+def test_decilm_keeps_biases_and_pads_with_dead_kv_groups():
+    """A part with no live unit but an output bias stays (its bias is output); a KV group whose v is zero pads a
+    layer that needs more groups than it has live (8 heads: 3 live groups of 4 need 4)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**{**COMMON, "hidden_size": 64, "num_attention_heads": 8, "head_dim": 8,
+                                            "num_key_value_heads": 4, "attention_bias": True,
+                                            "mlp_bias": True})).eval()
+    first, second = model.model.layers
+    with torch.no_grad():
+        for linear in (first.self_attn.o_proj, second.mlp.down_proj):
+            linear.bias.normal_()  # initialised to zero
+        first.self_attn.o_proj.weight.zero_()  # no live head, o's bias left
+        second.self_attn.v_proj.weight[24:] = 0  # KV group 3's values
+        second.self_attn.v_proj.bias[24:] = 0
+        second.mlp.down_proj.weight.zero_()  # no live neuron, down's bias left
+    compact = compact_model(model, "decilm")
+    blocks = compact.config.block_configs
+    assert not blocks[0].attention.no_op and blocks[0].attention.n_heads_in_group == 8
+    assert blocks[1].attention.n_heads_in_group == 2 and not blocks[1].ffn.no_op
+    assert compact.model.layers[1].mlp.up_proj.out_features == 256  # every neuron padding
+    assert_same_logits(model, compact)
+
+
+def test_decilm_layers_replaced_by_linear_ones_are_refused():
+    block = {"attention": {"no_op": False, "replace_with_linear": True, "n_heads_in_group": None},
+             "ffn": {"no_op": False, "replace_with_linear": False, "ffn_mult": 3.0}}
+    config = compact_modeling.DeciLMConfig(**{**COMMON, "block_configs": [block] * COMMON["num_hidden_layers"]})
+    with pytest.raises(ValueError, match=r"DeciLM layers \[0, 1\] replace a part with a linear layer"):
+        compact_modeling.DeciLMForCausalLM(config)
+
+
 def test_decilm_format_is_refused_for_other_families():
     with pytest.raises(SurgeonError, match="format decilm writes Llama models; the model is 'qwen2'"):
         compact_model(family_model("qwen2"), "decilm")
