@@ -187,6 +187,10 @@ def gpu_time_section() -> list[str]:
     return out
 
 
+# Settings a time-to-quality point may change beyond the table's columns, with their usual values.
+LEVERS = {"nm_costs": "elements", "cg_preconditioner": "jacobi", "cg_dtype": None, "max_correlate": 0}
+
+
 def time_to_quality_section(runs: dict[str, dict[str, Any]], commit: str) -> list[str]:
     paths = sorted((RESULTS / "ttq").glob("*.json"))
     if not paths:
@@ -195,18 +199,20 @@ def time_to_quality_section(runs: dict[str, dict[str, Any]], commit: str) -> lis
            "point from a fixed reference (4 shots, conjugate gradients to 1e-4 or 40 iterations, λ_G = 0.1, nothing "
            "propagated), each run alone on the 2 cores; the quality table's own rows come first. Seconds are the "
            "pruning's wall time.", "",
-           "| point | commit | shots | CG tolerance | CG iterations | damping G | propagated | LoRA steps | perplexity "
-           "| seconds |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "| point | commit | shots | CG tolerance | CG iterations | damping G | propagated | LoRA steps | other "
+           "| perplexity | seconds |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     reference = [(name, runs[name], commit) for name in (
         "unstructured-0.5-surgeon", "unstructured-0.5-surgeon-shots2", "2of4-0.5-surgeon", "2of4-0.5-surgeon-4shots",
         "4of8-0.5-surgeon", "structured-0.8-surgeon", "structured-0.8-surgeon-lora20") if name in runs]
     for name, run, at in reference + [(p.stem.rsplit("@", 1)[0], load(p), commit_of(p)) for p in paths]:
         config = run["config"]
+        other = [f"{key} {config[key]}" for key, usual in LEVERS.items() if config.get(key, usual) != usual]
+        if run.get("calib_windows", 8) != 8:
+            other.append(f"{run['calib_windows']} calibration windows")
         out.append(f"| {name} | {mark(at, PRUNING)} | {config['shots']} | {config['cg_tol']:g} | "
                    f"{config['cg_max_iter']} | "
                    f"{config['damp_g']:g} | {'yes' if config.get('propagate') else 'no'} | {config['lora_steps']} | "
-                   f"{run['ppl']:.3f} | "
-                   f"{run['seconds']:.0f} |")
+                   f"{', '.join(other) or '-'} | {run['ppl']:.3f} | {run['seconds']:.0f} |")
     peers = [newest(sorted((RESULTS / "quality").glob(f"{structure}-0.5-llmc-sparsegpt@*.json")))
              for structure in ("unstructured", "2of4", "4of8")]
     out += ["", "The peer on the same protocol, llm-compressor's SparseGPTModifier (`bench/peers.py`): " + ", ".join(
