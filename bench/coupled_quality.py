@@ -7,7 +7,8 @@ what its dead channels free), coupled LLM Surgeon with global allocation, `--uni
 `--width-multiple 64`, the update within rows or columns instead of joint, and `--width-multiple 256`
 exported in DeciLM's schema; coupled magnitude and K-OBD. Each pruned model is exported compactly
 (`--uniform` in the standard format, `-decilm` in DeciLM's, the others heterogeneous) and its
-parameters counted, embeddings included; its decode speed is measured at batch 1 after a 2048-token prompt (`generation_speed.py`).
+parameters counted, embeddings included; its decode speed is measured at batch 1 after a 2048-token
+prompt (`generation_speed.py`).
 
 Each run is saved as bench/results/coupled/<row>@<commit>.json and skipped when that file exists.
 
