@@ -406,7 +406,8 @@ def results_md() -> str:
         "Wanda: 1, as published), N:M in one shot (its default; `-4shots`: the paper's schedule), perplexity on the "
         "first 8 windows of 2048 tokens of the WikiText-2 test split. Rows `llmc-*` ran in llm-compressor's "
         "`oneshot` on the same windows and evaluation (`bench/peers.py`, in the llm-compressor environment): its "
-        "own SparseGPTModifier and WandaPruningModifier, and surgeon's modifiers inside it. \"kept\" is the target "
+        "own SparseGPTModifier and WandaPruningModifier (surgeon's own modifiers inside `oneshot`, rows "
+        "`llmc-surgeon*`, are in bench/results/quality at earlier commits). \"kept\" is the target "
         "size (fraction of prunable weights kept); \"sparsity\" the fraction removed. Seconds are the pruning's "
         "wall time (for `llmc-*` the whole `oneshot` call), indicative only: the 2 cores were shared with other "
         "jobs during parts of the run (uncontended per-shot time: next section).",
