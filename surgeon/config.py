@@ -91,6 +91,8 @@ class PruneConfig:
         None, "N:M: prune the last shot block by block, each block's A from the inputs of the blocks already pruned "
         "(as SparseGPT; G from the shot's pass)", shown="on for N:M with surgeon, kobd or lobd (one Kronecker term)"
     )
+    nm_costs: str = _opt("elements", "N:M propagated shot: each group's weights priced one by one (elements) or each "
+                         "removable set jointly (groups, eq. 7 for the set)", ("elements", "groups"))
     curvature_split: str = _opt(
         "batches", "under torchrun: each rank runs a share of the calibration batches and the factors are summed onto "
         "each block's owner (batches: fastest), or each runs every batch and accumulates only its own blocks' factors "
