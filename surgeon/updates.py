@@ -123,6 +123,7 @@ def cg_tolerance(dtype: torch.dtype) -> float:
 def joint_solve(
     f: KroneckerInverse | KroneckerSum, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor,
     shape: torch.Size | tuple[int, int], tol: float | None = None, max_iter: int | None = None,
+    preconditioner: str = "jacobi",
 ) -> torch.Tensor:
     """u = M⁻¹ w for all K pruned weights at once, M = F⁻¹[S, S] (eqs. 4-5, one chunk).
 
@@ -148,9 +149,21 @@ def joint_solve(
         V[r, c] = x
         return f.apply(V)[r, c]
 
-    inv_diag = 1.0 / f.element_diagonal()[r, c]
+    if preconditioner == "kronecker":  # P⁻¹ = (G ⊗ A)[S, S], the unmasked F restricted to S
+        assert isinstance(f, KroneckerInverse)
+        G, A = (torch.linalg.inv(matrix) for matrix in f.matrices())
+        P = torch.zeros(shape, dtype=w.dtype, device=w.device)
+
+        def precondition(x: torch.Tensor) -> torch.Tensor:
+            P[r, c] = x
+            return (G @ P @ A)[r, c]
+    else:
+        inv_diag = 1.0 / f.element_diagonal()[r, c]
+
+        def precondition(x: torch.Tensor) -> torch.Tensor:
+            return x * inv_diag
     residual = w.clone()
-    z = residual * inv_diag
+    z = precondition(residual)
     direction, rz = z.clone(), residual @ z
     for _ in range(max_iter):
         product = apply(direction)
@@ -159,7 +172,7 @@ def joint_solve(
         residual -= step * product
         if torch.linalg.vector_norm(residual) <= bound:
             break
-        z = residual * inv_diag
+        z = precondition(residual)
         rz, rz_old = residual @ z, rz
         direction = z + (rz / rz_old) * direction
     return u
@@ -174,6 +187,7 @@ def unstructured(
     tol: float | None = None,
     max_iter: int | None = None,
     backend: str = "auto",
+    preconditioner: str = "jacobi",
 ) -> torch.Tensor:
     """New W with the weights in `mask` removed and the rest corrected (eqs. 4-5, docs/DESIGN.md).
 
@@ -193,7 +207,7 @@ def unstructured(
     r, c = mask.nonzero(as_tuple=True)
     U = torch.zeros_like(W)
     if max_correlate is None:
-        U[r, c] = joint_solve(f, r, c, W[r, c], W.shape, tol, max_iter)
+        U[r, c] = joint_solve(f, r, c, W[r, c], W.shape, tol, max_iter, preconditioner)
         delta = f.apply(U)
     elif not isinstance(f, KroneckerInverse):
         raise ValueError("a sum of Kronecker factors needs the joint solve (max_correlate=None)")
