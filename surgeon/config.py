@@ -80,6 +80,8 @@ class PruneConfig:
     cg_max_iter: int = _opt(40, "max-correlate 0: at most this many conjugate-gradient iterations per layer")
     cg_preconditioner: str = _opt("jacobi", "max-correlate 0: conjugate gradients preconditioned by diag(F⁻¹)[S] "
                                   "(jacobi) or (G ⊗ A)[S, S] (kronecker)", ("jacobi", "kronecker"))
+    cg_dtype: str | None = _opt(None, "max-correlate 0: run the conjugate-gradient products G⁻¹ V A⁻¹ in this dtype",
+                                ("bfloat16", "float16"), shown="the model's dtype")
     fisher: str = _opt("empirical", "curvature: empirical Fisher (data labels) or sampled", ("empirical", "sampled"))
     damp_a: float = _opt(0.01, "relative damping of A: A + λ·mean(diag A)·I")
     damp_g: float | None = _opt(None, "relative damping of G: G + λ·mean(diag G)·I",

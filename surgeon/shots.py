@@ -227,7 +227,8 @@ def _element_update(layer: Layer, mask: torch.Tensor, inverse: Plan, config: Pru
         pruned, original = layer.with_bias_col(layer.mask, False), W
         W = updates.finite_update(layer.name, inverse, lambda g: updates.unstructured(
             original, g, pruned, config.max_correlate or None, config.chunk_semantics, config.cg_tol,
-            config.cg_max_iter, config.backend, config.cg_preconditioner), max(config.strengths))
+            config.cg_max_iter, config.backend, config.cg_preconditioner,
+            None if config.cg_dtype is None else getattr(torch, config.cg_dtype)), max(config.strengths))
     layer.store(W)
 
 

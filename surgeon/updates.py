@@ -123,7 +123,7 @@ def cg_tolerance(dtype: torch.dtype) -> float:
 def joint_solve(
     f: KroneckerInverse | KroneckerSum, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor,
     shape: torch.Size | tuple[int, int], tol: float | None = None, max_iter: int | None = None,
-    preconditioner: str = "jacobi",
+    preconditioner: str = "jacobi", operator_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """u = M⁻¹ w for all K pruned weights at once, M = F⁻¹[S, S] (eqs. 4-5, one chunk).
 
@@ -145,9 +145,17 @@ def joint_solve(
         return u
     V = torch.zeros(shape, dtype=w.dtype, device=w.device)
 
-    def apply(x: torch.Tensor) -> torch.Tensor:
-        V[r, c] = x
-        return f.apply(V)[r, c]
+    if operator_dtype is not None:  # the products G⁻¹ V A⁻¹ in a lower precision, the recurrences in w's
+        assert isinstance(f, KroneckerInverse)
+        G_low, A_low = (matrix.to(operator_dtype) for matrix in f.matrices())
+
+        def apply(x: torch.Tensor) -> torch.Tensor:
+            V[r, c] = x
+            return (G_low @ V.to(operator_dtype) @ A_low)[r, c].to(w.dtype)
+    else:
+        def apply(x: torch.Tensor) -> torch.Tensor:
+            V[r, c] = x
+            return f.apply(V)[r, c]
 
     if preconditioner == "kronecker":  # P⁻¹ = (G ⊗ A)[S, S], the unmasked F restricted to S
         assert isinstance(f, KroneckerInverse)
@@ -188,6 +196,7 @@ def unstructured(
     max_iter: int | None = None,
     backend: str = "auto",
     preconditioner: str = "jacobi",
+    operator_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """New W with the weights in `mask` removed and the rest corrected (eqs. 4-5, docs/DESIGN.md).
 
@@ -207,7 +216,7 @@ def unstructured(
     r, c = mask.nonzero(as_tuple=True)
     U = torch.zeros_like(W)
     if max_correlate is None:
-        U[r, c] = joint_solve(f, r, c, W[r, c], W.shape, tol, max_iter, preconditioner)
+        U[r, c] = joint_solve(f, r, c, W[r, c], W.shape, tol, max_iter, preconditioner, operator_dtype)
         delta = f.apply(U)
     elif not isinstance(f, KroneckerInverse):
         raise ValueError("a sum of Kronecker factors needs the joint solve (max_correlate=None)")
