@@ -44,7 +44,7 @@ POINTS = {
         ("4of8-0.5-shots1-propagate-damp-g1", "4:8", dict(shots=1, propagate=True, damp_g=1.0)),
         ("4of8-0.5-surgeon", "4:8", dict(shots=4, propagate=False, damp_g=0.1)),
         ("4of8-0.5-shots1-propagate", "4:8", dict(shots=1, propagate=True, damp_g=0.1)))},
-    "unstructured-0.5-kronecker-preconditioner": PruneConfig(structure="unstructured", target_size=0.5, shots=4,
+    "unstructured-0.5-kronecker-preconditioner-f64": PruneConfig(structure="unstructured", target_size=0.5, shots=4,
                                                              cg_preconditioner="kronecker"),
     "unstructured-0.5-cg-bfloat16": PruneConfig(structure="unstructured", target_size=0.5, shots=4,
                                                 cg_dtype="bfloat16"),

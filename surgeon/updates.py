@@ -159,7 +159,7 @@ def joint_solve(
 
     if preconditioner == "kronecker":  # P⁻¹ = (G ⊗ A)[S, S], the unmasked F restricted to S
         assert isinstance(f, KroneckerInverse)
-        G, A = (torch.linalg.inv(matrix) for matrix in f.matrices())
+        G, A = (torch.linalg.inv(matrix.double()).to(w.dtype) for matrix in f.matrices())  # float32 loses SPD
         P = torch.zeros(shape, dtype=w.dtype, device=w.device)
 
         def precondition(x: torch.Tensor) -> torch.Tensor:
