@@ -44,22 +44,38 @@ POINTS = {
         ("4of8-0.5-shots1-propagate-damp-g1", "4:8", dict(shots=1, propagate=True, damp_g=1.0)),
         ("4of8-0.5-shots4", "4:8", dict(shots=4, propagate=False, damp_g=0.1)),
         ("4of8-0.5-shots1-propagate", "4:8", dict(shots=1, propagate=True, damp_g=0.1)))},
+    "unstructured-0.5-kronecker-preconditioner-f64": PruneConfig(structure="unstructured", target_size=0.5, shots=4,
+                                                             cg_preconditioner="kronecker"),
+    "unstructured-0.5-cg-bfloat16": PruneConfig(structure="unstructured", target_size=0.5, shots=4,
+                                                cg_dtype="bfloat16"),
+    "2of4-0.5-group-costs": PruneConfig(structure="2:4", nm_costs="groups"),
+    "4of8-0.5-group-costs": PruneConfig(structure="4:8", nm_costs="groups"),
     "structured-0.8-shots8": PruneConfig(structure="structured", target_size=0.8, shots=8),
     "structured-0.8-lora20": PruneConfig(structure="structured", target_size=0.8, shots=4, lora_steps=20),
 }
+
+
+# Points calibrated on more windows than the protocol's (the same sampler and seed).
+CALIBRATION = {"unstructured-0.5-shots2-calib16": 16, "2of4-0.5-calib16": 16}
+POINTS.update({"unstructured-0.5-shots2-calib16": PruneConfig(structure="unstructured", target_size=0.5, shots=2),
+               "2of4-0.5-calib16": PruneConfig(structure="2:4")})
 
 
 def main() -> None:
     args = protocol_parser(__doc__).parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     model, dense_state, test_ids, windows = smollm2_protocol(args.calib_windows, args.calib_seqlen)
-    protocol = protocol_of(args)
+    more = {count: smollm2_protocol(count, args.calib_seqlen)[3] for count in set(CALIBRATION.values())}
     ROOT.mkdir(parents=True, exist_ok=True)
     for name, config in POINTS.items():
+        protocol = protocol_of(args)
+        if name in CALIBRATION:
+            protocol["calib_windows"] = CALIBRATION[name]
         path = ROOT / f"{name}@{protocol['commit']}.json"
         if path.exists() or args.only not in name:
             continue
-        result = measure(model, dense_state, windows, test_ids, config, args.eval_windows)
+        result = measure(model, dense_state, more.get(CALIBRATION.get(name, 0), windows), test_ids, config,
+                         args.eval_windows)
         logging.info("%s: ppl %.3f (%.0f s)", name, result["ppl"], result["seconds"])
         write_json(path, {**result, **protocol})
 

@@ -78,6 +78,10 @@ class PruneConfig:
     )
     cg_tol: float = _opt(1e-3, "max-correlate 0: relative residual at which conjugate gradients stop")
     cg_max_iter: int = _opt(40, "max-correlate 0: at most this many conjugate-gradient iterations per layer")
+    cg_preconditioner: str = _opt("jacobi", "max-correlate 0: conjugate gradients preconditioned by diag(F⁻¹)[S] "
+                                  "(jacobi) or (G ⊗ A)[S, S] (kronecker)", ("jacobi", "kronecker"))
+    cg_dtype: str | None = _opt(None, "max-correlate 0: run the conjugate-gradient products G⁻¹ V A⁻¹ in this dtype",
+                                ("bfloat16", "float16"), shown="the model's dtype")
     fisher: str = _opt("empirical", "curvature: empirical Fisher (data labels) or sampled", ("empirical", "sampled"))
     damp_a: float = _opt(0.01, "relative damping of A: A + λ·mean(diag A)·I")
     damp_g: float | None = _opt(None, "relative damping of G: G + λ·mean(diag G)·I",
@@ -91,6 +95,8 @@ class PruneConfig:
         None, "N:M: prune the last shot block by block, each block's A from the inputs of the blocks already pruned "
         "(as SparseGPT; G from the shot's pass)", shown="on for N:M with surgeon, kobd or lobd (one Kronecker term)"
     )
+    nm_costs: str = _opt("elements", "N:M propagated shot: each group's weights priced one by one (elements) or each "
+                         "removable set jointly (groups, eq. 7 for the set)", ("elements", "groups"))
     curvature_split: str = _opt(
         "batches", "under torchrun: each rank runs a share of the calibration batches and the factors are summed onto "
         "each block's owner (batches: fastest), or each runs every batch and accumulates only its own blocks' factors "

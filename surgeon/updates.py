@@ -123,6 +123,7 @@ def cg_tolerance(dtype: torch.dtype) -> float:
 def joint_solve(
     f: KroneckerInverse | KroneckerSum, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor,
     shape: torch.Size | tuple[int, int], tol: float | None = None, max_iter: int | None = None,
+    preconditioner: str = "jacobi", operator_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """u = M⁻¹ w for all K pruned weights at once, M = F⁻¹[S, S] (eqs. 4-5, one chunk).
 
@@ -144,13 +145,33 @@ def joint_solve(
         return u
     V = torch.zeros(shape, dtype=w.dtype, device=w.device)
 
-    def apply(x: torch.Tensor) -> torch.Tensor:
-        V[r, c] = x
-        return f.apply(V)[r, c]
+    if operator_dtype is not None:  # the products G⁻¹ V A⁻¹ in a lower precision, the recurrences in w's
+        assert isinstance(f, KroneckerInverse)
+        G_low, A_low = (matrix.to(operator_dtype) for matrix in f.matrices())
 
-    inv_diag = 1.0 / f.element_diagonal()[r, c]
+        def apply(x: torch.Tensor) -> torch.Tensor:
+            V[r, c] = x
+            return (G_low @ V.to(operator_dtype) @ A_low)[r, c].to(w.dtype)
+    else:
+        def apply(x: torch.Tensor) -> torch.Tensor:
+            V[r, c] = x
+            return f.apply(V)[r, c]
+
+    if preconditioner == "kronecker":  # P⁻¹ = (G ⊗ A)[S, S], the unmasked F restricted to S
+        assert isinstance(f, KroneckerInverse)
+        G, A = (torch.linalg.inv(matrix.double()).to(w.dtype) for matrix in f.matrices())  # float32 loses SPD
+        P = torch.zeros(shape, dtype=w.dtype, device=w.device)
+
+        def precondition(x: torch.Tensor) -> torch.Tensor:
+            P[r, c] = x
+            return (G @ P @ A)[r, c]
+    else:
+        inv_diag = 1.0 / f.element_diagonal()[r, c]
+
+        def precondition(x: torch.Tensor) -> torch.Tensor:
+            return x * inv_diag
     residual = w.clone()
-    z = residual * inv_diag
+    z = precondition(residual)
     direction, rz = z.clone(), residual @ z
     for _ in range(max_iter):
         product = apply(direction)
@@ -159,7 +180,7 @@ def joint_solve(
         residual -= step * product
         if torch.linalg.vector_norm(residual) <= bound:
             break
-        z = residual * inv_diag
+        z = precondition(residual)
         rz, rz_old = residual @ z, rz
         direction = z + (rz / rz_old) * direction
     return u
@@ -174,6 +195,8 @@ def unstructured(
     tol: float | None = None,
     max_iter: int | None = None,
     backend: str = "auto",
+    preconditioner: str = "jacobi",
+    operator_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """New W with the weights in `mask` removed and the rest corrected (eqs. 4-5, docs/DESIGN.md).
 
@@ -193,7 +216,7 @@ def unstructured(
     r, c = mask.nonzero(as_tuple=True)
     U = torch.zeros_like(W)
     if max_correlate is None:
-        U[r, c] = joint_solve(f, r, c, W[r, c], W.shape, tol, max_iter)
+        U[r, c] = joint_solve(f, r, c, W[r, c], W.shape, tol, max_iter, preconditioner, operator_dtype)
         delta = f.apply(U)
     elif not isinstance(f, KroneckerInverse):
         raise ValueError("a sum of Kronecker factors needs the joint solve (max_correlate=None)")
