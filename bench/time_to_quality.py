@@ -44,12 +44,8 @@ POINTS = {
         ("4of8-0.5-shots1-propagate-damp-g1", "4:8", dict(shots=1, propagate=True, damp_g=1.0)),
         ("4of8-0.5-shots4", "4:8", dict(shots=4, propagate=False, damp_g=0.1)),
         ("4of8-0.5-shots1-propagate", "4:8", dict(shots=1, propagate=True, damp_g=0.1)))},
-    "unstructured-0.5-kronecker-preconditioner-f64": PruneConfig(structure="unstructured", target_size=0.5, shots=4,
-                                                             cg_preconditioner="kronecker"),
     "unstructured-0.5-cg-bfloat16": PruneConfig(structure="unstructured", target_size=0.5, shots=4,
                                                 cg_dtype="bfloat16"),
-    "2of4-0.5-group-costs": PruneConfig(structure="2:4", nm_costs="groups"),
-    "4of8-0.5-group-costs": PruneConfig(structure="4:8", nm_costs="groups"),
     "structured-0.8-shots8": PruneConfig(structure="structured", target_size=0.8, shots=8),
     "structured-0.8-lora20": PruneConfig(structure="structured", target_size=0.8, shots=4, lora_steps=20),
 }

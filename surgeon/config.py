@@ -78,8 +78,6 @@ class PruneConfig:
     )
     cg_tol: float = _opt(1e-3, "max-correlate 0: relative residual at which conjugate gradients stop")
     cg_max_iter: int = _opt(40, "max-correlate 0: at most this many conjugate-gradient iterations per layer")
-    cg_preconditioner: str = _opt("jacobi", "max-correlate 0: conjugate gradients preconditioned by diag(F⁻¹)[S] "
-                                  "(jacobi) or (G ⊗ A)[S, S] (kronecker)", ("jacobi", "kronecker"))
     cg_dtype: str | None = _opt(None, "max-correlate 0: run the conjugate-gradient products G⁻¹ V A⁻¹ in this dtype",
                                 ("bfloat16", "float16"), shown="the model's dtype")
     fisher: str = _opt("empirical", "curvature: empirical Fisher (data labels) or sampled", ("empirical", "sampled"))
@@ -95,8 +93,6 @@ class PruneConfig:
         None, "N:M: prune the last shot block by block, each block's A from the inputs of the blocks already pruned "
         "(as SparseGPT; G from the shot's pass)", shown="on for N:M with surgeon, kobd or lobd (one Kronecker term)"
     )
-    nm_costs: str = _opt("elements", "N:M propagated shot: each group's weights priced one by one (elements) or each "
-                         "removable set jointly (groups, eq. 7 for the set)", ("elements", "groups"))
     curvature_split: str = _opt(
         "batches", "under torchrun: each rank runs a share of the calibration batches and the factors are summed onto "
         "each block's owner (batches: fastest), or each runs every batch and accumulates only its own blocks' factors "
@@ -183,6 +179,11 @@ class PruneConfig:
                              "(structured costs of a sum need an inverse per row; the chunked solves need G⁻¹ ⊗ A⁻¹)")
         if self.power_iterations < 2:
             raise ValueError(f"power_iterations={self.power_iterations}: at least 2 (term 2 starts on the second pass)")
+        if self.cg_dtype not in (None, "bfloat16", "float16"):
+            raise ValueError(f"cg_dtype={self.cg_dtype!r}: use bfloat16, float16, or None (the model's)")
+        if self.cg_dtype is not None and (self.kronecker_terms == 2 or self.max_correlate not in (0, None)):
+            raise ValueError("cg_dtype sets the precision of the joint conjugate-gradient solve: it needs "
+                             "max_correlate 0 and one Kronecker term")
         if self.curvature_dtype not in (None, "bfloat16", "float16"):
             raise ValueError(f"curvature_dtype={self.curvature_dtype!r}: use bfloat16, float16, or None (the model's)")
 

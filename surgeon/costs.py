@@ -8,7 +8,6 @@ whose curvature diagonal is exactly zero is dead and costs 0 (`dead`).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -111,30 +110,3 @@ def set_costs(W: torch.Tensor, root: torch.Tensor, M: torch.Tensor, size: int) -
     numerators = (W @ M).reshape(n, size, -1) @ W.reshape(n, size, -1).mT
     blocks = root.reshape(n, size, -1)
     return 0.5 * torch.linalg.solve(blocks @ blocks.mT, numerators).diagonal(dim1=1, dim2=2).sum(1)
-
-
-def nm_group_mask(W: torch.Tensor, G_diagonal: torch.Tensor, A_inverse: torch.Tensor, pruned: torch.Tensor,
-                  n: int, m: int, budget: int = 2**24) -> torch.Tensor:
-    """The N:M mask whose every group of m consecutive weights of a row removes the m−n of least joint cost.
-
-    Eq. 7 for the set S of a row r: [F⁻¹]_SS = [G⁻¹]_rr A⁻¹[S, S], so L_S = ½ w_Sᵀ (A⁻¹[S, S])⁻¹ w_S /
-    [G⁻¹]_rr, over every S of m−n columns of the group; a set that keeps an already pruned weight is
-    not allowed. `W` [R, C] (dead weights zero: they cost nothing), `A_inverse` [C, C] dense.
-    """
-    R, C = W.shape
-    groups = C // m
-    subsets = torch.tensor(list(itertools.combinations(range(m), m - n)), device=W.device)  # [s, k]
-    columns = torch.arange(C, device=W.device).reshape(groups, m)[:, subsets]  # [groups, s, k]
-    blocks = A_inverse[columns.unsqueeze(3), columns.unsqueeze(2)]  # [groups, s, k, k]
-    solves = torch.linalg.inv(blocks)
-    out = torch.zeros(R, groups, m, dtype=torch.bool, device=W.device)
-    step = max(1, budget // solves.numel())
-    for start in range(0, R, step):
-        rows = slice(start, start + step)
-        w = W[rows].reshape(-1, groups, m)[:, :, subsets]  # [r, groups, s, k]
-        cost = 0.5 * torch.einsum("rgsk,gskl,rgsl->rgs", w, solves, w) / G_diagonal[rows, None, None]
-        p = pruned[rows].reshape(-1, groups, m)
-        outside = p.sum(-1, keepdim=True) - p[:, :, subsets].sum(-1)  # pruned weights a set would keep
-        best = cost.masked_fill(outside > 0, float("inf")).argmin(-1)  # [r, groups]
-        out[rows].scatter_(2, subsets[best], True)
-    return out.reshape(R, C)

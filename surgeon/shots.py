@@ -227,8 +227,8 @@ def _element_update(layer: Layer, mask: torch.Tensor, inverse: Plan, config: Pru
         pruned, original = layer.with_bias_col(layer.mask, False), W
         W = updates.finite_update(layer.name, inverse, lambda g: updates.unstructured(
             original, g, pruned, config.max_correlate or None, config.chunk_semantics, config.cg_tol,
-            config.cg_max_iter, config.backend, config.cg_preconditioner,
-            None if config.cg_dtype is None else getattr(torch, config.cg_dtype)), max(config.strengths))
+            config.cg_max_iter, config.backend, None if config.cg_dtype is None else getattr(torch, config.cg_dtype)),
+            max(config.strengths))
     layer.store(W)
 
 
@@ -257,15 +257,8 @@ def _propagated_shot(model: nn.Module, layers: list[Layer], raw: dict, calibrati
             layer = by_name[name]
             entry = dataclasses.replace(raw.pop(name), A=fresh[name].A)  # propagate: methods with a curvature pass
             kept, layer_costs, sibling = _element_plan(layer, entry, config, sibling)
+            mask = ops.nm_select(layer_costs(), n, m, config.backend)[1]
             inverse = next(inverses.unpacked([kept])) if isinstance(kept, inverses.KroneckerInverse) else kept
-            if config.nm_costs == "groups" and isinstance(inverse, inverses.KroneckerInverse):
-                C = layer.module.in_features
-                rows, cols = costs.dead(entry, slice(None), slice(0, C), layer.module.out_features)
-                W = layer.weight()[:, :C].masked_fill(rows.unsqueeze(1) | cols.unsqueeze(0), 0)
-                assert isinstance(inverse.A, torch.Tensor)  # unpacked above
-                mask = costs.nm_group_mask(W, inverse.G_diagonal, inverse.A[:C, :C], layer.mask, n, m)
-            else:
-                mask = ops.nm_select(layer_costs(), n, m, config.backend)[1]
             _element_update(layer, mask, inverse, config)
         ranks.broadcast_layers([by_name[name] for name, _ in named], masks=True)
         inputs.advance()

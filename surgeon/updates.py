@@ -123,7 +123,7 @@ def cg_tolerance(dtype: torch.dtype) -> float:
 def joint_solve(
     f: KroneckerInverse | KroneckerSum, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor,
     shape: torch.Size | tuple[int, int], tol: float | None = None, max_iter: int | None = None,
-    preconditioner: str = "jacobi", operator_dtype: torch.dtype | None = None,
+    operator_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """u = M⁻¹ w for all K pruned weights at once, M = F⁻¹[S, S] (eqs. 4-5, one chunk).
 
@@ -132,7 +132,8 @@ def joint_solve(
     relative residual `cg_tolerance(dtype)`. Jacobi-preconditioned conjugate gradients never form M:
     M u = (F⁻¹ vec(V))[S] with V the scatter of u into an R×C matrix (G⁻¹ V A⁻¹: two GEMMs per
     iteration; four for a `KroneckerSum`); they stop when ‖w − M u‖ ≤ tol·‖w‖ or after `max_iter`
-    iterations (None: max(K, CG_MIN_ITERATIONS)).
+    iterations (None: max(K, CG_MIN_ITERATIONS)). `operator_dtype` (one Kronecker factor) runs the
+    two products in that dtype, e.g. bfloat16, and the recurrences in w's.
     """
     if tol is None and isinstance(f, KroneckerInverse) and 0 < w.numel() <= DIRECT_SOLVE_MAX:
         G_inv, A_inv = f.matrices()
@@ -157,21 +158,9 @@ def joint_solve(
             V[r, c] = x
             return f.apply(V)[r, c]
 
-    if preconditioner == "kronecker":  # P⁻¹ = (G ⊗ A)[S, S], the unmasked F restricted to S
-        assert isinstance(f, KroneckerInverse)
-        G, A = (torch.linalg.inv(matrix.double()).to(w.dtype) for matrix in f.matrices())  # float32 loses SPD
-        P = torch.zeros(shape, dtype=w.dtype, device=w.device)
-
-        def precondition(x: torch.Tensor) -> torch.Tensor:
-            P[r, c] = x
-            return (G @ P @ A)[r, c]
-    else:
-        inv_diag = 1.0 / f.element_diagonal()[r, c]
-
-        def precondition(x: torch.Tensor) -> torch.Tensor:
-            return x * inv_diag
+    inv_diag = 1.0 / f.element_diagonal()[r, c]
     residual = w.clone()
-    z = precondition(residual)
+    z = residual * inv_diag
     direction, rz = z.clone(), residual @ z
     for _ in range(max_iter):
         product = apply(direction)
@@ -180,7 +169,7 @@ def joint_solve(
         residual -= step * product
         if torch.linalg.vector_norm(residual) <= bound:
             break
-        z = precondition(residual)
+        z = residual * inv_diag
         rz, rz_old = residual @ z, rz
         direction = z + (rz / rz_old) * direction
     return u
@@ -195,13 +184,13 @@ def unstructured(
     tol: float | None = None,
     max_iter: int | None = None,
     backend: str = "auto",
-    preconditioner: str = "jacobi",
     operator_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """New W with the weights in `mask` removed and the rest corrected (eqs. 4-5, docs/DESIGN.md).
 
     max_correlate=None: all pruned weights solved jointly (exact eqs. 4-5) by `joint_solve`, with
-    relative residual `tol` in at most `max_iter` iterations (None: exact, see `joint_solve`).
+    relative residual `tol` in at most `max_iter` iterations (None: exact, see `joint_solve`), its
+    products in `operator_dtype` when given.
     Otherwise pruned weights are split into chunks of whole rows (at most `max_correlate` each). Each chunk
     solves u = M⁻¹ w and scatters u into V; the update is ΔW = −G⁻¹ V A⁻¹.
     independent: every chunk's w comes from the original W, so all chunks are solved in batches,
@@ -216,7 +205,7 @@ def unstructured(
     r, c = mask.nonzero(as_tuple=True)
     U = torch.zeros_like(W)
     if max_correlate is None:
-        U[r, c] = joint_solve(f, r, c, W[r, c], W.shape, tol, max_iter, preconditioner, operator_dtype)
+        U[r, c] = joint_solve(f, r, c, W[r, c], W.shape, tol, max_iter, operator_dtype)
         delta = f.apply(U)
     elif not isinstance(f, KroneckerInverse):
         raise ValueError("a sum of Kronecker factors needs the joint solve (max_correlate=None)")

@@ -376,6 +376,25 @@ def test_sum_of_two_kronecker_factors_rejects_what_it_cannot_do():
 
 
 @pytest.mark.parametrize("arch", ["llama", "opt"])
+def test_conjugate_gradients_in_bfloat16_prune_to_the_target(arch):
+    """cg_dtype: the update's products in bfloat16 reach the target with finite weights near, not equal to,
+    float32's; a solve it cannot run is refused."""
+    config = PruneConfig(structure="unstructured", target_size=0.5, shots=2)
+    plain, low = tiny_model(arch), tiny_model(arch)
+    prune(plain, calibration(), config, progress=False)
+    report = prune(low, calibration(), dataclasses.replace(config, cg_dtype="bfloat16"), progress=False)
+    assert_report_reaches_target(report, low)
+    a, b = weights(plain), weights(low)
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+    difference = sum(float((b[k] - a[k]).square().sum()) for k in a) ** 0.5
+    assert difference <= 0.05 * sum(float(a[k].square().sum()) for k in a) ** 0.5
+    with pytest.raises(ValueError, match="cg_dtype"):
+        PruneConfig(structure="unstructured", cg_dtype="int8")
+    with pytest.raises(ValueError, match="cg_dtype sets the precision"):
+        PruneConfig(structure="unstructured", cg_dtype="bfloat16", max_correlate=64)
+
+
+@pytest.mark.parametrize("arch", ["llama", "opt"])
 def test_the_propagated_last_nm_shot_prunes_later_blocks_on_pruned_inputs(arch):
     """Block 0's inputs are the embeddings, which no pruning changes: it prunes as in the unpropagated shot.
     Block 1's A comes from block 0 as pruned and updated: its weights differ. Every group keeps 2 of 4."""

@@ -162,6 +162,27 @@ def test_joint_solve_float32_default_tolerance_reaches_the_minimum(gen):
     assert got < solver.quadratic_loss(W.masked_fill(mask, 0.0) - W, G, A)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_joint_solve_with_low_precision_products_nears_the_minimum(gen, dtype):
+    """The products G⁻¹ V A⁻¹ in bfloat16 or float16, the recurrences in float32: within 2% of the minimum of the
+    quadratic loss, which float32 reaches to 1e-3, and not float32's iterate (the products were rounded)."""
+    W, G, A = problem(24, 30, gen)
+    mask = torch.rand(24, 30, generator=gen) < 0.5
+    expected, _ = closed_form(W, G, A, mask)
+    best = solver.quadratic_loss(expected.masked_fill(mask, 0.0) - W, G, A)
+    r, c = mask.nonzero(as_tuple=True)
+    f = KroneckerInverse.of(G.float(), A.float())
+    losses, iterates = [], []
+    for low in (None, dtype):
+        U = torch.zeros(24, 30)
+        U[r, c] = updates.joint_solve(f, r, c, W.float()[r, c], (24, 30), tol=1e-3, max_iter=200, operator_dtype=low)
+        iterates.append(U)
+        losses.append(solver.quadratic_loss((W.float() - f.apply(U)).masked_fill(mask, 0.0).double() - W, G, A))
+    assert best <= losses[0] <= best * 1.001
+    assert best <= losses[1] <= best * 1.02
+    assert not torch.equal(*iterates)
+
+
 def test_joint_solve_stops_at_max_iter(gen):
     W, G, A = problem(10, 12, gen)
     mask = torch.rand(10, 12, generator=gen) < 0.5
