@@ -198,7 +198,8 @@ def time_to_quality_section(runs: dict[str, dict[str, Any]], commit: str) -> lis
     out = ["`python bench/time_to_quality.py`: LLM Surgeon on the quality table's protocol, one setting changed per "
            "point from a fixed reference (4 shots, conjugate gradients to 1e-4 or 40 iterations, λ_G = 0.1, nothing "
            "propagated), each run alone on the 2 cores; the quality table's own rows come first. Seconds are the "
-           "pruning's wall time.", "",
+           "pruning's wall time. The curves: [docs/figures/time-to-quality.png](../docs/figures/time-to-quality.png) "
+           "(`python bench/time_to_quality.py --figure`).", "",
            "| point | commit | shots | CG tolerance | CG iterations | damping G | propagated | LoRA steps | other "
            "| perplexity | seconds |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     reference = [(name, runs[name], commit) for name in (

@@ -9,7 +9,8 @@ shots, a looser tolerance or a lower iteration cap, and for N:M one shot, weaker
 the last shot propagated block by block (with stronger damping of G), at 2:4 and 4:8; structured
 80% with 8 shots or 20 interleaved LoRA steps per shot (sec. 3.6). Each point is saved as
 bench/results/ttq/<point>@<commit>.json and skipped when that file exists;
-`python bench/results_md.py` draws the table into RESULTS.md. Run it alone: the seconds are wall time.
+`python bench/results_md.py` draws the table into RESULTS.md, `python bench/time_to_quality.py
+--figure` the curves into docs/figures/time-to-quality.png. Run it alone: the seconds are wall time.
 """
 
 from __future__ import annotations
@@ -57,8 +58,55 @@ POINTS.update({"unstructured-0.5-shots2-calib16": PruneConfig(structure="unstruc
                "2of4-0.5-calib16": PruneConfig(structure="2:4")})
 
 
+FIGURE = Path(__file__).resolve().parents[1] / "docs" / "figures" / "time-to-quality.png"
+
+
+def draw(path: Path = FIGURE) -> None:
+    """Perplexity against pruning seconds, one panel per structure: the saved points and the quality table's
+    LLM Surgeon rows (bench/results) within 1.6× the panel's best, the peer's SparseGPT for reference."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = ROOT.parent
+    points = [(p.stem.rsplit("@", 1)[0], json.loads(p.read_text())) for p in sorted(ROOT.glob("*.json"))]
+    commit = max(((p.stem.rsplit("@", 1)[1], p) for p in (results / "quality").glob("dense@*.json")),
+                 key=lambda pair: len(list((results / "quality").glob(f"*@{pair[0]}.json"))))[0]
+    table = [(p.stem.rsplit("@", 1)[0], json.loads(p.read_text()))
+             for p in sorted((results / "quality").glob(f"*-surgeon*@{commit}.json")) if "llmc" not in p.name]
+    peers = {p.stem.split("-0.5")[0]: json.loads(p.read_text())
+             for p in sorted((results / "quality").glob(f"*-llmc-sparsegpt@{commit}.json"))}
+    panels = (("unstructured-0.5", "unstructured 50%"), ("2of4-0.5", "2:4"), ("4of8-0.5", "4:8"),
+              ("structured-0.8", "structured 80%"))
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
+    for axis, (prefix, title) in zip(axes, panels):
+        best = min(run["ppl"] for name, run in points + table if name.startswith(prefix))
+        for label, runs, marker in (("time-to-quality points", points, "o"), (f"quality table @{commit}", table, "s")):
+            chosen = [(name, run) for name, run in runs if name.startswith(prefix) and run["ppl"] <= 1.6 * best]
+            axis.scatter([run["seconds"] for _, run in chosen], [run["ppl"] for _, run in chosen], marker=marker,
+                         label=label)
+            for name, run in chosen:
+                axis.annotate(name[len(prefix) + 1:] or "default", (run["seconds"], run["ppl"]), fontsize=6)
+        peer = peers.get(prefix.split("-")[0])
+        if peer is not None:
+            axis.scatter([peer["seconds"]], [peer["ppl"]], marker="x", color="black", label="llm-compressor SparseGPT")
+        axis.set(title=title, xlabel="pruning seconds (2 CPU cores)", ylabel="perplexity (WikiText-2)")
+    axes[0].legend(fontsize=7)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+
+
 def main() -> None:
-    args = protocol_parser(__doc__).parse_args()
+    parser = protocol_parser(__doc__)
+    parser.add_argument("--figure", action="store_true", help=f"only draw the saved points into {FIGURE.name}")
+    args = parser.parse_args()
+    if args.figure:
+        draw()
+        return
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     model, dense_state, test_ids, windows = smollm2_protocol(args.calib_windows, args.calib_seqlen)
     more = {count: smollm2_protocol(count, args.calib_seqlen)[3] for count in set(CALIBRATION.values())}
