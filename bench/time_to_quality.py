@@ -64,21 +64,17 @@ FIGURE = Path(__file__).resolve().parents[1] / "docs" / "figures" / "time-to-qua
 def draw(path: Path = FIGURE) -> None:
     """Perplexity against pruning seconds, one panel per structure: the saved points and the quality table's
     LLM Surgeon rows (bench/results) within 1.6× the panel's best, the peer's SparseGPT for reference."""
-    import json
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    results = ROOT.parent
-    points = [(p.stem.rsplit("@", 1)[0], json.loads(p.read_text())) for p in sorted(ROOT.glob("*.json"))]
-    commit = max(((p.stem.rsplit("@", 1)[1], p) for p in (results / "quality").glob("dense@*.json")),
-                 key=lambda pair: len(list((results / "quality").glob(f"*@{pair[0]}.json"))))[0]
-    table = [(p.stem.rsplit("@", 1)[0], json.loads(p.read_text()))
-             for p in sorted((results / "quality").glob(f"*-surgeon*@{commit}.json")) if "llmc" not in p.name]
-    peers = {p.stem.split("-0.5")[0]: json.loads(p.read_text())
-             for p in sorted((results / "quality").glob(f"*-llmc-sparsegpt@{commit}.json"))}
+    from bench.results_md import load, quality_runs
+
+    points = [(p.stem.rsplit("@", 1)[0], load(p)) for p in sorted(ROOT.glob("*.json"))]
+    commit, runs = quality_runs()
+    table = [(name, run) for name, run in runs.items() if "-surgeon" in name and "llmc" not in name]
+    peers = {name.split("-0.5")[0]: run for name, run in runs.items() if name.endswith("-llmc-sparsegpt")}
     panels = (("unstructured-0.5", "unstructured 50%"), ("2of4-0.5", "2:4"), ("4of8-0.5", "4:8"),
               ("structured-0.8", "structured 80%"))
     figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
@@ -108,18 +104,18 @@ def main() -> None:
         draw()
         return
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    model, dense_state, test_ids, windows = smollm2_protocol(args.calib_windows, args.calib_seqlen)
-    more = {count: smollm2_protocol(count, args.calib_seqlen)[3] for count in set(CALIBRATION.values())}
+    model, dense_state, test_ids, protocol_windows = smollm2_protocol(args.calib_windows, args.calib_seqlen)
+    windows = {args.calib_windows: protocol_windows}  # by count, drawn when a point first needs them
     ROOT.mkdir(parents=True, exist_ok=True)
     for name, config in POINTS.items():
-        protocol = protocol_of(args)
-        if name in CALIBRATION:
-            protocol["calib_windows"] = CALIBRATION[name]
+        count = CALIBRATION.get(name, args.calib_windows)
+        protocol = {**protocol_of(args), "calib_windows": count}
         path = ROOT / f"{name}@{protocol['commit']}.json"
         if path.exists() or args.only not in name:
             continue
-        result = measure(model, dense_state, more.get(CALIBRATION.get(name, 0), windows), test_ids, config,
-                         args.eval_windows)
+        if count not in windows:
+            windows[count] = smollm2_protocol(count, args.calib_seqlen)[3]
+        result = measure(model, dense_state, windows[count], test_ids, config, args.eval_windows)
         logging.info("%s: ppl %.3f (%.0f s)", name, result["ppl"], result["seconds"])
         write_json(path, {**result, **protocol})
 

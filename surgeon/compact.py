@@ -230,30 +230,48 @@ def _decilm_model(model: nn.Module, units: list[BlockUnits]) -> nn.Module:
     state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
     blocks = []
     for block, unit in zip(decoder_blocks(model), units):
-        prefix = next(name for name, module in model.named_modules() if module is block) + "."
+        prefix = _prefix(model, block)
         for name in [name for name in state if name.startswith(prefix)]:
             del state[name]
         block_config, parts = _decilm_block(unit, heads, per_kv, head_dim, block)
         blocks.append(block_config)
-        for name, tensors in parts.items():
-            for kind, tensor in tensors.items():
-                state[f"{prefix}{name}.{kind}"] = tensor
         for norm, part in (("input_layernorm", "attention"), ("post_attention_layernorm", "ffn")):
             if not block_config[part]["no_op"]:
                 norm_module: Any = block.get_submodule(norm)
-                state[f"{prefix}{norm}.weight"] = norm_module.weight.detach()
-    settings = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures", "auto_map")}
-    settings.update(num_attention_heads=heads, head_dim=head_dim, block_configs=blocks,
+                parts[norm] = {"weight": norm_module.weight.detach()}
+        _put(state, prefix, parts)
+    settings = dict(num_attention_heads=heads, head_dim=head_dim, block_configs=blocks,
                     num_key_value_heads=max([heads // b["attention"]["n_heads_in_group"] for b in blocks
                                              if not b["attention"]["no_op"]], default=1),
                     intermediate_size=max([compact_modeling.ffn_width(b["ffn"]["ffn_mult"], config.hidden_size)
                                            for b in blocks if not b["ffn"]["no_op"]], default=1))
-    compact_config = compact_modeling.DeciLMConfig(**settings)
-    compact_config.architectures = ["DeciLMForCausalLM"]
-    compact_config.auto_map = {"AutoConfig": "compact_modeling.DeciLMConfig",
-                               "AutoModelForCausalLM": "compact_modeling.DeciLMForCausalLM"}
-    compact: Any = compact_modeling.DeciLMForCausalLM(compact_config)
-    return _loaded(compact.to(next(model.parameters()).dtype), state)
+    compact = _shipped_model(compact_modeling.DeciLMConfig, compact_modeling.DeciLMForCausalLM, config, settings,
+                             next(model.parameters()).dtype)
+    return _loaded(compact, state)
+
+
+def _prefix(model: nn.Module, block: nn.Module) -> str:
+    """The state-dict prefix of a decoder block of `model` ("model.layers.3.")."""
+    return next(name for name, module in model.named_modules() if module is block) + "."
+
+
+def _put(state: dict[str, torch.Tensor], prefix: str, parts: dict[str, dict[str, torch.Tensor]]) -> None:
+    """Write a block's parts ({"mlp.up_proj": {"weight": …, "bias": …}}) into `state` under `prefix`."""
+    for name, tensors in parts.items():
+        for kind, tensor in tensors.items():
+            state[f"{prefix}{name}.{kind}"] = tensor
+
+
+def _shipped_model(config_class: Any, model_class: Any, config: Any, settings: dict[str, Any],
+                   dtype: torch.dtype) -> Any:
+    """A model of `compact_modeling`'s `model_class` from `config`'s settings updated with `settings`; its config's
+    `auto_map` names the copy of `compact_modeling` that the checkpoint ships (`trust_remote_code=True`)."""
+    base = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures", "auto_map")}
+    compact_config = config_class(**{**base, **settings})
+    compact_config.architectures = [model_class.__name__]
+    compact_config.auto_map = {"AutoConfig": f"compact_modeling.{config_class.__name__}",
+                               "AutoModelForCausalLM": f"compact_modeling.{model_class.__name__}"}
+    return model_class(compact_config).to(dtype)
 
 
 def _loaded(compact: Any, state: dict[str, torch.Tensor]) -> nn.Module:
@@ -294,15 +312,9 @@ def compact_model(model: nn.Module, format: str = "standard") -> nn.Module:
         compact = AutoModelForCausalLM.from_config(config, dtype=dtype)
     else:
         config_class, model_class = compact_modeling.classes(config.model_type)
-        settings = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures", "auto_map")}
-        compact_config = config_class(**settings, per_layer_config=per_layer)
-        compact_config.architectures = [model_class.__name__]
-        compact_config.auto_map = {"AutoConfig": f"compact_modeling.{config_class.__name__}",
-                                   "AutoModelForCausalLM": f"compact_modeling.{model_class.__name__}"}
-        compact = model_class(compact_config).to(dtype)
+        compact = _shipped_model(config_class, model_class, config, {"per_layer_config": per_layer}, dtype)
     state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
     for block, unit, (inner_b, kv_b, per_b) in zip(decoder_blocks(model), units, widths):
-        prefix = next(name for name, module in model.named_modules() if module is block) + "."
         neurons = _first(unit.neurons, inner_b)
         if opt:
             parts = {"fc1": _select(_linear(block, "fc1"), rows=neurons),
@@ -317,9 +329,7 @@ def compact_model(model: nn.Module, format: str = "standard") -> nn.Module:
                          "self_attn.k_proj": (kv_rows, None), "self_attn.v_proj": (kv_rows, None),
                          "self_attn.o_proj": (None, q_rows)}
             parts = {name: _select(_linear(block, name), rows, cols) for name, (rows, cols) in selection.items()}
-        for name, tensors in parts.items():
-            for kind, tensor in tensors.items():
-                state[f"{prefix}{name}.{kind}"] = tensor
+        _put(state, _prefix(model, block), parts)
     return _loaded(compact, state)
 
 

@@ -152,6 +152,7 @@ def count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, dev
     largest = max(m.weight.numel() for _, m in layers)
     widest = max(max(m.weight.shape) + 1 for _, m in layers)
     layer_temporaries = 3 * largest * 4 + 2 * widest * widest * 4  # W, update, mask in float32; one dense inverse
+    block_inputs = 2 * nsamples * seqlen * settings.hidden_size * itemsize  # for block-by-block pruning
     phases: dict[str, dict[str, int]] = {}
     accumulation = 0
     if config.method in NEEDS_A:
@@ -169,12 +170,11 @@ def count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, dev
         }
         phases["prune"] = {"weights": weights, "inverses": A + G, "layer": layer_temporaries}
         if config.propagate:  # N:M's last shot runs block by block on every window's block inputs
-            phases["prune"]["block_inputs"] = 2 * nsamples * seqlen * settings.hidden_size * itemsize
+            phases["prune"]["block_inputs"] = block_inputs
     else:
         block = [m for _, m in prunable_layers(model)[0]]
-        hidden = settings.hidden_size
         phases["prune"] = {
-            "weights": weights, "block_inputs": 2 * nsamples * seqlen * hidden * itemsize,
+            "weights": weights, "block_inputs": block_inputs,
             "hessians": sum(packed_bytes(m.in_features) * 2 for m in block), "layer": layer_temporaries,
         }
     blocks = decoder_blocks(model)

@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -238,38 +238,48 @@ def _propagated_shot(model: nn.Module, layers: list[Layer], raw: dict, calibrati
 
     Every group goes, so each layer's mask is its own N of every M (no global threshold, sec. 3.3);
     each block's A is estimated again from the inputs the blocks before it give, already pruned and
-    updated in this shot (as SparseGPT prunes), G is the shot's (docs/DESIGN.md). Over `ranks`, as
-    `_per_layer_shot`: the block's owner, which holds its G, prunes it and broadcasts it.
+    updated in this shot (as SparseGPT prunes), G is the shot's (docs/DESIGN.md). Over `ranks`, the
+    block's owner, which holds its G, prunes it (`_pruned_block_by_block`).
     """
-    by_name = {layer.name: layer for layer in layers}
-    split = config.curvature_split == "batches"
-    inputs = BlockInputs(model, decoder_blocks(model), _share(calibration, config, ranks), config.batch_size)
     assert config.nm is not None  # PruneConfig allows propagate only with an N:M structure
     n, m = config.nm
-    for named in tqdm(prunable_layers(model), desc="blocks", leave=False, disable=not progress):
-        fresh = curvature.estimate_inputs(named, inputs.forwards(), calibration.numel(), config.backend,
-                                          config.curvature_dtype, config.group_bytes)
-        if split:
-            ranks.reduce_factors(fresh)
-        ranks.gather_layers([by_name[name] for name, _ in named])
+    for block in _pruned_block_by_block(model, layers, calibration, config, ranks, progress):
         sibling: inverses.Sibling | None = None
-        for name in (name for name, _ in named if name in raw):  # this rank's layers
-            layer = by_name[name]
-            entry = dataclasses.replace(raw.pop(name), A=fresh[name].A)  # propagate: methods with a curvature pass
+        for layer, fresh in block:
+            entry = dataclasses.replace(raw.pop(layer.name), A=fresh.A)  # propagate: methods with a curvature pass
             kept, layer_costs, sibling = _element_plan(layer, entry, config, sibling)
             mask = ops.nm_select(layer_costs(), n, m, config.backend)[1]
             inverse = next(inverses.unpacked([kept])) if isinstance(kept, inverses.KroneckerInverse) else kept
             _element_update(layer, mask, inverse, config)
-        ranks.broadcast_layers([by_name[name] for name, _ in named], masks=True)
+
+
+def _pruned_block_by_block(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, config: PruneConfig,
+                           ranks: Ranks, progress: bool) -> Iterator[list[tuple[Layer, curvature.LayerFactors]]]:
+    """Per decoder block, this rank's layers of it with their input factors, for the caller to prune in place.
+
+    Each block's inputs come from the blocks before it, already pruned: the block runs once to
+    estimate its layers' input factors and once, pruned, to give the next block's inputs
+    (`BlockInputs`). Split over `ranks` by batches, each runs its share of the batches and a block's
+    factors are summed onto its owner; by blocks, each runs every batch and the owner keeps its
+    block's factors. The block's layers are gathered whole before it is yielded and broadcast from
+    their owners after.
+    """
+    by_name = {layer.name: layer for layer in layers}
+    share = calibration
+    if config.curvature_split == "batches":
+        batches = calibration.split(config.batch_size)
+        share = torch.cat([batches[i] for i in ranks.batches(len(batches))])
+    inputs = BlockInputs(model, decoder_blocks(model), share, config.batch_size)
+    for named in tqdm(prunable_layers(model), desc="blocks", leave=False, disable=not progress):
+        factors = curvature.estimate_inputs(named, inputs.forwards(), calibration.numel(), config.backend,
+                                            config.curvature_dtype, config.group_bytes)
+        if config.curvature_split == "batches":
+            ranks.reduce_factors(factors)
+        block = [by_name[name] for name, _ in named]
+        ranks.gather_layers(block)
+        yield [(layer, factors[layer.name]) for layer in block if ranks.mine(layer.name)]
+        ranks.broadcast_layers(block, masks=True)
         inputs.advance()
-
-
-def _share(calibration: torch.Tensor, config: PruneConfig, ranks: Ranks) -> torch.Tensor:
-    """The calibration windows this rank runs block by block: its batches when split by batches, else all."""
-    if config.curvature_split != "batches":
-        return calibration
-    batches = calibration.split(config.batch_size)
-    return torch.cat([batches[i] for i in ranks.batches(len(batches))])
 
 
 def _phases(times: list[float]) -> dict[str, float]:
@@ -279,29 +289,11 @@ def _phases(times: list[float]) -> dict[str, float]:
 
 def _per_layer_shot(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, target_size: float,
                     config: PruneConfig, ranks: Ranks, progress: bool) -> None:
-    """SparseGPT or Wanda: each layer pruned to the same sparsity with its own algorithm.
-
-    As published, block by block: each block's inputs come from the blocks before it, already
-    pruned; the block runs once to estimate its layers' input factors and once, pruned, to give
-    the next block's inputs (`BlockInputs`). Split over `ranks` by batches, each runs its share of the
-    batches and a block's factors are summed onto its owner; by blocks, each runs every batch and
-    the owner keeps its block's factors. The owner prunes the block and broadcasts it.
-    """
-    by_name = {layer.name: layer for layer in layers}
-    split = config.curvature_split == "batches"
-    inputs = BlockInputs(model, decoder_blocks(model), _share(calibration, config, ranks), config.batch_size)
-    for named in tqdm(prunable_layers(model), desc="blocks", leave=False, disable=not progress):
-        raw = curvature.estimate_inputs(named, inputs.forwards(), calibration.numel(), config.backend,
-                                        config.curvature_dtype, config.group_bytes)
-        if split:
-            ranks.reduce_factors(raw)
-        else:  # every rank ran every batch; the owner keeps the block's factors
-            raw = {name: entry for name, entry in raw.items() if ranks.mine(name)}
-        ranks.gather_layers([by_name[name] for name, _ in named])
-        for name in raw:
-            _prune_one_layer(by_name[name], raw[name].A.dense(), target_size, config)
-        ranks.broadcast_layers([by_name[name] for name, _ in named], masks=True)
-        inputs.advance()
+    """SparseGPT or Wanda: each layer pruned to the same sparsity with its own algorithm, block by block on the
+    inputs of the blocks already pruned, as published (`_pruned_block_by_block`)."""
+    for block in _pruned_block_by_block(model, layers, calibration, config, ranks, progress):
+        for layer, factors in block:
+            _prune_one_layer(layer, factors.A.dense(), target_size, config)
 
 
 def _prune_one_layer(layer: Layer, A: torch.Tensor, target_size: float, config: PruneConfig) -> None:
