@@ -139,11 +139,12 @@ class _NoAttention(nn.Module):
         super().__init__()
         self.layer_idx, self.head_dim = layer_idx, head_dim
 
-    def forward(self, hidden_states: torch.Tensor, *args: Any, past_key_values: Any = None,
+    def forward(self, hidden_states: torch.Tensor, *args: Any, cache: Any = None, past_key_values: Any = None,
                 **kwargs: Any) -> tuple[torch.Tensor, None]:
-        if past_key_values is not None:
+        cache = cache if cache is not None else past_key_values  # transformers ≥ 5.24 names it `cache`
+        if cache is not None:
             zero = hidden_states.new_zeros(hidden_states.shape[0], 1, hidden_states.shape[1], self.head_dim)
-            past_key_values.update(zero, zero, self.layer_idx)
+            cache.update(zero, zero, self.layer_idx)
         return torch.zeros_like(hidden_states), None
 
 
