@@ -34,6 +34,7 @@ CONFIGS = autotune_configs(
 )
 TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 FACTOR_FIELDS = tl.constexpr(6)  # x address, out address, tokens, width, row stride of x, bias flag
+PROMOTE = tl.constexpr(8)  # token chunks per partial sum
 
 
 def snapshot_outputs(nargs: dict, reset_only: bool = False) -> None:
@@ -50,13 +51,13 @@ def restore_outputs(nargs: dict, exception: Exception | None) -> None:
         tiles.copy_(saved)
 
 
-@triton.autotune(configs=CONFIGS, key=["MAX_C", "FP32_DOT", "BLOCK"], pre_hook=snapshot_outputs,
+@triton.autotune(configs=CONFIGS, key=["MAX_C", "FP32_DOT", "ALIGNED", "BLOCK"], pre_hook=snapshot_outputs,
                  post_hook=restore_outputs)
 @triton.jit(do_not_specialize=["MAX_C"])
 def _kfac_accumulate_kernel(
     program_ptr, factor_ptr, scale, MAX_C,
-    X_DTYPE: tl.constexpr, ANY_BIAS: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    X_DTYPE: tl.constexpr, ANY_BIAS: tl.constexpr, FP32_DOT: tl.constexpr, ALIGNED: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Stored tile (i, j), i ≤ j, of factor g: out_g += scale · Σ_n [x_n, 1][x_n, 1]ᵀ (eq. 6)."""
     p = tl.program_id(0)
@@ -70,23 +71,32 @@ def _kfac_accumulate_kernel(
     N = tl.load(entry + 2)
     C = tl.load(entry + 3)
     stride_x = tl.load(entry + 4)
+    if ALIGNED:  # the launch's inputs all start 16-byte aligned with widths and row strides multiples of 16
+        x_ptr = tl.multiple_of(x_ptr, 16)
+        C = tl.multiple_of(C, 16)
+        stride_x = tl.multiple_of(stride_x, 16)
     bias_col = tl.where(tl.load(entry + 5) != 0, C, -1)  # -1: no bias column
     rows = i * BLOCK + tl.arange(0, BLOCK)
     cols = j * BLOCK + tl.arange(0, BLOCK)
     acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
-    for start in range(0, N, BLOCK_K):
-        n = start + tl.arange(0, BLOCK_K)
-        n_ok = n < N
-        offs = n.to(tl.int64)[:, None] * stride_x
-        a = tl.load(x_ptr + offs + rows[None, :], mask=n_ok[:, None] & (rows < C)[None, :], other=0.0)
-        b = tl.load(x_ptr + offs + cols[None, :], mask=n_ok[:, None] & (cols < C)[None, :], other=0.0)
-        if ANY_BIAS:
-            a = tl.where(n_ok[:, None] & (rows == bias_col)[None, :], 1.0, a.to(tl.float32)).to(a.dtype)
-            b = tl.where(n_ok[:, None] & (cols == bias_col)[None, :], 1.0, b.to(tl.float32)).to(b.dtype)
-        if FP32_DOT:
-            acc += tl.dot(tl.trans(a.to(tl.float32)), b.to(tl.float32), input_precision="ieee")
-        else:
-            acc += tl.dot(tl.trans(a), b)
+    for start in range(0, N, BLOCK_K * PROMOTE):
+        # PROMOTE chunks summed in the dot's accumulator, then added to `acc` with plain fp32 adds: a
+        # sum of all N tokens in the tensor cores' accumulator loses precision on Hopper (bench/RESULTS.md)
+        part = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+        for step in range(PROMOTE):
+            n = start + step * BLOCK_K + tl.arange(0, BLOCK_K)
+            n_ok = n < N
+            offs = n.to(tl.int64)[:, None] * stride_x
+            a = tl.load(x_ptr + offs + rows[None, :], mask=n_ok[:, None] & (rows < C)[None, :], other=0.0)
+            b = tl.load(x_ptr + offs + cols[None, :], mask=n_ok[:, None] & (cols < C)[None, :], other=0.0)
+            if ANY_BIAS:
+                a = tl.where(n_ok[:, None] & (rows == bias_col)[None, :], 1.0, a.to(tl.float32)).to(a.dtype)
+                b = tl.where(n_ok[:, None] & (cols == bias_col)[None, :], 1.0, b.to(tl.float32)).to(b.dtype)
+            if FP32_DOT:
+                part = tl.dot(tl.trans(a.to(tl.float32)), b.to(tl.float32), part, input_precision="ieee")
+            else:
+                part = tl.dot(tl.trans(a), b, part)
+        acc += part
     local = tl.arange(0, BLOCK)
     tile = out_ptr + slot * BLOCK * BLOCK + local[:, None] * BLOCK + local[None, :]
     tl.store(tile, tl.load(tile) + scale * acc)  # padding rows/columns add zeros
@@ -126,5 +136,6 @@ def kfac_accumulate(outs: Sequence[PackedSymmetric], xs: Sequence[torch.Tensor],
     _kfac_accumulate_kernel[(program_table.shape[0],)](
         program_table, factor_table, float(scale), max(x.shape[1] for _, x in live),
         X_DTYPE=TL_DTYPES[dtype], ANY_BIAS=any(biases), FP32_DOT=dtype == torch.float32 or INTERPRET,
+        ALIGNED=all(x.data_ptr() % 16 == 0 and x.stride(0) % 16 == 0 and x.shape[1] % 16 == 0 for _, x in live),
         BLOCK=outs[0].tile,
     )
