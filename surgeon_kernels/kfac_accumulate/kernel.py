@@ -34,7 +34,8 @@ CONFIGS = autotune_configs(
 )
 TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 FACTOR_FIELDS = tl.constexpr(6)  # x address, out address, tokens, width, row stride of x, bias flag
-PROMOTE = tl.constexpr(8)  # token chunks per partial sum
+# token chunks per partial sum, by input dtype
+PROMOTE = {torch.float32: 8, torch.bfloat16: 8, torch.float16: 4}
 
 
 def snapshot_outputs(nargs: dict, reset_only: bool = False) -> None:
@@ -51,13 +52,13 @@ def restore_outputs(nargs: dict, exception: Exception | None) -> None:
         tiles.copy_(saved)
 
 
-@triton.autotune(configs=CONFIGS, key=["MAX_C", "FP32_DOT", "ALIGNED", "BLOCK"], pre_hook=snapshot_outputs,
+@triton.autotune(configs=CONFIGS, key=["MAX_C", "FP32_DOT", "ALIGNED", "PROMOTE", "BLOCK"], pre_hook=snapshot_outputs,
                  post_hook=restore_outputs)
 @triton.jit(do_not_specialize=["MAX_C"])
 def _kfac_accumulate_kernel(
     program_ptr, factor_ptr, scale, MAX_C,
     X_DTYPE: tl.constexpr, ANY_BIAS: tl.constexpr, FP32_DOT: tl.constexpr, ALIGNED: tl.constexpr,
-    BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+    PROMOTE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Stored tile (i, j), i ≤ j, of factor g: out_g += scale · Σ_n [x_n, 1][x_n, 1]ᵀ (eq. 6)."""
     p = tl.program_id(0)
@@ -137,5 +138,5 @@ def kfac_accumulate(outs: Sequence[PackedSymmetric], xs: Sequence[torch.Tensor],
         program_table, factor_table, float(scale), max(x.shape[1] for _, x in live),
         X_DTYPE=TL_DTYPES[dtype], ANY_BIAS=any(biases), FP32_DOT=dtype == torch.float32 or INTERPRET,
         ALIGNED=all(x.data_ptr() % 16 == 0 and x.stride(0) % 16 == 0 and x.shape[1] % 16 == 0 for _, x in live),
-        BLOCK=outs[0].tile,
+        PROMOTE=PROMOTE[dtype], BLOCK=outs[0].tile,
     )
