@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Re-measures every GPU figure in bench/RESULTS.md on a CUDA machine: the CUDA kernel tests, the
-# kernel microbenchmarks (bench/gpu_kernels.py) and the Llama-2-7B-shaped shot timings given as
-# arguments ("BLOCKS:SHOTS:BATCH", e.g. 8:4:1 32:4:2; a fourth field "profile" also writes
-# torch.profiler's table, or a number sets --group-bytes, e.g. 32:4:2:0 for one factor-accumulation
-# launch per factor; a fifth field names another structure, pruned to 50% instead of 80%, e.g.
-# 32:1:2::unstructured), and the generation speed of SmolLM2 and of the checkpoints named in
-# GENERATION_MODELS (bench/generation_speed.py). Logs and JSON go to $OUT (default out/gpu); the
-# generation results go to bench/results/gpu. The shots run --backend triton (BACKEND=auto to compare),
-# so that every Triton kernel runs on the GPU; surgeon_kernels.ops.RUN_ON_CUDA then lists those that
-# passed, with this commit. SKIP_TESTS=1, SKIP_MICRO=1 and SKIP_GENERATION=1 leave out the tests (at
-# most 300 s), the microbenchmarks (at most MICRO_TIMEOUT, 300 s) and the generation speed (at most
-# 600 s); each shot spec may take 420 s. RANKS=N (on a machine with N GPUs) also times each shot spec
-# under torchrun on N GPUs, split by batches and by blocks with FSDP2 (420 s each).
+# Re-measures every GPU figure in bench/RESULTS.md on a CUDA machine: the CUDA kernel tests, the kernel
+# microbenchmarks (bench/gpu_kernels.py, bench/kfac_accuracy.py) and the Llama-2-7B-shaped shot timings
+# given as arguments ("BLOCKS:SHOTS:BATCH", e.g. 8:4:1 32:4:2; a fourth field "profile" also writes
+# torch.profiler's table, or a number sets --group-bytes, e.g. 32:4:2:0 for one factor-accumulation launch
+# per factor; a fifth field names another structure, unstructured pruned to 50% instead of 80%, N:M
+# written NofM, e.g. 32:1:2::unstructured or 32:1:2::2of4), and the generation speed of SmolLM2 and of the
+# checkpoints named in GENERATION_MODELS (bench/generation_speed.py). Logs and JSON go to $OUT (default
+# out/gpu); the generation results go to bench/results/gpu. The shots run --backend triton (BACKEND=auto
+# to compare), so that every Triton kernel runs on the GPU; surgeon_kernels.ops.RUN_ON_CUDA then lists
+# those that passed, with this commit. SKIP_TESTS=1, SKIP_MICRO=1 and SKIP_GENERATION=1 leave out the
+# tests (at most 300 s), the microbenchmarks (at most MICRO_TIMEOUT, 300 s, then the factor accumulation's
+# accuracy, 120 s) and the generation speed (at most 600 s); each shot spec may take 420 s. RANKS=N (on a
+# machine with N GPUs) also times each shot spec under torchrun on N GPUs, split by batches and by blocks
+# with FSDP2 (420 s each).
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
@@ -24,15 +25,18 @@ fi
 for spec in "$@"; do
   IFS=: read -r blocks shots batch profile structure <<< "$spec"
   structure=${structure:-structured}
-  target=0.8
-  [ "$structure" = structured ] || target=0.5
   name="llama2-7b-${blocks}blocks-${shots}shots-batch${batch}${profile:+-$profile}"
   [ "$structure" = structured ] || name="$name-$structure"
+  case "$structure" in  # N:M is written NofM in a spec (e.g. 2of4), whose fields ':' separates
+    structured) target=(--target-size 0.8) ;;
+    *of*) structure=${structure/of/:}; target=() ;;
+    *) target=(--target-size 0.5) ;;
+  esac
   extra=()
   [ "$profile" = profile ] && extra=(--profile "$OUT/profile-$name.txt")
   [[ "$profile" =~ ^[0-9]+$ ]] && extra=(--group-bytes "$profile")
   timeout 420 python3 bench/shot_time.py --config bench/configs/llama-2-7b.json --layers "$blocks" --device cuda \
-    --dtype bfloat16 --nsamples 128 --seqlen 2048 --shots "$shots" --batch-size "$batch" --target-size "$target" \
+    --dtype bfloat16 --nsamples 128 --seqlen 2048 --shots "$shots" --batch-size "$batch" "${target[@]}" \
     --structure "$structure" --backend "${BACKEND:-triton}" --output "$OUT/shot-$name.json" "${extra[@]}" \
     > "$OUT/shot-$name.log" 2>&1
   echo "shot $spec rc=$?"; grep -v "it/s\]" "$OUT/shot-$name.log" | tail -6
@@ -42,7 +46,7 @@ for spec in "$@"; do
       [ "$split" = blocks ] && sharding=(--fsdp)
       timeout 420 torchrun --standalone --nproc-per-node "$RANKS" bench/shot_time.py \
         --config bench/configs/llama-2-7b.json --layers "$blocks" --device cuda --dtype bfloat16 --nsamples 128 \
-        --seqlen 2048 --shots "$shots" --batch-size "$batch" --target-size "$target" --structure "$structure" \
+        --seqlen 2048 --shots "$shots" --batch-size "$batch" "${target[@]}" --structure "$structure" \
         --backend "${BACKEND:-triton}" --curvature-split "$split" "${sharding[@]}" \
         --output "$OUT/shot-$name-${RANKS}ranks-$split.json" > "$OUT/shot-$name-${RANKS}ranks-$split.log" 2>&1
       echo "shot $spec on $RANKS ranks by $split rc=$?"; grep -v "it/s\]" "$OUT/shot-$name-${RANKS}ranks-$split.log" | tail -4
@@ -52,6 +56,8 @@ done
 if [ -z "${SKIP_MICRO:-}" ]; then
   timeout "${MICRO_TIMEOUT:-300}" python3 bench/gpu_kernels.py --output "$OUT/micro-gpu.json" > "$OUT/micro.log" 2>&1
   echo "micro rc=$?"; tail -3 "$OUT/micro.log"
+  timeout 120 python3 bench/kfac_accuracy.py --output "$OUT/kfac-accuracy.json" > "$OUT/kfac-accuracy.log" 2>&1
+  echo "kfac accuracy rc=$?"
 fi
 if [ -z "${SKIP_GENERATION:-}" ]; then
   # SmolLM2 dense, then (when GENERATION_MODELS names them) pruned and compact checkpoints, e.g. "out/c80 out/c80-compact"

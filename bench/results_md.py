@@ -251,7 +251,7 @@ def plan_section() -> list[str]:
            "`surgeon plan` for each shape in bfloat16, 128 × 2048 calibration tokens, 80 GB GPUs, counted from the "
            "configuration (docs/DESIGN.md, \"Planning\"). Peak is per GPU for the strategy chosen (the lowest that "
            "runs where none fits); a run fits when the peak plus 12% headroom does. Time per shot is projected from "
-           "the Llama-2-7B structured rate measured on one H100, for structured LLM Surgeon only.", "",
+           "the Llama-2-7B rates measured on one H100 for each kind of run (surgeon.plan.H100_PRUNE_S).", "",
            "| model | structure | GPUs | fits | strategy | peak GiB per GPU | projected s per shot (curvature + prune) "
            "|",
            "| --- | --- | --- | --- | --- | --- | --- |"]

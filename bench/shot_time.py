@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--structure", default="structured")
     parser.add_argument("--target-size", type=float, default=None, help="default: 0.8; N:M keeps N/M")
-    parser.add_argument("--shots", type=int, default=4)
+    parser.add_argument("--shots", type=int, default=None, help="default: PruneConfig's for the structure")
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--group-bytes", type=int, default=None,
                         help="queued bytes per grouped factor accumulation on this device (0: one launch per "

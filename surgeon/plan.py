@@ -45,10 +45,16 @@ GIB = 2**30
 HEADROOM = 0.12
 QUEUE_BYTES_CUDA = 1 << 29  # curvature.DEFAULT_GROUP_BYTES on CUDA
 TILE = 128  # surgeon_kernels.symmetric.TILE
-# Measured on one H100 (bench/results/gpu/shot-llama2-7b-32blocks-4shots-batch2@063edc6.json): a
-# Llama-2-7B structured shot of 128 × 2048 tokens, curvature 30.4 s, prune 13.6 s.
-H100_REFERENCE = {"parameters": 6_476_005_376, "tokens": 128 * 2048, "curvature_s": 30.4, "prune_s": 13.6,
-                  "source": "bench/results/gpu/shot-llama2-7b-32blocks-4shots-batch2@063edc6.json"}
+# Measured on one H100 with a Llama-2-7B of random weights, 128 × 2048 tokens, bfloat16, batch 2
+# (bench/results/gpu/shot-llama2-7b-32blocks-*): the curvature pass, which does not depend on the
+# structure, and the prune phase of one LLM Surgeon shot per kind of run.
+H100_PARAMETERS = 6_476_005_376  # prunable parameters of that model
+H100_TOKENS = 128 * 2048
+H100_CURVATURE_S = 38.4
+H100_PRUNE_S = {"structured": 13.1, "unstructured": 50.9, "N:M": 34.6, "N:M propagated": 66.8}
+H100_SOURCES = ["bench/results/gpu/shot-llama2-7b-32blocks-1shots-batch2@7b5fd7c.json",
+                "bench/results/gpu/shot-llama2-7b-32blocks-1shots-batch2-unstructured@513bded.json",
+                "bench/results/gpu/shot-llama2-7b-32blocks-4shots-batch2-2of4@513bded.json"]
 
 
 def packed_bytes(n: int) -> int:
@@ -189,15 +195,17 @@ def count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, dev
 
 
 def _projected_seconds(counts: dict[str, Any], config: PruneConfig, nsamples: int, seqlen: int) -> dict[str, float]:
-    """Seconds per shot on one H100, scaled from the measured Llama-2-7B rate by parameters × tokens.
+    """Seconds per shot on one H100, scaled from the measured Llama-2-7B rates by parameters × tokens.
 
-    Only for structured LLM Surgeon, the kind of run that rate was measured on; empty otherwise.
+    Only for LLM Surgeon with one Kronecker term, the runs those rates were measured on; empty otherwise.
     """
-    if config.structure != "structured" or config.method != "surgeon":
+    if config.method != "surgeon" or config.kronecker_terms != 1:
         return {}
-    size = counts["prunable_parameters"] / H100_REFERENCE["parameters"]
-    return {"curvature": H100_REFERENCE["curvature_s"] * size * nsamples * seqlen / H100_REFERENCE["tokens"],
-            "prune": H100_REFERENCE["prune_s"] * size}
+    kind = config.structure if config.nm is None else "N:M propagated" if config.propagate else "N:M"
+    if kind not in H100_PRUNE_S:
+        return {}
+    size = counts["prunable_parameters"] / H100_PARAMETERS
+    return {"curvature": H100_CURVATURE_S * size * nsamples * seqlen / H100_TOKENS, "prune": H100_PRUNE_S[kind] * size}
 
 
 def _peak(phases: dict[str, dict[str, int]]) -> tuple[dict[str, dict[str, int]], str, int]:
@@ -287,7 +295,7 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
         "headroom": HEADROOM, "shortfall_bytes": max(round(_needed(min(
             s["peak_gpu_bytes"] for s in strategies if s["runs"]))) - budget, 0),
         "seconds_per_shot_h100": seconds,
-        "time_source": H100_REFERENCE["source"],
+        "time_source": H100_SOURCES,
     }
 
 

@@ -20,11 +20,15 @@ from tests._families import family_model
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU = ROOT / "bench" / "results" / "gpu"
-# measured structured shots, batch 2 of 128 × 2048 tokens, bfloat16: (config, result file)
+LLAMA_2_7B = "bench/configs/llama-2-7b.json"
+# measured shots, batch 2 of 128 × 2048 tokens, bfloat16: (config, result file, structure)
 MEASURED = {
-    "llama-2-7b": ("bench/configs/llama-2-7b.json", "shot-llama2-7b-32blocks-4shots-batch2@063edc6.json"),
-    "opt-6.7b": ("bench/configs/opt-6.7b.json", "shot-opt-6.7b-structured-1shots@2918240.json"),
-    "opt-1.3b": ("bench/configs/opt-1.3b.json", "shot-opt-1.3b-structured-4shots@2918240.json"),
+    "llama-2-7b": (LLAMA_2_7B, "shot-llama2-7b-32blocks-1shots-batch2@7b5fd7c.json", "structured"),
+    "llama-2-7b-unstructured": (LLAMA_2_7B, "shot-llama2-7b-32blocks-1shots-batch2-unstructured@513bded.json",
+                                "unstructured"),
+    "llama-2-7b-2:4": (LLAMA_2_7B, "shot-llama2-7b-32blocks-4shots-batch2-2of4@513bded.json", "2:4"),
+    "opt-6.7b": ("bench/configs/opt-6.7b.json", "shot-opt-6.7b-structured-1shots@2918240.json", "structured"),
+    "opt-1.3b": ("bench/configs/opt-1.3b.json", "shot-opt-1.3b-structured-4shots@2918240.json", "structured"),
 }
 STRUCTURED = PruneConfig(structure="structured", target_size=0.8, shots=4, batch_size=2)
 
@@ -38,9 +42,11 @@ def test_sizes():
 
 
 def counted_peak(name: str) -> float:
-    config, _ = MEASURED[name]
-    plan = make_plan(PlanConfig(model=str(ROOT / config), dtype="bfloat16", nsamples=128, seqlen=2048), STRUCTURED)
-    return plan["phases"]["curvature"]["total"] / GIB
+    config, _, structure = MEASURED[name]
+    prune = PruneConfig(structure=structure, target_size=0.5 if structure == "unstructured" else
+                        None if ":" in structure else 0.8, batch_size=2)
+    plan = make_plan(PlanConfig(model=str(ROOT / config), dtype="bfloat16", nsamples=128, seqlen=2048), prune)
+    return plan["peak_gpu_bytes"] / GIB
 
 
 def measured_peak(name: str) -> float:
@@ -163,3 +169,15 @@ def test_the_propagated_nm_shot_counts_every_windows_block_inputs():
     assert propagated["block_inputs"] == 2 * 8 * 16 * hidden * itemsize
     plain = count(meta, PruneConfig(structure="2:4", propagate=False), nsamples=8, seqlen=16, device="cpu")
     assert "block_inputs" not in plain["phases"]["prune"]
+
+
+def test_time_is_projected_from_the_rate_measured_for_each_kind_of_run():
+    """Llama-2-7B at the measured tokens projects the measured seconds; a kind never measured projects none."""
+    plan = PlanConfig(model=str(ROOT / LLAMA_2_7B), dtype="bfloat16", nsamples=128, seqlen=2048)
+    expected = {"structured": 13.1, "unstructured": 50.9, "2:4": 66.8}
+    for structure, prune_s in expected.items():
+        config = PruneConfig(structure=structure, target_size=None if ":" in structure else 0.5)
+        seconds = make_plan(plan, config)["seconds_per_shot_h100"]
+        assert seconds["curvature"] == pytest.approx(38.4, rel=0.01)
+        assert seconds["prune"] == pytest.approx(prune_s, rel=0.01)
+    assert make_plan(plan, dataclasses.replace(STRUCTURED, method="kobd"))["seconds_per_shot_h100"] == {}

@@ -1,16 +1,21 @@
 """Triton kernel: grouped symmetric Kronecker-factor accumulation `out_g += s·[X_g,1]ᵀ[X_g,1]` (eq. 6).
 
 One launch serves a whole group of factors (e.g. every factor of a transformer block): the grid is
-the union of their stored tiles. Each output is packed (`surgeon_kernels.symmetric`): only tiles
-on or above the diagonal exist, and each program owns one of them, reduces over its factor's tokens
-in fp32 and adds the tile in place. A program reads its (factor, tile row, tile column, slot) from
-a program table and its factor's addresses and sizes from a factor table, so factors of different
-widths and token counts share the launch and small factors (576 wide: 15 tiles) no longer leave
-most of the GPU idle. The bias column (constant 1) is generated inside the load, so no wider X is
-ever built. float32 inputs use IEEE fp32 products (no TF32); bf16/fp16 inputs use the tensor cores
-with fp32 accumulation. Under the interpreter low-precision tiles are widened to fp32 before the
-product (its bf16 `tl.dot` is wrong in Triton 3.9); products of two bf16/fp16 numbers are exact in
-fp32, so only the summation order differs from the GPU path.
+the union of their stored tiles. Each output is packed (`surgeon_kernels.symmetric`): only tiles on
+or above the diagonal exist, and each program owns one of them, reduces over its factor's tokens in
+fp32 and adds the tile in place. A program reads its (factor, tile row, tile column, slot) from a
+program table and its factor's addresses and sizes from a factor table, so factors of different
+widths and token counts share the launch and small factors (576 wide: 15 tiles) no longer leave most
+of the GPU idle. The bias column (constant 1) is generated inside the load, so no wider X is ever
+built. float32 inputs use IEEE fp32 products (no TF32); bf16/fp16 inputs use the tensor cores with
+fp32 accumulation. A sum over thousands of tokens kept in the tensor cores' accumulator loses
+precision on Hopper (10× the error of cuBLAS on an H100), so each partial sum of `PROMOTE` token
+chunks is added to the tile's total with plain fp32 adds. Launches whose inputs all start 16-byte
+aligned, with widths and row strides multiples of 16, declare it (`ALIGNED`), which lets Triton
+vectorise the loads that the factor table's run-time addresses and sizes would otherwise leave
+scalar. Under the interpreter low-precision tiles are widened to fp32 before the product (its bf16
+`tl.dot` is wrong in Triton 3.9); products of two bf16/fp16 numbers are exact in fp32, so only the
+summation order differs from the GPU path.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ CONFIGS = autotune_configs(
 )
 TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 FACTOR_FIELDS = tl.constexpr(6)  # x address, out address, tokens, width, row stride of x, bias flag
-# token chunks per partial sum, by input dtype
+# token chunks per partial sum, by input dtype: at 8, float16 (whose products keep 22 bits against
+# bfloat16's 16) still missed the accuracy policy; 2 was most accurate and 1.8× slower (H100)
 PROMOTE = {torch.float32: 8, torch.bfloat16: 8, torch.float16: 4}
 
 
@@ -81,8 +87,7 @@ def _kfac_accumulate_kernel(
     cols = j * BLOCK + tl.arange(0, BLOCK)
     acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
     for start in range(0, N, BLOCK_K * PROMOTE):
-        # PROMOTE chunks summed in the dot's accumulator, then added to `acc` with plain fp32 adds: a
-        # sum of all N tokens in the tensor cores' accumulator loses precision on Hopper (bench/RESULTS.md)
+        # PROMOTE chunks summed in the dot's accumulator, then added to `acc` (see the module docstring)
         part = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
         for step in range(PROMOTE):
             n = start + step * BLOCK_K + tl.arange(0, BLOCK_K)
