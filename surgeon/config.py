@@ -68,6 +68,10 @@ class PruneConfig:
     width_multiple: int = _opt(
         1, "coupled: every block keeps a multiple of this many neurons, and heads whose width is one (64, 128, 256)"
     )
+    speed_context: int | None = _opt(
+        None, "coupled: rank units by cost per multiply-accumulate their removal saves a token decoded after this "
+        "many tokens of context (a head also saves its attention over the context)", shown="none: by cost alone"
+    )
     method: str = _opt("surgeon", f"pruning method ({METHOD_HELP})", METHODS)
     correlation: Correlation = _opt("joint", "structured surgeon update: joint rows+columns, or within rows / columns")
     max_correlate: int | None = _opt(
@@ -145,8 +149,10 @@ class PruneConfig:
             raise ValueError(f"target_size={self.target_size}: must be in (0, 1]")
         if self.width_multiple < 1:
             raise ValueError(f"width_multiple={self.width_multiple}: must be at least 1")
-        if (self.uniform or self.width_multiple > 1) and self.structure != "coupled":
-            raise ValueError("uniform and width_multiple allocate coupled units: use structure coupled")
+        if (self.uniform or self.width_multiple > 1 or self.speed_context is not None) and self.structure != "coupled":
+            raise ValueError("uniform, width_multiple and speed_context allocate coupled units: use structure coupled")
+        if self.speed_context is not None and self.speed_context < 1:
+            raise ValueError(f"speed_context={self.speed_context}: must be at least 1")
         assert self.shots is not None and self.damp_g is not None
         if self.shots < 1:
             raise ValueError(f"shots={self.shots}: must be at least 1")

@@ -95,7 +95,7 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
         cols[real_c] = cc
         if size is not None:  # a consumer of several columns per unit (o: head_dim per head)
             per_set = cols.reshape(-1, size).sum(1)  # OBD: the sum of the set's costs; removed sets stay −inf
-            if config.method == "surgeon":
+            if config.method == "surgeon" and real_c.numel():  # else every set of the layer is gone
                 G = damp(submatrix(entry.G.dense(), keep_r, keep_r), strengths[0])
                 root = inverses.as_dense(f.A)[: real_c.numel()]
                 joint = costs.set_costs(submatrix(W, keep_r, real_c).T, root, G, size)
@@ -119,6 +119,10 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
         before = ([layer.rows for layer in layers], [layer.cols for layer in layers])
         unit_costs = [set_cost[kind.consumer.layer] if kind.consumer.size > 1 else col_costs[kind.consumer.layer]
                       for kind in kinds]
+        if config.speed_context is not None:  # every unit of a kind saves the same: the order within it stays
+            shapes = [(layer.module.out_features, layer.module.in_features) for layer in layers]
+            unit_costs = [cost / units.decode_macs(kind, shapes, config.speed_context)
+                          for cost, kind in zip(unit_costs, kinds)]
 
         group_costs, chosen_units = units.allocation(kinds, unit_costs, config.uniform, config.width_multiple)
 

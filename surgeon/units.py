@@ -121,6 +121,14 @@ def masks_of(kinds: list[UnitKind], chosen: list[torch.Tensor], rows: list[torch
     return rows, cols
 
 
+def decode_macs(kind: UnitKind, shapes: list[tuple[int, int]], context: int) -> int:
+    """Multiply-accumulates one unit of `kind` costs a decoded token after `context` tokens: its weights
+    (`shapes`: each layer's out × in features), and for a head its scores and weighted values over the context."""
+    weights = sum(member.size * shapes[member.layer][1 if member.axis == "rows" else 0] for member in kind.members)
+    attention = 2 * context * kind.consumer.size if kind.name == "head" else 0
+    return weights + attention
+
+
 def allocation(kinds: list[UnitKind], costs: list[torch.Tensor], uniform: bool, multiple: int,
                ) -> tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], list[torch.Tensor]]]:
     """Groups of units that the global threshold takes or leaves together, their costs, and a map from chosen

@@ -10,7 +10,7 @@ from surgeon.compact import compact_model
 from surgeon.errors import SurgeonError
 from surgeon.inverses import KroneckerInverse
 from surgeon.model import decoder_blocks, prunable_layers
-from surgeon.units import coupled_units
+from surgeon.units import coupled_units, decode_macs
 from tests._families import VOCAB, family_model
 from tests._tolerances import FLOAT64, assert_reaches_target, assert_within_reference_error
 from tests.conftest import problem
@@ -148,8 +148,35 @@ def test_uniform_and_width_multiple_allocations_hold_in_every_block(uniform, mul
 def test_allocation_options_need_the_coupled_structure():
     with pytest.raises(ValueError, match="use structure coupled"):
         PruneConfig(structure="structured", uniform=True)
+    with pytest.raises(ValueError, match="use structure coupled"):
+        PruneConfig(structure="unstructured", speed_context=2048)
     with pytest.raises(ValueError, match="width_multiple=0"):
         PruneConfig(structure="coupled", width_multiple=0)
+    with pytest.raises(ValueError, match="speed_context=0"):
+        PruneConfig(structure="coupled", speed_context=0)
+
+
+def test_a_unit_saves_its_weights_and_a_head_its_attention_over_the_context():
+    model = family_model("llama")
+    names = [name for block in prunable_layers(model) for name, _ in block]
+    shapes = [(m.out_features, m.in_features) for block in prunable_layers(model) for _, m in block]
+    neuron, head = coupled_units(model, names)[:2]
+    hidden, d = model.config.hidden_size, model.config.head_dim
+    assert decode_macs(neuron, shapes, 100) == 3 * hidden  # gate and up rows, down column
+    assert decode_macs(head, shapes, 100) == 2 * d * hidden + 2 * 100 * d  # q rows, o columns; scores, values
+
+
+def test_a_speed_context_ranks_heads_by_what_they_save_per_token():
+    """At a long context a head saves far more per weight than a neuron: the same target removes more heads."""
+    def heads_removed(speed_context: int | None) -> int:
+        model = family_model("llama")
+        config = PruneConfig(structure="coupled", target_size=0.6, shots=2, speed_context=speed_context)
+        report = prune(model, calibration(), config, progress=False)
+        assert_reaches_target(report.removed, shapes(model), 0.6, "coupled", freed=sum(s.freed for s in report.shots),
+                              largest=largest_unit(model))
+        return sum(int((block.self_attn.o_proj.weight == 0).all(0).sum()) for block in decoder_blocks(model))
+
+    assert heads_removed(10**6) > heads_removed(None)
 
 
 @pytest.mark.parametrize("family", ["llama", "opt"])
