@@ -134,9 +134,12 @@ def allocation(kinds: list[UnitKind], costs: list[torch.Tensor], uniform: bool, 
     """Groups of units that the global threshold takes or leaves together, their costs, and a map from chosen
     groups back to chosen units.
 
+    Under grouped-query attention query heads leave in rounds, the r-th cheapest head of every KV head
+    together, so that every KV head keeps as many query heads as the others: the layout attention kernels
+    and the compact export need, which would otherwise keep the removed heads as zero padding.
     `multiple`: each block keeps a multiple of that many neurons (and of `multiple / head_dim` heads, so
-    that heads × head_dim is a multiple too): per block, units are sorted by cost and cut into chunks, the
-    first of `count mod chunk` units (to reach a multiple), then whole chunks. `uniform`: every block keeps
+    that heads × head_dim is a multiple too, chunked instead of in rounds): per block, units are sorted by
+    cost and cut into chunks, the first of `count mod chunk` units (to reach a multiple), then whole chunks. `uniform`: every block keeps
     the same number of each kind, so the chunk at each position is taken in all blocks at once. A group
     costs the sum of its units' costs; sorted units make these sums non-decreasing within a block, so a
     prefix of the global order takes each block's chunks in order.
@@ -148,6 +151,16 @@ def allocation(kinds: list[UnitKind], costs: list[torch.Tensor], uniform: bool, 
     for indices in families.values():
         kind = kinds[indices[0]]
         chunk = max(1, multiple // kind.members[0].size)
+        per = kind.kv[1] if kind.kv is not None else 1
+        if chunk == 1 and per > 1:  # rounds: the r-th cheapest query head of every KV head leave together
+            total = torch.zeros(per, dtype=costs[indices[0]].dtype)
+            for i in indices:
+                by_kv = costs[i].cpu().reshape(-1, per)
+                ranks = torch.argsort(torch.argsort(by_kv, dim=1, stable=True), dim=1).reshape(-1)
+                group_of[i] = ranks
+                total.index_add_(0, ranks, costs[i].cpu())
+            group_costs.append(total)
+            continue
         first = kind.count % chunk  # a first, shorter chunk brings the kept count to a multiple
         position = torch.arange(kind.count)
         chunk_at = torch.where(position < first, 0, (position - first) // chunk + int(first > 0))

@@ -167,16 +167,29 @@ def test_a_unit_saves_its_weights_and_a_head_its_attention_over_the_context():
 
 
 def test_a_speed_context_ranks_heads_by_what_they_save_per_token():
-    """At a long context a head saves far more per weight than a neuron: the same target removes more heads."""
-    def heads_removed(speed_context: int | None) -> int:
+    """At a long context a head saves far more per weight than a neuron: the same target removes more heads,
+    in rounds over the KV heads, so that the compact model keeps no zero head as padding."""
+    def pruned(speed_context: int | None) -> torch.nn.Module:
         model = family_model("llama")
         config = PruneConfig(structure="coupled", target_size=0.6, shots=2, speed_context=speed_context)
         report = prune(model, calibration(), config, progress=False)
         assert_reaches_target(report.removed, shapes(model), 0.6, "coupled", freed=sum(s.freed for s in report.shots),
-                              largest=largest_unit(model))
-        return sum(int((block.self_attn.o_proj.weight == 0).all(0).sum()) for block in decoder_blocks(model))
+                              largest=largest_unit(model) * model.config.num_key_value_heads)
+        return model
 
-    assert heads_removed(10**6) > heads_removed(None)
+    def live_heads(model: torch.nn.Module) -> list[torch.Tensor]:
+        """Per block, the live query heads of each KV head."""
+        config = model.config
+        return [(block.self_attn.o_proj.weight != 0).any(0).reshape(config.num_attention_heads, -1).any(1)
+                .reshape(config.num_key_value_heads, -1).sum(1) for block in decoder_blocks(model)]
+
+    model = pruned(256)  # head: 2·8·32 weights + 2·256·8 over the context; neuron: 3·32
+    live = live_heads(model)
+    assert [n.tolist() for n in live] == [[1, 1], [2, 2]]  # a round left block 0; nothing did without the context
+    assert [n.tolist() for n in live_heads(pruned(None))] == [[2, 2], [2, 2]]
+    compact = compact_model(model, "heterogeneous")  # no zero head kept as padding
+    assert [block.self_attn.o_proj.in_features for block in decoder_blocks(compact)] == \
+        [int(n.sum()) * model.config.head_dim for n in live]
 
 
 @pytest.mark.parametrize("family", ["llama", "opt"])
