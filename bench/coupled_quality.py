@@ -1,14 +1,15 @@
 """Structured pruning at equal size on SmolLM2-135M: rows/columns against coupled units, one command.
 
 Protocol: the quality table's (bench/quality.py: 8 calibration windows of 512 tokens of the packaged
-WikiText-2 validation split, seed 0, 4 shots, perplexity on the first 8 windows of 2048 test tokens),
-at 90, 80 and 70% of the prunable weights kept. Rows: the paper's rows and columns (exported compactly:
-what its dead channels free), coupled LLM Surgeon with global allocation, `--uniform`,
-`--width-multiple 64`, `--width-multiple 256` exported in DeciLM's schema, and `--speed-context 2048`
-(units ranked by cost per multiply-accumulate saved at the context the decode speed is measured at);
-coupled magnitude and K-OBD. Each pruned model is exported compactly (`--uniform` in the standard format, `-decilm` in
-DeciLM's, the others heterogeneous) and its parameters counted, embeddings included; its decode
-speed is measured at batch 1 after a 2048-token prompt (`generation_speed.py`).
+WikiText-2 validation split, seed 0, 4 shots, perplexity on the first 8 windows of 2048 test
+tokens), at 90, 80 and 70% of the prunable weights kept. Rows: the paper's rows and columns
+(exported compactly: what its dead channels free), coupled LLM Surgeon with global allocation,
+`--uniform`, `--width-multiple 64`, `--width-multiple 256` exported in DeciLM's schema, and
+`--speed-context 2048` (units ranked by cost per multiply-accumulate saved at the context the decode
+speed is measured at); coupled magnitude and K-OBD. Each pruned model is exported compactly
+(`--uniform` in the standard format, `-decilm` in DeciLM's, the others heterogeneous) and its
+parameters counted, embeddings included; its decode speed is measured at batch 1 after a 2048-token
+prompt (`generation_speed.py`).
 
 Each run is saved as bench/results/coupled/<row>@<commit>.json and skipped when that file exists.
 
