@@ -135,14 +135,15 @@ def allocation(kinds: list[UnitKind], costs: list[torch.Tensor], uniform: bool, 
     groups back to chosen units.
 
     Under grouped-query attention query heads leave in rounds, the r-th cheapest head of every KV head
-    together, so that every KV head keeps as many query heads as the others: the layout attention kernels
-    and the compact export need, which would otherwise keep the removed heads as zero padding.
-    `multiple`: each block keeps a multiple of that many neurons (and of `multiple / head_dim` heads, so
-    that heads × head_dim is a multiple too, chunked instead of in rounds): per block, units are sorted by
-    cost and cut into chunks, the first of `count mod chunk` units (to reach a multiple), then whole chunks. `uniform`: every block keeps
-    the same number of each kind, so the chunk at each position is taken in all blocks at once. A group
-    costs the sum of its units' costs; sorted units make these sums non-decreasing within a block, so a
-    prefix of the global order takes each block's chunks in order.
+    together, so that every KV head keeps as many query heads as the others: the layout attention kernels and
+    the compact export need, which would otherwise keep the removed heads as zero padding.
+
+    `multiple`: each block keeps a multiple of that many neurons (and of `multiple / head_dim` heads, so that
+    heads × head_dim is a multiple too, chunked instead of in rounds): per block, units are sorted by cost and
+    cut into chunks, the first of `count mod chunk` units (to reach a multiple), then whole chunks. `uniform`:
+    every block keeps the same number of each kind, so the chunk at each position is taken in all blocks at
+    once. A group costs the sum of its units' costs; sorted units make these sums non-decreasing within a
+    block, so a prefix of the global order takes each block's chunks in order.
     """
     families: dict[object, list[int]] = {}
     for index, kind in enumerate(kinds):
