@@ -12,6 +12,7 @@ figure modules for pruning runs, and a kernel's own files for its microbenchmark
 from __future__ import annotations
 
 import argparse
+import ast
 import functools
 import json
 import re
@@ -58,9 +59,30 @@ KERNEL_CODE = {
 
 
 @functools.cache
+def code_of(source: str) -> str:
+    """A Python module's syntax tree without its docstrings: what changes when its behaviour can."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+@functools.cache
 def stale(commit: str, paths: tuple[str, ...] = CODE) -> bool:
-    """Whether `paths` changed between `commit` and the working tree (unknown commits count as changed)."""
-    return git("diff", "--quiet", commit, "--", *paths).returncode != 0
+    """Whether `paths` changed between `commit` and the working tree beyond comments and docstrings of Python
+    files (unknown commits count as changed)."""
+    changed = git("diff", "--name-only", commit, "--", *paths)
+    if changed.returncode != 0:
+        return True
+    for name in changed.stdout.split():
+        then, now = git("show", f"{commit}:{name}"), ROOT / name
+        if not name.endswith(".py") or then.returncode != 0 or not now.exists() \
+                or code_of(then.stdout) != code_of(now.read_text()):
+            return True
+    return False
 
 
 @functools.cache

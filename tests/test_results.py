@@ -13,3 +13,14 @@ def test_readme_results_table_matches_the_quality_runs():
     result = subprocess.run([sys.executable, "bench/results_md.py", "--check"], cwd=ROOT, capture_output=True,
                             text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_results_go_stale_when_code_changes_but_not_its_docstrings_or_comments():
+    sys.path.insert(0, str(ROOT))
+    from bench.results_md import code_of
+
+    module = '"""Module."""\n\ndef f(x):\n    """Doc."""\n    return x + 1  # one\n'
+    assert code_of(module) == code_of(module.replace("Doc.", "Other doc.").replace("# one", "# two"))
+    assert code_of(module) == code_of(module.replace('    """Doc."""\n', ""))
+    assert code_of(module) != code_of(module.replace("x + 1", "x + 2"))
+    assert code_of(module) != code_of(module.replace('    """Doc."""\n', '    "Doc."\n    "More."\n'))
