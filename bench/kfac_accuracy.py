@@ -55,15 +55,17 @@ def main() -> None:
             cuda = PackedSymmetric.zeros(c + bias, device)
             ops.kfac_accumulate(cuda, on_device, 1.0, bias, backend="torch")
             row["error_cuda_torch"] = max_error(cuda, exact)
-            for promote in PROMOTIONS:
-                kernel.PROMOTE[dtype] = promote
-                out = PackedSymmetric.zeros(c + bias, device)
-                ops.kfac_accumulate(out, on_device, 1.0, bias, backend="triton")
-                row[f"error_triton_promote{promote}"] = max_error(out, exact)
-                if (n, c) == SHAPES[-1][:2]:
-                    row[f"ms_triton_promote{promote}"] = triton.testing.do_bench(
-                        lambda: ops.kfac_accumulate(out, on_device, 1.0, bias, backend="triton"))
-            kernel.PROMOTE[dtype] = chosen[dtype]
+            try:
+                for promote in PROMOTIONS:
+                    kernel.PROMOTE[dtype] = promote
+                    out = PackedSymmetric.zeros(c + bias, device)
+                    ops.kfac_accumulate(out, on_device, 1.0, bias, backend="triton")
+                    row[f"error_triton_promote{promote}"] = max_error(out, exact)
+                    if (n, c) == SHAPES[-1][:2]:
+                        row[f"ms_triton_promote{promote}"] = triton.testing.do_bench(
+                            lambda: ops.kfac_accumulate(out, on_device, 1.0, bias, backend="triton"))
+            finally:
+                kernel.PROMOTE[dtype] = chosen[dtype]
             rows.append(row)
             print(row, flush=True)
     write_json(args.output, dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows))

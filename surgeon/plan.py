@@ -50,7 +50,7 @@ TILE = 128  # surgeon_kernels.symmetric.TILE
 # structure, and the prune phase of one LLM Surgeon shot per kind of run.
 H100_PARAMETERS = 6_476_005_376  # prunable parameters of that model
 H100_TOKENS = 128 * 2048
-H100_CURVATURE_S = 38.4
+H100_CURVATURE_S = 38.6
 H100_PRUNE_S = {"structured": 13.1, "unstructured": 50.9, "N:M": 34.6, "N:M propagated": 66.8}
 H100_SOURCES = ["bench/results/gpu/shot-llama2-7b-32blocks-1shots-batch2@7b5fd7c.json",
                 "bench/results/gpu/shot-llama2-7b-32blocks-1shots-batch2-unstructured@513bded.json",
@@ -195,7 +195,8 @@ def count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, dev
 
 
 def _projected_seconds(counts: dict[str, Any], config: PruneConfig, nsamples: int, seqlen: int) -> dict[str, float]:
-    """Seconds per shot on one H100, scaled from the measured Llama-2-7B rates by parameters × tokens.
+    """Seconds per shot on one H100 from the measured Llama-2-7B rates: curvature scaled by parameters × tokens,
+    the prune phase by parameters.
 
     Only for LLM Surgeon with one Kronecker term, the runs those rates were measured on; empty otherwise.
     """

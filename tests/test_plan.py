@@ -15,7 +15,7 @@ from surgeon.cli import main
 from surgeon.config import PlanConfig, PruneConfig, parse_bytes
 from surgeon.errors import SurgeonError
 from surgeon.model import prunable_layers
-from surgeon.plan import GIB, HEADROOM, _per_rank, check_fits, count, make_plan, meta_model, packed_bytes
+from surgeon.plan import GIB, H100_SOURCES, HEADROOM, _per_rank, check_fits, count, make_plan, meta_model, packed_bytes
 from tests._families import family_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,12 +172,20 @@ def test_the_propagated_nm_shot_counts_every_windows_block_inputs():
 
 
 def test_time_is_projected_from_the_rate_measured_for_each_kind_of_run():
-    """Llama-2-7B at the measured tokens projects the measured seconds; a kind never measured projects none."""
+    """Llama-2-7B at the measured tokens projects the seconds its measured runs took; a kind never measured
+    projects none."""
     plan = PlanConfig(model=str(ROOT / LLAMA_2_7B), dtype="bfloat16", nsamples=128, seqlen=2048)
-    expected = {"structured": 13.1, "unstructured": 50.9, "2:4": 66.8}
-    for structure, prune_s in expected.items():
-        config = PruneConfig(structure=structure, target_size=None if ":" in structure else 0.5)
-        seconds = make_plan(plan, config)["seconds_per_shot_h100"]
-        assert seconds["curvature"] == pytest.approx(38.4, rel=0.01)
-        assert seconds["prune"] == pytest.approx(prune_s, rel=0.01)
+    measured = {name: json.loads((ROOT / name).read_text())["shots"] for name in H100_SOURCES}
+    structured, unstructured, nm = (measured[name] for name in H100_SOURCES)
+    expected = {  # (structure, propagate): (curvature s, prune s) of the first shot, or the last (propagated)
+        ("structured", None): structured[0]["seconds"],
+        ("unstructured", None): unstructured[0]["seconds"],
+        ("2:4", None): nm[-1]["seconds"],
+        ("2:4", False): {"prune": sum(shot["seconds"]["prune"] for shot in nm[:-1]) / (len(nm) - 1)},
+    }
+    for (structure, propagate), seconds in expected.items():
+        config = PruneConfig(structure=structure, target_size=None if ":" in structure else 0.5, propagate=propagate)
+        projected = make_plan(plan, config)["seconds_per_shot_h100"]
+        assert projected["prune"] == pytest.approx(seconds["prune"], abs=0.06), (structure, propagate)
+    assert projected["curvature"] == pytest.approx(structured[0]["seconds"]["curvature"], abs=0.06)
     assert make_plan(plan, dataclasses.replace(STRUCTURED, method="kobd"))["seconds_per_shot_h100"] == {}

@@ -54,10 +54,13 @@ def shapes(model) -> list[tuple[int, int]]:
 
 
 def largest_unit(model) -> int:
-    """Weights of the largest unit: a query head (its q rows and o columns; OPT: q, k, v rows and out columns)."""
+    """Weights of the largest group the threshold takes at once: a query head (its q rows and o columns; OPT: q, k,
+    v rows and out columns), under grouped-query attention a round of one head per KV head."""
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return (4 if config.model_type == "opt" else 2) * head_dim * config.hidden_size
+    kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    round_ = kv if config.num_attention_heads > kv else 1
+    return (4 if config.model_type == "opt" else 2) * head_dim * config.hidden_size * round_
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "opt"])
@@ -174,7 +177,7 @@ def test_a_speed_context_ranks_heads_by_what_they_save_per_token():
         config = PruneConfig(structure="coupled", target_size=0.6, shots=2, speed_context=speed_context)
         report = prune(model, calibration(), config, progress=False)
         assert_reaches_target(report.removed, shapes(model), 0.6, "coupled", freed=sum(s.freed for s in report.shots),
-                              largest=largest_unit(model) * model.config.num_key_value_heads)
+                              largest=largest_unit(model))
         return model
 
     def live_heads(model: torch.nn.Module) -> list[torch.Tensor]:
