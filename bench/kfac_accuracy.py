@@ -44,8 +44,8 @@ def main() -> None:
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         for n, c, bias in SHAPES:
             x = torch.randn(n, c, generator=torch.Generator().manual_seed(n + c)).to(dtype)
-            ones = torch.ones(n, int(bias), dtype=torch.float64)
-            exact = torch.cat([x.double(), ones], 1).T @ torch.cat([x.double(), ones], 1)
+            widened = torch.cat([x.double(), torch.ones(n, int(bias), dtype=torch.float64)], 1)
+            exact = widened.T @ widened
             row = dict(dtype=str(dtype).removeprefix("torch."), tokens=n, width=c, bias=bias,
                        scale=float(exact.abs().max()), chosen_promote=chosen[dtype])
             cpu = PackedSymmetric.zeros(c + bias)
