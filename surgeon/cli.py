@@ -181,11 +181,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(f"  {name:<10} {parts['total'] / GIB:7.2f} GiB  ({detail})")
     for strategy in result["strategies"]:
         host = f", host {strategy['host_bytes'] / GIB:.1f} GiB" if strategy["host_bytes"] else ""
-        runs = f" ({strategy['launch']})" if strategy["runs"] else " (counted only: surgeon prune does not run it)"
         time = strategy["seconds_per_shot"]
         time = f", {time['curvature']:.0f} + {time['prune']:.0f} s per shot" if time else ""
         print(f"  {strategy['name']}: GPU {strategy['peak_gpu_bytes'] / GIB:.1f} GiB per GPU{host}{time}, "
-              f"{'fits' if strategy['fits'] else 'does not fit'}{runs}")
+              f"{'fits' if strategy['fits'] else 'does not fit'} ({strategy['launch']})")
     seconds = result["seconds_per_shot_h100"]
     print("  per shot on one H100: " + (", ".join(f"{phase} {value:.0f} s" for phase, value in seconds.items())
                                         + " (scaled from the measured Llama-2-7B rate)" if seconds else

@@ -25,7 +25,8 @@ METHOD_HELP = (
 DEFAULT_TARGET_SIZE = 0.8
 DEFAULT_SHOTS = 8
 DEFAULT_DAMP_G, PROPAGATED_DAMP_G = 0.1, 1.0  # λ_G; N:M propagated measured best at 1 (bench/RESULTS.md)
-PROPAGATING = ("surgeon", "kobd", "lobd")  # methods whose last N:M shot can run block by block
+NEEDS_A = ("surgeon", "kobd", "lobd")  # methods with one whole-model curvature pass per shot
+PROPAGATING = NEEDS_A  # methods whose last N:M shot can run block by block
 Correlation = Literal["joint", "within"]
 ChunkSemantics = Literal["sequential", "independent"]
 _NM = re.compile(r"^(\d+):(\d+)$")
@@ -101,6 +102,18 @@ class PruneConfig:
         "batches", "under torchrun: each rank runs a share of the calibration batches and the factors are summed onto "
         "each block's owner (batches: fastest), or each runs every batch and accumulates only its own blocks' factors "
         "(blocks: 1/N of the factor memory, the one-process result)", ("batches", "blocks"),
+    )
+    activation_checkpointing: bool = _opt(
+        False, "curvature pass: each decoder block keeps only its inputs and runs again in the backward pass (the "
+        "same factors; one block's activations instead of all, for one more forward)"
+    )
+    offload: bool = _opt(
+        False, "structured/coupled: hold the factors, and between costs and updates the packed inverses, in host "
+        "memory; the device holds one layer's at a time"
+    )
+    block_groups: int = _opt(
+        1, "with offload: split the decoder blocks into N groups and run the curvature pass once per group, each "
+        "accumulating only its group's factors before they move to host memory (N passes, 1/N of the factors)"
     )
     kronecker_terms: int = _opt(
         1, "Kronecker terms of the curvature: 1 (G ⊗ A, eq. 6) or 2 (nearest sum of two, power method, paper "
@@ -190,6 +203,15 @@ class PruneConfig:
         if self.cg_dtype is not None and (self.kronecker_terms == 2 or self.max_correlate not in (0, None)):
             raise ValueError("cg_dtype sets the precision of the joint conjugate-gradient solve: it needs "
                              "max_correlate 0 and one Kronecker term")
+        if self.block_groups < 1:
+            raise ValueError(f"block_groups={self.block_groups}: must be at least 1")
+        if self.block_groups > 1 and not self.offload:
+            raise ValueError(f"block_groups={self.block_groups}: each group's factors move to host memory after its "
+                             "pass; add offload")
+        if self.offload and (self.structure not in ("structured", "coupled") or self.method not in NEEDS_A
+                             or self.kronecker_terms != 1):
+            raise ValueError("offload holds the factors of a structured or coupled run of surgeon, kobd or lobd in "
+                             "host memory; use structure structured or coupled")
         if self.curvature_dtype not in (None, "bfloat16", "float16"):
             raise ValueError(f"curvature_dtype={self.curvature_dtype!r}: use bfloat16, float16, or None (the model's)")
 

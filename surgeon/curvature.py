@@ -16,15 +16,21 @@ w_rᵀ A w_r = (1/√N) Σ_n y_nr² (the layer's squared outputs, bias included)
 w_cᵀ G w_c = (1/√N) Σ_n (g_n W)_c² (the squared gradient the layer passes to its input, which
 the backward pass computes anyway).
 
+Two ways to hold less during the pass (docs/DESIGN.md, "Memory design"): activation checkpointing
+of the decoder blocks (`checkpoint_blocks`: a block keeps only its inputs and runs again in the
+backward pass, where the hooks skip it), and factors kept in host memory (`HostFactors`), filled by
+one pass per group of blocks.
+
 The paper's appendix alternative, a sum of two Kronecker factors, is `surgeon.kronecker_sum`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -60,6 +66,48 @@ class LayerFactors:
     col_quadratic: torch.Tensor | None = None
     G2: PackedSymmetric | None = None  # second term of a sum G ⊗ A + G2 ⊗ A2 (`estimate_sum`)
     A2: PackedSymmetric | None = None
+
+
+def _moved(entry: LayerFactors, device: torch.device | str, memo: dict[int, PackedSymmetric]) -> LayerFactors:
+    """`entry` with its packed factors on `device`; a factor already in `memo` (by the id of the one it was
+    moved from) is taken from there, so that siblings sharing one A share one copy of it."""
+    def move(factor: PackedSymmetric | None) -> PackedSymmetric | None:
+        if factor is None:
+            return None
+        if id(factor) not in memo:
+            memo[id(factor)] = factor.to(device)
+        return memo[id(factor)]
+
+    return dataclasses.replace(entry, A=move(entry.A), G=move(entry.G), A2=move(entry.A2), G2=move(entry.G2))
+
+
+class HostFactors:
+    """Layers' factors held in host memory, each moved to `device` when it is taken (`pop`).
+
+    `update` moves a pass's factors off the device. Siblings that read one input (q/k/v, gate/up)
+    share one A on the host and, taken one after another, one copy of it on the device.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.entries: dict[str, LayerFactors] = {}
+        self._last: tuple[PackedSymmetric, PackedSymmetric] | None = None  # the last A taken, on host and device
+
+    def update(self, factors: Mapping[str, LayerFactors]) -> None:
+        """Add `factors` (on the device), moved to host memory."""
+        memo: dict[int, PackedSymmetric] = {}
+        for name, entry in factors.items():
+            self.entries[name] = _moved(entry, "cpu", memo)
+
+    def pop(self, name: str, default: LayerFactors | None = None) -> LayerFactors | None:
+        """Layer `name`'s factors on the device, removed from the host (`default` when it has none)."""
+        entry = self.entries.pop(name, None)
+        if entry is None:
+            return default
+        memo = {} if self._last is None else {id(self._last[0]): self._last[1]}
+        moved = _moved(entry, self.device, memo)
+        self._last = (entry.A, moved.A)
+        return moved
 
 
 def _square_sums(t: torch.Tensor) -> torch.Tensor:
@@ -100,7 +148,9 @@ class _Collector:
     """Hooks that accumulate A (before each layer runs) and G (backward) for a list of linear layers.
 
     With G, each layer reads its own alias of its input (`x.view_as(x)`): the gradient reaching the
-    alias is what this layer alone passes back (g W), even where siblings read the same x.
+    alias is what this layer alone passes back (g W), even where siblings read the same x. While
+    `recomputing` (a checkpointed block run again in the backward pass) the hooks add nothing: its
+    inputs were counted when it first ran, and its outputs' gradients reach the first run's tensors.
     """
 
     def __init__(self, layers: list[tuple[str, nn.Linear]], tokens: int, need_g: bool, backend: str,
@@ -113,6 +163,16 @@ class _Collector:
         self._last: tuple[torch.Tensor, str] | None = None
         self._queue: list[tuple[str, PackedSymmetric, torch.Tensor, bool, int]] = []
         self._queued_bytes = 0
+        self.recomputing = False
+
+    @contextmanager
+    def recompute(self) -> Iterator[None]:
+        """The hooks pass over the layers run inside (a checkpointed block's second forward)."""
+        self.recomputing = True
+        try:
+            yield
+        finally:
+            self.recomputing = False
 
     def _add(self, name: str, out: PackedSymmetric, x: torch.Tensor, bias: bool) -> None:
         """Queue `x` for accumulation into `out`; launch the queue once it holds `group_bytes`."""
@@ -135,6 +195,8 @@ class _Collector:
 
     def _before(self, name: str, module: nn.Linear, args: tuple) -> tuple | None:
         x = args[0]
+        if self.recomputing:  # the same alias as the first run, so that the block saves the same tensors
+            return (x.view_as(x), *args[1:]) if self.need_g and x.requires_grad else None
         bias = module.bias is not None
         if name not in self.owner:
             # A layer reading the very tensor object its predecessor read (q/k/v, gate/up) shares A.
@@ -157,7 +219,7 @@ class _Collector:
         return (alias, *args[1:])
 
     def _after(self, name: str, output: torch.Tensor) -> None:
-        if self.need_g and output.requires_grad:
+        if self.need_g and output.requires_grad and not self.recomputing:
             entry = self.factors[name]
             entry.row_quadratic = _accumulate(entry.row_quadratic, self.scale * _square_sums(output))
             output.register_hook(lambda g, name=name: self._backward(name, g))
@@ -180,6 +242,28 @@ class _Collector:
                 yield self
         finally:
             self._last = None
+
+
+@contextmanager
+def _checkpointed(blocks: Sequence[nn.Module], recomputing: Callable[[], AbstractContextManager]) -> Iterator[None]:
+    """Each of `blocks` run under activation checkpointing (`torch.utils.checkpoint`, non-reentrant): the forward
+    keeps only the block's inputs, and the backward runs the block again inside `recomputing()`."""
+    from torch.utils.checkpoint import checkpoint
+
+    def contexts() -> tuple[AbstractContextManager, AbstractContextManager]:
+        return nullcontext(), recomputing()
+
+    own = [block.__dict__.get("forward") for block in blocks]  # a forward set on the instance, kept
+    for block in blocks:
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False, context_fn=contexts)
+    try:
+        yield
+    finally:
+        for block, forward in zip(blocks, own):
+            if forward is None:
+                del block.forward
+            else:
+                block.forward = forward
 
 
 @contextmanager
@@ -226,7 +310,7 @@ def _backward(model: nn.Module, batch: torch.Tensor, fisher: str, generator: tor
     embedding: nn.Module = model.get_input_embeddings()  # type: ignore[operator]  # a transformers model
     handle = embedding.register_forward_hook(lambda module, args, out: out.detach().requires_grad_(True))
     try:
-        logits = model(batch).logits
+        logits = model(batch, use_cache=False).logits
     finally:
         handle.remove()
     logits.backward(_logit_gradient(logits, batch, fisher, generator))
@@ -234,13 +318,15 @@ def _backward(model: nn.Module, batch: torch.Tensor, fisher: str, generator: tor
 
 def _collect(
     layers: list[tuple[str, nn.Linear]], passes: Iterable[Callable[[], object]], tokens: int, need_g: bool,
-    backend: str, autocast: str | None, group_bytes: int | None,
+    backend: str, autocast: str | None, group_bytes: int | None, checkpoint_blocks: Sequence[nn.Module] = (),
 ) -> dict[str, LayerFactors]:
-    """The factors (eq. 6) that the hooks on `layers` accumulate while each of `passes` runs, checked finite."""
+    """The factors (eq. 6) that the hooks on `layers` accumulate while each of `passes` runs, checked finite;
+    `checkpoint_blocks` run under activation checkpointing."""
     device = layers[0][1].weight.device
     low = None if autocast is None else getattr(torch, autocast)
     collector = _Collector(layers, tokens, need_g, backend, _group_bytes(device, group_bytes), low)
-    with collector.hooks(), torch.autocast(device.type, dtype=low, enabled=low is not None):
+    with collector.hooks(), _checkpointed(checkpoint_blocks, collector.recompute), \
+            torch.autocast(device.type, dtype=low, enabled=low is not None):
         for run in passes:
             run()
             collector.flush()
@@ -268,6 +354,7 @@ def estimate(
     progress: bool = True,
     group_bytes: int | None = None,
     batches: Sequence[int] | None = None,
+    checkpoint_blocks: Sequence[nn.Module] = (),
 ) -> dict[str, LayerFactors]:
     """Kronecker factors (A, and G when `need_g`) of `layers` over calibration `windows` [n, L] (eq. 6).
 
@@ -277,7 +364,8 @@ def estimate(
     `batches`: the indices of the batches of `batch_size` windows to run (None: all), each scaled as
     part of all the windows, so that the factors of all shares sum to those of all the windows. A
     sampled Fisher draws each batch's labels from its own generator, seeded with `seed`·65537 + index
-    (the CPU generator keeps 32 bits of a seed).
+    (the CPU generator keeps 32 bits of a seed). `checkpoint_blocks`: modules (the decoder blocks) run
+    under activation checkpointing, the same factors for less activation memory and one more forward.
     """
     device = next(model.parameters()).device
     split = windows.split(batch_size)
@@ -287,7 +375,8 @@ def estimate(
     passes = (functools.partial(_backward, model, batch, fisher, generator) if need_g
               else functools.partial(_forward, model, batch) for batch, generator in runs)
     with _frozen(model):
-        factors = _collect(layers, passes, windows.numel(), need_g, backend, autocast, group_bytes)
+        factors = _collect(layers, passes, windows.numel(), need_g, backend, autocast, group_bytes,
+                           checkpoint_blocks if need_g else ())
     for name, entry in factors.items():
         if need_g and entry.G is None:
             raise SurgeonError(f"layer {name} received no gradient: it does not affect the loss")

@@ -149,6 +149,11 @@ class KroneckerInverse:
         return dataclasses.replace(self, G=_unpack(self.G, self.roots),
                                    A=_unpack(self.A, self.roots) if A is None else A)
 
+    def to(self, device: torch.device | str, A: torch.Tensor | PackedSymmetric | None = None) -> KroneckerInverse:
+        """The same inverse with its factors on `device` (the diagonals stay); `A`: A⁻¹ already moved for a
+        sibling."""
+        return dataclasses.replace(self, G=self.G.to(device), A=self.A.to(device) if A is None else A)
+
     def element_diagonal(self) -> torch.Tensor:
         """[F⁻¹]_(rc),(rc) = [G⁻¹]_rr [A⁻¹]_cc as an [R, C] matrix."""
         return torch.outer(self.G_diagonal, self.A_diagonal)
@@ -185,17 +190,19 @@ def _unpack(matrix: torch.Tensor | PackedSymmetric, roots: bool) -> torch.Tensor
     return matrix.upper() if roots else matrix.dense()
 
 
-def unpacked(kept: Iterable[KroneckerInverse | None]) -> Iterator[KroneckerInverse | None]:
-    """Each packed inverse of a shot made dense in turn; layers reading one input (q/k/v, gate/up) come one
-    after another and share one packed A⁻¹, which is unpacked once for all of them."""
+def unpacked(kept: Iterable[KroneckerInverse | None],
+             device: torch.device | None = None) -> Iterator[KroneckerInverse | None]:
+    """Each packed inverse of a shot made dense in turn (on `device`, when given, from host memory); layers
+    reading one input (q/k/v, gate/up) come one after another and share one packed A⁻¹, which is moved and
+    unpacked once for all of them."""
     last: tuple[PackedSymmetric | torch.Tensor, torch.Tensor] | None = None
     for inverse in kept:
         if inverse is None:
             yield None
             continue
         if last is None or last[0] is not inverse.A:
-            last = (inverse.A, _unpack(inverse.A, inverse.roots))
-        yield inverse.dense(A=last[1])
+            last = (inverse.A, _unpack(inverse.A if device is None else inverse.A.to(device), inverse.roots))
+        yield (inverse if device is None else inverse.to(device, A=last[1])).dense(A=last[1])
 
 
 Index = torch.Tensor | slice

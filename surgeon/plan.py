@@ -4,24 +4,27 @@ The model is built on the meta device (shapes, no weights), so the count needs o
 Per phase of a shot (docs/DESIGN.md, "Memory design" and "Planning"):
 
 - curvature: the weights; the packed float32 Kronecker factors of every layer (one A per input
-  that several layers read, one G per layer); the tensors autograd saves in one forward pass of
-  `batch_size × seqlen` tokens, read off a meta-device forward under `saved_tensors_hooks` (with
-  fused attention, which keeps no L×L scores); the logits with their float32 probabilities and
-  gradient; the queue of activations waiting for a grouped accumulation (CUDA);
-- prune: the weights; the packed inverses (or inverse roots) of the factors, the same size; one
-  layer's dense temporaries; with N:M's propagated last shot, one block's inputs for every window;
+  that several layers read, one G per layer), or of one block group's layers; the tensors autograd
+  saves in one forward pass of `batch_size × seqlen` tokens, read off a meta-device forward under
+  `saved_tensors_hooks` (with fused attention, which keeps no L×L scores), or with activation
+  checkpointing each block's input and one block's own tensors; the logits with their float32
+  probabilities and gradient; the queue of activations waiting for a grouped accumulation (CUDA);
+- prune: the weights; the packed inverses (or inverse roots) of the factors, the same size, or
+  with offload one layer's factors and inverse; one layer's dense temporaries; with N:M's
+  propagated last shot, one block's inputs for every window;
 - for SparseGPT, SparseGPT-exact and Wanda (block by block): the weights, one block's inputs for
   every window, and one block's H.
 
-Strategies: the packed factors on one device; over `gpus` torchrun ranks, split by batches with
-the weights on every rank, or by blocks with the weights sharded by FSDP2 (one rank's share is
-counted, docs/DESIGN.md "Several processes"); and, counted for comparison but not run by `surgeon
-prune`, factors held in host memory. Time is projected from the rates measured on an H100
-(bench/results/gpu) by counted products.
+Strategies: one process, or `gpus` torchrun ranks split by batches with the weights on every rank,
+or by blocks with the weights sharded by FSDP2 (one rank's share is counted, docs/DESIGN.md
+"Several processes"); each with the least of activation checkpointing, offload and block groups
+that it needs to fit. Time is projected from the rates measured on an H100 (bench/results/gpu) by
+counted products.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -33,7 +36,7 @@ import torch
 from torch import nn
 
 from surgeon import hub
-from surgeon.config import PlanConfig, PruneConfig, parse_bytes
+from surgeon.config import NEEDS_A, PlanConfig, PruneConfig, parse_bytes
 from surgeon.errors import SurgeonError, first_line
 from surgeon.model import DTYPES, decoder_blocks, prunable_layers, resolve_source
 
@@ -89,6 +92,7 @@ class _Trace:
 
     owners: dict[str, str]  # layer -> the first layer reading the same input tensor (shares its A)
     saved_bytes: int
+    checkpointed_bytes: int  # saved with each decoder block checkpointed (`PruneConfig.activation_checkpointing`)
 
 
 def _trace(model: nn.Module, layers: list[tuple[str, nn.Linear]], batch: int, seqlen: int) -> _Trace:
@@ -96,31 +100,39 @@ def _trace(model: nn.Module, layers: list[tuple[str, nn.Linear]], batch: int, se
 
     Attention is counted as the fused kernels (flash, memory-efficient, cuDNN) keep it for the
     backward pass: query, key, value, output and one float32 statistic per query row, no scores.
+    Each saved tensor is put down to the decoder block that saved it: checkpointed, a block keeps
+    only its input hidden states, and the backward pass holds one block's own tensors again.
     """
     import torch.nn.functional as F
 
     params = {id(p) for p in model.parameters()}
     inputs: dict[str, torch.Tensor] = {}
     saved: dict[int, torch.Tensor] = {}  # by id, the tensors themselves held so that no id is reused
-    statistics = 0
+    where: dict[int, int | None] = {}  # saved tensor -> the block that saved it (None: outside the blocks)
+    statistics: dict[int | None, int] = {}
+    blocks = decoder_blocks(model)
+    current: list[int | None] = [None]
 
     def keep(t: torch.Tensor) -> torch.Tensor:
         base = t if t._base is None else t._base
-        if id(base) not in params and id(t) not in params:
+        if id(base) not in params and id(t) not in params and id(base) not in saved:
             saved[id(base)] = base
+            where[id(base)] = current[0]
         return t
 
     def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any,
                         **kwargs: Any) -> torch.Tensor:
         out = (query[..., :1] * 0).expand(*query.shape[:-1], value.shape[-1]).clone()  # keeps nothing itself
-        nonlocal statistics
         for t in (query, key, value, out):
             keep(t)
-        statistics += query.shape[:-1].numel() * 4  # the row statistics (log-sum-exp), float32
+        statistics[current[0]] = statistics.get(current[0], 0) + query.shape[:-1].numel() * 4  # log-sum-exp, fp32
         return out
 
     handles = [module.register_forward_pre_hook(lambda m, args, name=name: inputs.__setitem__(name, args[0]))
                for name, module in layers]
+    for index, block in enumerate(blocks):
+        handles.append(block.register_forward_pre_hook(lambda m, args, index=index: current.__setitem__(0, index)))
+        handles.append(block.register_forward_hook(lambda m, args, out: current.__setitem__(0, None)))
     flags = [(p, p.requires_grad) for p in model.parameters()]
     sdpa = F.scaled_dot_product_attention
     try:
@@ -142,56 +154,103 @@ def _trace(model: nn.Module, layers: list[tuple[str, nn.Linear]], batch: int, se
     first: dict[int, str] = {}
     for name, _ in layers:
         owners[name] = first.setdefault(id(inputs[name]), name)
-    return _Trace(owners, sum(t.numel() * t.element_size() for t in saved.values()) + statistics)
+    by_block = dict(statistics)
+    for key, tensor in saved.items():
+        by_block[where[key]] = by_block.get(where[key], 0) + tensor.numel() * tensor.element_size()
+    outside = by_block.pop(None, 0)
+    block_input = embeds.numel() * embeds.element_size()  # the hidden states each checkpointed block keeps
+    return _Trace(owners, outside + sum(by_block.values()),
+                  outside + len(blocks) * block_input + max(by_block.values(), default=0))
 
 
 def count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, device: str) -> dict[str, Any]:
-    """Bytes per phase of one shot (the phases of docs/DESIGN.md, "Planning") and the counts behind them."""
-    from surgeon.shots import NEEDS_A, NEEDS_G
+    """What a shot holds, counted part by part, and its phases (`phases`) in one process (docs/DESIGN.md,
+    "Planning")."""
+    from surgeon.shots import NEEDS_G
 
-    layers = [pair for block in prunable_layers(model) for pair in block]
+    blocks = prunable_layers(model)
+    layers = [pair for block in blocks for pair in block]
     settings: Any = model.config
     itemsize = next(model.parameters()).element_size()
-    weights = sum(p.numel() for p in model.parameters()) * itemsize
-    vocab = settings.vocab_size
     tokens = config.batch_size * seqlen
     largest = max(m.weight.numel() for _, m in layers)
     widest = max(max(m.weight.shape) + 1 for _, m in layers)
-    layer_temporaries = 3 * largest * 4 + 2 * widest * widest * 4  # W, update, mask in float32; one dense inverse
-    block_inputs = 2 * nsamples * seqlen * settings.hidden_size * itemsize  # for block-by-block pruning
-    phases: dict[str, dict[str, int]] = {}
-    accumulation = 0
+    parts = {
+        "layer": 3 * largest * 4 + 2 * widest * widest * 4,  # W, update, mask in float32; one dense inverse
+        "block_inputs": 2 * nsamples * seqlen * settings.hidden_size * itemsize,  # for block-by-block pruning
+        "logits": tokens * settings.vocab_size * (2 * itemsize + 4),  # logits, float32 probabilities, their gradient
+        "queue": QUEUE_BYTES_CUDA if device == "cuda" and config.group_bytes is None else (config.group_bytes or 0),
+        "hessians": sum(packed_bytes(m.in_features) * 2 for _, m in blocks[0]),
+    }
+    block_factors: list[int] = []  # the packed factors of each decoder block's layers
+    layer_factors = accumulation = 0
     if config.method in NEEDS_A:
         trace = _trace(model, layers, config.batch_size, seqlen)
-        widths = {name: m.in_features + (m.bias is not None) for name, m in layers}
-        terms = config.kronecker_terms
-        A = sum(packed_bytes(widths[name]) for name, _ in layers if trace.owners[name] == name) * terms
-        G = sum(packed_bytes(m.out_features) for _, m in layers) * terms if config.method in NEEDS_G else 0
-        accumulation = sum(widths[name] ** 2 // 2 for name, _ in layers if trace.owners[name] == name) + \
-            sum(m.out_features ** 2 // 2 for _, m in layers) * (config.method in NEEDS_G)
-        phases["curvature"] = {
-            "weights": weights, "factors": A + G, "activations": trace.saved_bytes,
-            "logits": tokens * vocab * (2 * itemsize + 4),  # logits, float32 probabilities, their gradient
-            "queue": QUEUE_BYTES_CUDA if device == "cuda" and config.group_bytes is None else (config.group_bytes or 0),
-        }
-        phases["prune"] = {"weights": weights, "inverses": A + G, "layer": layer_temporaries}
-        if config.propagate:  # N:M's last shot runs block by block on every window's block inputs
-            phases["prune"]["block_inputs"] = block_inputs
-    else:
-        block = [m for _, m in prunable_layers(model)[0]]
-        phases["prune"] = {
-            "weights": weights, "block_inputs": block_inputs,
-            "hessians": sum(packed_bytes(m.in_features) * 2 for m in block), "layer": layer_temporaries,
-        }
-    blocks = decoder_blocks(model)
-    block_bytes = max(sum(p.numel() for p in block.parameters()) * itemsize for block in blocks)
-    in_blocks = sum(p.numel() for block in blocks for p in block.parameters()) * itemsize
+        parts["activations"], parts["checkpointed_activations"] = trace.saved_bytes, trace.checkpointed_bytes
+        need_g = config.method in NEEDS_G
+        for block in blocks:
+            sizes = []
+            for name, m in block:
+                width = m.in_features + (m.bias is not None)
+                A = packed_bytes(width) if trace.owners[name] == name else 0
+                sizes.append((A + packed_bytes(m.out_features) * need_g) * config.kronecker_terms)
+                layer_factors = max(layer_factors, (packed_bytes(width) + packed_bytes(m.out_features) * need_g)
+                                    * config.kronecker_terms)
+                accumulation += (width ** 2 // 2 if trace.owners[name] == name else 0) + \
+                    m.out_features ** 2 // 2 * need_g
+            block_factors.append(sum(sizes))
+    decoder = decoder_blocks(model)
+    in_blocks = sum(p.numel() for block in decoder for p in block.parameters()) * itemsize
     prunable = sum(m.weight.numel() for _, m in layers)
-    return {"phases": phases, "weights_bytes": weights, "parameters": sum(p.numel() for p in model.parameters()),
-            "prunable_parameters": prunable, "prunable_bytes": prunable * itemsize, "layers": len(layers),
-            "blocks": len(blocks), "block_bytes": block_bytes, "root_bytes": weights - in_blocks,
-            # products per token: the forward and input-gradient passes, and the factors' upper triangles
-            "pass_products": 2 * prunable, "accumulation_products": accumulation}
+    counts = {"parts": parts, "block_factor_bytes": block_factors, "layer_factor_bytes": layer_factors,
+              "weights_bytes": sum(p.numel() for p in model.parameters()) * itemsize,
+              "parameters": sum(p.numel() for p in model.parameters()),
+              "prunable_parameters": prunable, "prunable_bytes": prunable * itemsize, "layers": len(layers),
+              "blocks": len(decoder), "root_bytes": sum(p.numel() for p in model.parameters()) * itemsize - in_blocks,
+              "block_bytes": max(sum(p.numel() for p in block.parameters()) * itemsize for block in decoder),
+              # products per token: the forward and input-gradient passes, and the factors' upper triangles
+              "pass_products": 2 * prunable, "accumulation_products": accumulation}
+    counts["phases"] = held(counts, config)
+    return counts
+
+
+def held(counts: dict[str, Any], config: PruneConfig, ranks: int = 1, fsdp: bool = False) -> dict[str, dict[str, int]]:
+    """The bytes each phase holds on the device of one of `ranks` processes, under `config`'s memory options.
+
+    curvature: the weights, the factors of the blocks one pass accumulates (this rank's, split by
+    blocks; the largest of `block_groups` groups of them), the activations (checkpointed or not),
+    logits and queue. prune: the weights and the inverses of this rank's blocks (with `offload`: one
+    layer's factors and inverse, the rest in host memory, `host_bytes`), one layer's dense work.
+    A rank owns ⌈blocks / ranks⌉ blocks (rank 0 the most). With `fsdp` it holds 1/ranks of the
+    weights, the unsharded root (embeddings, head) and two blocks being gathered, and its own
+    layers whole while it prunes them (docs/DESIGN.md, "Several processes").
+    """
+    from surgeon.shots import group_edges
+
+    parts, factors, blocks = counts["parts"], counts["block_factor_bytes"], counts["blocks"]
+    owned = range(0, blocks, ranks)
+    weights = counts["weights_bytes"]
+    if fsdp:
+        weights = math.ceil(weights / ranks) + counts["root_bytes"] + 2 * counts["block_bytes"]
+    if not factors:  # block by block: one block's inputs for every window and its H
+        phases = {"prune": {"weights": weights, "block_inputs": parts["block_inputs"], "hessians": parts["hessians"],
+                            "layer": parts["layer"]}}
+    else:
+        hooked = [factors[b] for b in (owned if ranks > 1 and config.curvature_split == "blocks" else range(blocks))]
+        edges = group_edges(len(hooked), config.block_groups)
+        phases = {
+            "curvature": {"weights": weights, "factors": max(sum(hooked[a:b]) for a, b in zip(edges, edges[1:])),
+                          "activations": parts["checkpointed_activations" if config.activation_checkpointing
+                                               else "activations"],
+                          "logits": parts["logits"], "queue": parts["queue"]},
+            "prune": {"weights": weights, "inverses": 2 * counts["layer_factor_bytes"] if config.offload
+                      else sum(factors[b] for b in owned), "layer": parts["layer"]},
+        }
+        if config.propagate:  # N:M's last shot runs block by block on every window's block inputs
+            phases["prune"]["block_inputs"] = parts["block_inputs"]
+    if fsdp:
+        phases["prune"]["own_layers"] = math.ceil(counts["prunable_bytes"] * len(owned) / blocks)
+    return phases
 
 
 def _projected_seconds(counts: dict[str, Any], config: PruneConfig, nsamples: int, seqlen: int) -> dict[str, float]:
@@ -221,70 +280,86 @@ def _needed(peak: int) -> float:
     return peak * (1 + HEADROOM)
 
 
-def _per_rank(counts: dict[str, Any], ranks: int, fsdp: bool, split: str) -> dict[str, dict[str, int]]:
-    """The phases of `count` as each of `ranks` torchrun ranks holds them (docs/DESIGN.md, "Several processes").
+def _rank_seconds(seconds: dict[str, float], counts: dict[str, Any], config: PruneConfig,
+                  ranks: int) -> dict[str, float]:
+    """Projected seconds per shot on `ranks` H100s, from those of one (`_projected_seconds`).
 
-    A rank owns ⌈blocks / ranks⌉ blocks: their inverses, and with `split` "blocks" their factors only
-    (by "batches" every rank accumulates every factor before they are summed onto the owners). With
-    `fsdp` a rank holds 1/ranks of the weights, the unsharded root (embeddings, head) and two blocks
-    being gathered, and its own layers whole while it prunes them.
+    The curvature pass's products (`pass_products`) run once per block group, and a third more
+    with activation checkpointing (one more forward beside the forward and input-gradient passes);
+    its factor accumulation runs once. Split by batches the whole pass divides by the ranks, split
+    by blocks only the accumulation does. The prune phase divides by the ranks. Moving factors to and
+    from host memory (`offload`) is not counted.
     """
-    share = -(-counts["blocks"] // ranks) / counts["blocks"]
-    weights = counts["weights_bytes"]
-    if fsdp:
-        weights = math.ceil(weights / ranks) + counts["root_bytes"] + 2 * counts["block_bytes"]
-    phases = {name: dict(parts, weights=weights) for name, parts in counts["phases"].items()}
-    if "curvature" in phases:
-        if split == "blocks":
-            phases["curvature"]["factors"] = math.ceil(phases["curvature"]["factors"] * share)
-        phases["prune"]["inverses"] = math.ceil(phases["prune"]["inverses"] * share)
-    if fsdp:
-        phases["prune"]["own_layers"] = math.ceil(counts["prunable_bytes"] * share)
-    return phases
-
-
-def _rank_seconds(seconds: dict[str, float], counts: dict[str, Any], ranks: int, split: str) -> dict[str, float]:
-    """Projected seconds per shot on `ranks` H100s: the prune phase and, split by batches, the whole curvature pass
-    divide by the ranks; split by blocks, only its factor accumulation does (the share of the pass's products
-    it counts)."""
     if not seconds:
         return {}
     accumulation = counts["accumulation_products"] / (counts["accumulation_products"] + counts["pass_products"])
-    kept = 1 / ranks if split == "batches" else 1 - accumulation + accumulation / ranks
-    return {"curvature": seconds["curvature"] * kept, "prune": seconds["prune"] / ranks}
+    passes = (1 - accumulation) * config.block_groups * (1.5 if config.activation_checkpointing else 1)
+    curvature = (passes + accumulation) / ranks if config.curvature_split == "batches" else \
+        passes + accumulation / ranks
+    return {"curvature": seconds["curvature"] * curvature, "prune": seconds["prune"] / ranks}
+
+
+def _variants(config: PruneConfig, counts: dict[str, Any], ranks: int, split: str) -> list[PruneConfig]:
+    """The memory options a plan tries, least costly first: none; activation checkpointing; with offload (structured
+    and coupled) one block group, then each number of groups up to this rank's blocks."""
+    base = dataclasses.replace(config, curvature_split=split, activation_checkpointing=False, offload=False,
+                               block_groups=1)
+    if not counts["block_factor_bytes"]:
+        return [base]
+    checkpointed = dataclasses.replace(base, activation_checkpointing=True)
+    if config.structure not in ("structured", "coupled") or config.kronecker_terms != 1:
+        return [base, checkpointed]
+    hooked = -(-counts["blocks"] // ranks) if split == "blocks" and ranks > 1 else counts["blocks"]
+    return [base, checkpointed] + [dataclasses.replace(checkpointed, offload=True, block_groups=groups)
+                                   for groups in range(1, hooked + 1)]
+
+
+def _options(config: PruneConfig) -> list[str]:
+    """The `surgeon prune` options of a variant's memory options, without their dashes."""
+    return (["activation-checkpointing"] * config.activation_checkpointing + ["offload"] * config.offload
+            + [f"block-groups {config.block_groups}"] * (config.block_groups > 1))
 
 
 def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
-    """The plan of `surgeon plan`: memory per phase, the strategies and whether one fits, projected time."""
+    """The plan of `surgeon plan`: memory per phase, the strategies and whether one fits, projected time.
+
+    A strategy is a way to launch (one process; torchrun ranks split by batches, with the weights
+    whole or sharded by FSDP2; ranks with FSDP2 split by blocks) with the least costly memory options that fit it (`_variants`), or with all of
+    them when none fits. The chosen strategy is the fastest that fits on the GPUs asked for, or else on one.
+    """
     model = meta_model(plan.model, plan.dtype)
     counts = count(model, config, plan.nsamples, plan.seqlen, "cuda")
     budget = parse_bytes(plan.gpu_memory)
     phases, peak_phase, peak = _peak(counts["phases"])
     seconds = _projected_seconds(counts, config, plan.nsamples, plan.seqlen)
-    factors = phases.get("curvature", {}).get("factors", 0)  # none for the block-by-block methods
-    strategies: list[dict[str, Any]] = [{"name": "on-device" if not factors else "packed-factors-on-device",
-                                         "runs": True, "gpus": 1, "launch": "surgeon prune", "peak_gpu_bytes": peak,
-                                         "host_bytes": 0, "seconds_per_shot": seconds}]
-    if factors:
-        one_block = factors // counts["blocks"]  # on the device while its factors accumulate
-        strategies.append({"name": "factors-offloaded-to-host", "runs": False, "gpus": 1, "launch": None,
-                           "peak_gpu_bytes": peak - factors + one_block, "host_bytes": factors,
-                           "seconds_per_shot": {}})
+    factors = bool(counts["block_factor_bytes"])
+    launches = [(1, False, "batches", "packed-factors-on-device" if factors else "on-device", "surgeon prune")]
     if plan.gpus > 1:
         torchrun = f"torchrun --nproc-per-node {plan.gpus} -m surgeon prune"
-        splits = (("batches", False, ""), ("blocks", True, " --fsdp --curvature-split blocks")) if factors else \
-            (("batches", True, " --fsdp"),)
-        for split, fsdp, flags in splits:
-            rank_phases = _per_rank(counts, plan.gpus, fsdp, split)
-            name = f"{plan.gpus}-ranks{'-fsdp' if fsdp else ''}-split-by-{split}"
-            strategies.append({"name": name, "runs": True, "gpus": plan.gpus, "launch": torchrun + flags,
-                               "peak_gpu_bytes": _peak(rank_phases)[2], "host_bytes": 0,
-                               "seconds_per_shot": _rank_seconds(seconds, counts, plan.gpus, split)})
-    for strategy in strategies:
-        strategy["fits"] = _needed(strategy["peak_gpu_bytes"]) <= budget
-    # the first that runs and fits, on the GPUs asked for before fewer
-    chosen = next((s for s in sorted(strategies, key=lambda s: s["gpus"] != plan.gpus) if s["runs"] and s["fits"]),
-                  None)
+        if factors:
+            launches.append((plan.gpus, False, "batches", f"{plan.gpus}-ranks-split-by-batches", torchrun))
+        launches.append((plan.gpus, True, "batches", f"{plan.gpus}-ranks-fsdp-split-by-batches", torchrun + " --fsdp"))
+        if factors:
+            launches.append((plan.gpus, True, "blocks", f"{plan.gpus}-ranks-fsdp-split-by-blocks",
+                             torchrun + " --fsdp --curvature-split blocks"))
+    strategies: list[dict[str, Any]] = []
+    for ranks, fsdp, split, name, launch in launches:
+        variants = _variants(config, counts, ranks, split)
+        for variant in variants:
+            need = _peak(held(counts, variant, ranks, fsdp))[2]
+            host = sum(counts["block_factor_bytes"][b] for b in range(0, counts["blocks"], ranks)) \
+                if variant.offload else 0
+            options = _options(variant)
+            strategy = {"name": "+".join([name] + [option.replace(" ", "-") for option in options]), "gpus": ranks,
+                        "launch": " --".join([launch] + options), "peak_gpu_bytes": need, "host_bytes": host,
+                        "fits": _needed(need) <= budget,
+                        "seconds_per_shot": _rank_seconds(seconds, counts, variant, ranks)}
+            if strategy["fits"] or variant is variants[-1]:
+                strategies.append(strategy)
+                break
+    fitting = [s for s in strategies if s["fits"]]
+    chosen = min(fitting, key=lambda s: (s["gpus"] != plan.gpus, sum(s["seconds_per_shot"].values()),
+                                         strategies.index(s)), default=None)
     return {
         "model": plan.model, "dtype": plan.dtype, "nsamples": plan.nsamples, "seqlen": plan.seqlen,
         "gpus": plan.gpus, "gpu_memory_bytes": budget, "config": {"structure": config.structure,
@@ -294,7 +369,7 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
         "phases": phases, "peak_phase": peak_phase, "peak_gpu_bytes": peak, "fits": chosen is not None,
         "strategy": chosen["name"] if chosen else None, "strategies": strategies,
         "headroom": HEADROOM, "shortfall_bytes": max(round(_needed(min(
-            s["peak_gpu_bytes"] for s in strategies if s["runs"]))) - budget, 0),
+            s["peak_gpu_bytes"] for s in strategies))) - budget, 0),
         "seconds_per_shot_h100": seconds,
         "time_source": H100_SOURCES,
     }
@@ -315,11 +390,11 @@ def check_fits(model_name: str, dtype: str, nsamples: int, seqlen: int, config: 
         logger.warning("memory not checked before loading: %s", error)
         return
     counts = count(model, config, nsamples, seqlen, "cuda")
-    phases, phase, peak = _peak(_per_rank(counts, ranks, fsdp, config.curvature_split) if ranks > 1
-                                else counts["phases"])
+    phases, phase, peak = _peak(held(counts, config, ranks, fsdp))
     need = _needed(peak)
     if need > budget:
         parts = ", ".join(f"{part} {value / GIB:.1f}" for part, value in phases[phase].items() if part != "total")
         raise SurgeonError(f"does not fit the GPU: the {phase} phase needs {need / GIB:.1f} GiB ({parts} GiB, plus "
                            f"{HEADROOM:.0%} headroom), the GPU has {budget / GIB:.1f} GiB, short by "
-                           f"{(need - budget) / GIB:.1f} GiB; lower --batch-size or --seqlen (see `surgeon plan`)")
+                           f"{(need - budget) / GIB:.1f} GiB; lower --batch-size or --seqlen, or see `surgeon plan` "
+                           "for --activation-checkpointing, --offload, --block-groups and torchrun")

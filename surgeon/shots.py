@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from surgeon import baselines, channels, costs, curvature, inverses, kronecker_sum, solver, threshold, units, updates
 from surgeon.block_inputs import BlockInputs
-from surgeon.config import PruneConfig
+from surgeon.config import NEEDS_A, PruneConfig
 from surgeon.damping import damp
 from surgeon.distributed import Elsewhere, Ranks, sharded
 from surgeon.errors import SurgeonError
@@ -34,11 +34,10 @@ from surgeon_kernels.ops import Deferred
 logger = logging.getLogger(__name__)
 
 NEEDS_G = ("surgeon", "kobd")
-NEEDS_A = ("surgeon", "kobd", "lobd")  # from one whole-model pass per shot
 PER_LAYER = ("sparsegpt", "sparsegpt-exact", "wanda")  # estimate each block's inputs themselves, block by block
 
 
-def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig,
+def _structured_shot(layers: list[Layer], raw: dict | curvature.HostFactors, target_zeros: int, config: PruneConfig,
                      coupled: list[channels.Coupling], ranks: Ranks, kinds: list[units.UnitKind] | None = None,
                      ) -> tuple[dict[str, float], int]:
     """Rows and columns, or coupled units: costs (eq. 7), global threshold, joint or within update (sec. 3.4).
@@ -50,7 +49,9 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
     too and count toward the target; they take no part in the updates (their inputs or outputs are gone).
 
     Between costs and updates each layer keeps only its packed inverse roots (weights are read again),
-    so a shot never holds more than the factors' packed size plus one layer's dense work. Split over
+    so a shot never holds more than the factors' packed size plus one layer's dense work; with
+    `config.offload` the factors (`raw`, a `curvature.HostFactors`) and the kept roots wait in host
+    memory, and the device holds one layer's at a time. Split over
     `ranks`, each computes its own layers' costs and updates; the costs are summed so that all make
     the same choice, and the updated layers are broadcast.
     Returns the seconds spent on costs, threshold and updates, and the number of dead weights freed.
@@ -63,6 +64,7 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
     sets = {kind.consumer.layer: kind.consumer.size for kind in kinds or [] if kind.consumer.size > 1}
     set_cost: dict[int, torch.Tensor] = {}
     sibling: inverses.Sibling | None = None
+    offloaded: tuple[inverses.KroneckerInverse, inverses.KroneckerInverse] | None = None  # the last, on device and host
     times = [_clock(device)]
     ranks.gather_layers(layers)
     for index, layer in enumerate(layers):
@@ -101,10 +103,14 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
                 joint = costs.set_costs(submatrix(W, keep_r, real_c).T, root, G, size)
                 per_set[real_c.reshape(-1, size)[:, 0] // size] = joint
             set_cost[index] = per_set
+        if config.offload and kept is not None:  # siblings' shared A⁻¹ goes to host memory once
+            shared = offloaded is not None and offloaded[0].A is kept.A
+            offloaded = (kept, kept.to("cpu", A=offloaded[1].A if shared else None))
+            kept = offloaded[1]
         plans.append((keep_r, keep_c, kept))
         row_costs.append(rows)
         col_costs.append(cols)
-    del sibling
+    del sibling, offloaded
     if ranks.world > 1:  # −inf (removed) plus the other ranks' zeros stays −inf
         every = row_costs + col_costs + list(set_cost.values())
         parts = ranks.sum(torch.cat(every)).split([t.numel() for t in every])
@@ -135,7 +141,7 @@ def _structured_shot(layers: list[Layer], raw: dict, target_zeros: int, config: 
         removed_rows, removed_cols = with_dead(*units.masks_of(kinds, chosen, *before, free_kv=True))
     freed = threshold.removed_weights(removed_rows, removed_cols) - threshold.removed_weights(row_sel, col_sel)
     times.append(_clock(device))
-    dense = inverses.unpacked(kept for _, _, kept in plans)
+    dense = inverses.unpacked((kept for _, _, kept in plans), device if config.offload else None)
     for layer, (keep_r, keep_c, _), inverse, new_rows, new_cols, rows_out, cols_out in zip(
             layers, plans, dense, row_sel, col_sel, removed_rows, removed_cols):
         layer.rows, layer.cols = rows_out, cols_out
@@ -286,6 +292,21 @@ def _pruned_block_by_block(model: nn.Module, layers: list[Layer], calibration: t
         inputs.advance()
 
 
+def group_edges(blocks: int, count: int) -> list[int]:
+    """Where `count` groups of consecutive blocks, as even as they divide, start and end among `blocks`."""
+    return [round(i * blocks / count) for i in range(count + 1)]
+
+
+def _block_groups(blocks: list[list[tuple[str, nn.Linear]]], count: int) -> list[list[tuple[str, nn.Linear]]]:
+    """The layers of `blocks` in `count` groups (`group_edges`), for one curvature pass each
+    (`PruneConfig.block_groups`)."""
+    if count > len(blocks):
+        raise SurgeonError(f"block_groups={count}: more groups than the {len(blocks)} decoder blocks whose factors "
+                           "this process accumulates")
+    edges = group_edges(len(blocks), count)
+    return [[pair for block in blocks[start:end] for pair in block] for start, end in zip(edges, edges[1:])]
+
+
 def _phases(times: list[float]) -> dict[str, float]:
     """Seconds of costs, threshold and updates from the four clock readings around them."""
     return {name: end - start for name, start, end in zip(("costs", "threshold", "update"), times, times[1:])}
@@ -382,7 +403,10 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
     count = -(-calibration_ids.shape[0] // config.batch_size)
     batches = ranks.batches(count, even=any(sharded(module) for _, module in named)) \
         if config.curvature_split == "batches" else list(range(count))
-    hooked = [(name, module) for name, module in named if config.curvature_split == "batches" or ranks.mine(name)]
+    hooked = [[(name, module) for name, module in block if config.curvature_split == "batches" or ranks.mine(name)]
+              for block in blocks]
+    groups = _block_groups([block for block in hooked if block], config.block_groups)
+    checkpointed = decoder_blocks(model) if config.activation_checkpointing else []
     total = sum(layer.module.weight.numel() for layer in layers)
     coupled = channels.couplings(model, [name for name, _ in named])
     kinds = units.coupled_units(model, [name for name, _ in named]) if config.structure == "coupled" else None
@@ -399,20 +423,25 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
         target_zeros = round((1.0 - target_size) * total)
         t0 = _clock(device)
         collective_seconds = ranks.seconds
-        raw = {}
+        raw: dict[str, curvature.LayerFactors] = {}
+        host = curvature.HostFactors(device) if config.offload else None
         if config.kronecker_terms == 2:
             raw = kronecker_sum.estimate_sum(model, named, calibration_ids, power_state,
                                          config.power_iterations if shot == 1 else 1, fisher=config.fisher,
                                          batch_size=config.batch_size, seed=config.seed + shot,
                                          desc=f"shot {shot}/{last} · curvature", progress=progress)
         elif config.method in NEEDS_A:
-            raw = curvature.estimate(model, hooked, calibration_ids, need_g=config.method in NEEDS_G,
-                                     fisher=config.fisher,
-                                     batch_size=config.batch_size, seed=config.seed + shot, backend=config.backend,
-                                     autocast=config.curvature_dtype, desc=f"shot {shot}/{last} · curvature",
-                                     progress=progress, group_bytes=config.group_bytes, batches=batches)
-            if config.curvature_split == "batches":
-                ranks.reduce_factors(raw)
+            for part, group_layers in enumerate(groups, 1):
+                factors = curvature.estimate(
+                    model, group_layers, calibration_ids, need_g=config.method in NEEDS_G, fisher=config.fisher,
+                    batch_size=config.batch_size, seed=config.seed + shot, backend=config.backend,
+                    autocast=config.curvature_dtype, progress=progress, group_bytes=config.group_bytes,
+                    batches=batches, checkpoint_blocks=checkpointed,
+                    desc=f"shot {shot}/{last} · curvature" + (f" {part}/{len(groups)}" if len(groups) > 1 else ""))
+                if config.curvature_split == "batches":
+                    ranks.reduce_factors(factors)
+                (raw if host is None else host).update(factors)
+                del factors
         t1 = _clock(device)
         phases: dict[str, float] = {}
         freed = 0
@@ -422,7 +451,8 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
             elif config.propagate and shot == last:
                 _propagated_shot(model, layers, raw, calibration_ids, config, ranks, progress)
             elif config.structure in ("structured", "coupled"):
-                phases, freed = _structured_shot(layers, raw, target_zeros, config, coupled, ranks, kinds)
+                phases, freed = _structured_shot(layers, raw if host is None else host, target_zeros, config,
+                                                 coupled, ranks, kinds)
             else:
                 phases = _element_shot(layers, raw, target_zeros, config, ranks)
         t2 = _clock(device)

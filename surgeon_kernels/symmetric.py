@@ -11,6 +11,7 @@ gives it back.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -103,6 +104,10 @@ class PackedSymmetric:
         """The n diagonal entries."""
         i, j = self.index()
         return self.tiles[i == j].diagonal(dim1=1, dim2=2).reshape(-1)[: self.n]
+
+    def to(self, device: torch.device | str) -> PackedSymmetric:
+        """The same matrix with its tiles on `device` (itself when they are there already)."""
+        return dataclasses.replace(self, tiles=self.tiles.to(device))
 
     def isfinite(self) -> bool:
         """Whether every stored entry is finite: its least and largest are (NaN propagates to both).

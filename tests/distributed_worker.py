@@ -32,6 +32,8 @@ CASES = {
     "llama-2:4-unpropagated": ("llama", dict(structure="2:4", propagate=False, **TIGHT)),
     "llama-sampled-fisher": ("llama", dict(structure="structured", target_size=0.6, fisher="sampled")),
     "llama-coupled": ("llama", dict(structure="coupled", target_size=0.7)),
+    "llama-coupled-offload": ("llama", dict(structure="coupled", target_size=0.7, activation_checkpointing=True,
+                                            offload=True, block_groups=2)),
     "opt-sparsegpt": ("opt", dict(method="sparsegpt", structure="unstructured", target_size=0.5, shots=1)),
 }
 # Costs with ties at τ in every layer, layers 0 and 2 on rank 0, layer 1 on rank 1.
@@ -44,6 +46,8 @@ BLOCKS = {
     "opt-2:4-blocks": ("opt", dict(structure="2:4", curvature_split="blocks")),
     "opt-unstructured-blocks": ("opt", dict(structure="unstructured", target_size=0.5, curvature_split="blocks")),
     "llama-sparsegpt-blocks": ("llama", dict(method="sparsegpt", structure="2:4", shots=1, curvature_split="blocks")),
+    "llama-structured-blocks-offload": ("llama", dict(structure="structured", target_size=0.6, curvature_split="blocks",
+                                                      activation_checkpointing=True, offload=True)),
 }
 CASES.update(BLOCKS)
 FSDP = ["llama-structured", "opt-structured", "llama-unstructured", "opt-unstructured", "llama-2:4", "opt-2:4",

@@ -207,3 +207,45 @@ def test_logit_gradient_is_that_of_the_summed_next_token_loss(fisher):
     assert grad.dtype == logits.dtype
     torch.testing.assert_close(grad, z.grad, **FLOAT64)
     assert (grad[:, -1] == 0).all()
+
+
+@pytest.mark.parametrize("family", ["llama", "opt", "qwen3", "gpt_neox", "gemma2"])
+def test_activation_checkpointing_gives_the_same_factors_running_each_block_again(family):
+    model = family_model(family)
+    blocks = decoder_blocks(model)
+    named = [pair for block in prunable_layers(model) for pair in block]
+    windows = torch.randint(3, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    plain = curvature.estimate(model, named, windows, progress=False)
+    runs = {name: 0 for name, _ in named}
+    handles = [module.register_forward_hook(lambda *_, name=name: runs.__setitem__(name, runs[name] + 1))
+               for name, module in named]
+    checkpointed = curvature.estimate(model, named, windows, progress=False, checkpoint_blocks=blocks)
+    for handle in handles:
+        handle.remove()
+    # two batches: every block ran again from its first layer (the recomputation stops once it has every
+    # tensor the backward pass reads, so a block's last layers may not run again)
+    assert all(runs[block[0][0]] == 2 * 2 for block in prunable_layers(model))
+    assert all(count in (2, 2 * 2) for count in runs.values())
+    assert not any("forward" in vars(block) for block in blocks)  # the blocks' own forward restored
+    for name, _ in named:
+        ours, theirs = checkpointed[name], plain[name]
+        for a, b in ((ours.A.tiles, theirs.A.tiles), (ours.G.tiles, theirs.G.tiles),
+                     (ours.row_quadratic, theirs.row_quadratic), (ours.col_quadratic, theirs.col_quadratic)):
+            assert torch.equal(a, b), name
+        assert [n for n, _ in named if checkpointed[n].A is ours.A] == [n for n, _ in named if plain[n].A is theirs.A]
+
+
+def test_host_factors_move_to_the_device_when_taken_and_siblings_share_one_a():
+    model = tiny_model("llama")
+    named = prunable_layers(model)[0]
+    raw = curvature.estimate(model, named, torch.randint(0, 96, (1, 8)), progress=False)
+    host = curvature.HostFactors(torch.device("meta"))  # a device other than the host's, observable here
+    host.update(raw)
+    assert all(host.entries[name].A.tiles.device.type == "cpu" for name, _ in named)
+    prefix = "model.layers.0."
+    q, k, o = (host.pop(prefix + f"self_attn.{p}_proj") for p in "qko")
+    assert q is not None and k is not None and o is not None
+    assert q.A.tiles.device.type == "meta" and q.G.tiles.device.type == "meta"
+    assert q.A is k.A and o.A is not q.A  # q and k read one input: one copy of its A on the device
+    assert q.A.tiles.shape == raw[prefix + "self_attn.q_proj"].A.tiles.shape
+    assert host.pop("not a layer") is None and prefix + "self_attn.q_proj" not in host.entries

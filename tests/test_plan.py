@@ -15,7 +15,7 @@ from surgeon.cli import main
 from surgeon.config import PlanConfig, PruneConfig, parse_bytes
 from surgeon.errors import SurgeonError
 from surgeon.model import prunable_layers
-from surgeon.plan import GIB, H100_SOURCES, HEADROOM, _per_rank, check_fits, count, make_plan, meta_model, packed_bytes
+from surgeon.plan import GIB, H100_SOURCES, HEADROOM, check_fits, count, held, make_plan, meta_model, packed_bytes
 from tests._families import family_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,14 +116,44 @@ def test_plan_command_writes_json(tmp_path, capsys):
     plan = json.loads(out.read_text())
     assert {"fits", "peak_gpu_bytes", "strategy", "phases"} <= set(plan)
     assert plan["fits"] and plan["strategy"] == "2-ranks-fsdp-split-by-blocks"
-    assert [s["name"] for s in plan["strategies"]] == ["packed-factors-on-device", "factors-offloaded-to-host",
-                                                      "2-ranks-split-by-batches", "2-ranks-fsdp-split-by-blocks"]
+    # offload holds structured factors only: unstructured, each launch tries activation checkpointing at most
+    assert [s["name"] for s in plan["strategies"]] == [
+        "packed-factors-on-device+activation-checkpointing", "2-ranks-split-by-batches+activation-checkpointing",
+        "2-ranks-fsdp-split-by-batches+activation-checkpointing", "2-ranks-fsdp-split-by-blocks"]
     assert "fits 80GB with 2-ranks-fsdp-split-by-blocks" in capsys.readouterr().out
-    assert main(["plan", "--model", str(ROOT / "bench/configs/llama-2-70b.json"), "--structure", "structured",
-                 "--gpus", "8", "--output", str(out)]) == 0
+    assert main(["plan", "--model", str(ROOT / "bench/configs/opt-125m.json"), "--structure", "unstructured",
+                 "--target-size", "0.5", "--gpu-memory", "1GB", "--output", str(out)]) == 0
     plan = json.loads(out.read_text())
     assert not plan["fits"] and plan["strategy"] is None and plan["shortfall_bytes"] > 0
-    assert "does not fit 80GB" in capsys.readouterr().out
+    assert "does not fit 1GB" in capsys.readouterr().out
+
+
+def test_llama_2_70b_structured_fits_eight_gpus_with_checkpointing_offload_and_block_groups():
+    plan = make_plan(PlanConfig(model=str(ROOT / "bench/configs/llama-2-70b.json"), dtype="bfloat16", nsamples=128,
+                                seqlen=2048, gpus=8), PruneConfig(structure="structured", shots=40, batch_size=1))
+    assert not plan["phases"]["curvature"]["total"] * (1 + HEADROOM) <= 80 * GIB  # as one process, plainly, far from it
+    chosen = next(s for s in plan["strategies"] if s["name"] == plan["strategy"])
+    assert plan["fits"] and chosen["gpus"] == 8
+    assert chosen["launch"].startswith("torchrun --nproc-per-node 8 -m surgeon prune --fsdp")
+    assert "--activation-checkpointing --offload --block-groups" in chosen["launch"]
+    assert chosen["peak_gpu_bytes"] * (1 + HEADROOM) <= 80 * GIB and chosen["host_bytes"] > 50 * GIB
+    fitting = {s["name"]: sum(s["seconds_per_shot"].values()) for s in plan["strategies"] if s["fits"]}
+    assert len(fitting) >= 2 and min(fitting, key=fitting.__getitem__) == plan["strategy"]  # the fastest that fits
+    launch = chosen["launch"].split()
+    config = PruneConfig(structure="structured", batch_size=1, activation_checkpointing=True, offload=True,
+                         block_groups=int(launch[-1]),
+                         curvature_split="blocks" if "blocks" in launch else "batches")
+    check_fits(str(ROOT / "bench/configs/llama-2-70b.json"), "bfloat16", 128, 2048, config, 80 * GIB, 8, True)
+
+
+def test_llama_2_13b_structured_fits_one_gpu_with_offload_and_block_groups():
+    model = str(ROOT / "bench/configs/llama-2-13b.json")
+    plan = make_plan(PlanConfig(model=model, dtype="bfloat16", nsamples=128, seqlen=2048), STRUCTURED)
+    assert plan["fits"] and plan["strategy"].startswith("packed-factors-on-device+activation-checkpointing+offload")
+    with pytest.raises(SurgeonError, match="does not fit the GPU"):
+        check_fits(model, "bfloat16", 128, 2048, STRUCTURED, 80 * GIB)
+    check_fits(model, "bfloat16", 128, 2048, dataclasses.replace(
+        STRUCTURED, activation_checkpointing=True, offload=True, block_groups=2), 80 * GIB)
 
 
 def test_plan_reads_only_the_configuration():
@@ -134,11 +164,11 @@ def test_plan_reads_only_the_configuration():
 def test_a_rank_holds_its_share_of_what_it_owns():
     counts = count(meta_model(str(ROOT / MEASURED["llama-2-7b"][0]), "bfloat16"), STRUCTURED, 128, 2048, "cuda")
     one = counts["phases"]
-    by_blocks, by_batches = _per_rank(counts, 3, True, "blocks"), _per_rank(counts, 3, False, "batches")
+    blocks_split = dataclasses.replace(STRUCTURED, curvature_split="blocks")
+    by_blocks, by_batches = held(counts, blocks_split, 3, True), held(counts, STRUCTURED, 3, False)
     share = 11 / 32  # ⌈32 blocks / 3 ranks⌉
-    assert by_blocks["curvature"]["factors"] == math.ceil(one["curvature"]["factors"] * share)
-    assert by_blocks["prune"]["inverses"] == by_batches["prune"]["inverses"] == \
-        math.ceil(one["prune"]["inverses"] * share)
+    assert by_blocks["curvature"]["factors"] == round(one["curvature"]["factors"] * share)
+    assert by_blocks["prune"]["inverses"] == by_batches["prune"]["inverses"] == round(one["prune"]["inverses"] * share)
     assert by_blocks["prune"]["own_layers"] == math.ceil(counts["prunable_bytes"] * share)
     assert by_blocks["curvature"]["weights"] == \
         math.ceil(counts["weights_bytes"] / 3) + counts["root_bytes"] + 2 * counts["block_bytes"]
@@ -146,14 +176,28 @@ def test_a_rank_holds_its_share_of_what_it_owns():
     assert counts["root_bytes"] == 2 * 32000 * 4096 * 2 + 4096 * 2  # embeddings, head, final norm
 
 
+def test_memory_options_hold_a_block_groups_factors_one_blocks_activations_and_one_layers_inverses():
+    counts = count(meta_model(str(ROOT / LLAMA_2_7B), "bfloat16"), STRUCTURED, 128, 2048, "cuda")
+    plain = counts["phases"]
+    options = held(counts, dataclasses.replace(STRUCTURED, activation_checkpointing=True, offload=True,
+                                               block_groups=3))
+    assert options["curvature"]["factors"] == round(plain["curvature"]["factors"] * 11 / 32)  # 11, 10, 11 blocks
+    hidden_states = 2 * 2048 * 4096 * 2  # one block's input, batch 2, bfloat16
+    checkpointed = options["curvature"]["activations"]
+    assert 32 * hidden_states < checkpointed < 32 * hidden_states + plain["curvature"]["activations"] / 16
+    layer = packed_bytes(11008) + packed_bytes(4096)  # down_proj's A and G, the largest layer's
+    assert options["prune"]["inverses"] == 2 * layer and options["prune"]["layer"] == plain["prune"]["layer"]
+
+
 def test_llama_2_13b_structured_fits_two_gpus_with_sharded_weights_and_factors():
     config = dataclasses.replace(STRUCTURED, curvature_split="blocks")
     plan = make_plan(PlanConfig(model=str(ROOT / "bench/configs/llama-2-13b.json"), dtype="bfloat16", nsamples=128,
                                 seqlen=2048, gpus=2), config)
     fits = {s["name"]: s["fits"] for s in plan["strategies"]}
-    assert fits == {"packed-factors-on-device": False, "factors-offloaded-to-host": True,
-                    "2-ranks-split-by-batches": False, "2-ranks-fsdp-split-by-blocks": True}
-    assert plan["fits"] and plan["strategy"] == "2-ranks-fsdp-split-by-blocks"
+    options = "+activation-checkpointing+offload+block-groups-2"  # what the others need to fit
+    assert fits == {"packed-factors-on-device" + options: True, "2-ranks-split-by-batches" + options: True,
+                    "2-ranks-fsdp-split-by-batches" + options: True, "2-ranks-fsdp-split-by-blocks": True}
+    assert plan["fits"] and plan["strategy"] == "2-ranks-fsdp-split-by-blocks"  # the fastest: one pass per shot
     chosen = next(s for s in plan["strategies"] if s["name"] == plan["strategy"])
     assert chosen["launch"] == "torchrun --nproc-per-node 2 -m surgeon prune --fsdp --curvature-split blocks"
     model = str(ROOT / "bench/configs/llama-2-13b.json")

@@ -141,6 +141,32 @@ def test_bad_configs():
         prune(model, calibration(), PruneConfig(structure="2:7", shots=1), progress=False)
 
 
+@pytest.mark.parametrize("arch", ["llama", "opt"])
+@pytest.mark.parametrize("structure,method", [("structured", "surgeon"), ("coupled", "surgeon"),
+                                              ("structured", "kobd")])
+def test_checkpointed_offloaded_block_groups_prune_as_the_plain_pass(arch, structure, method):
+    """The same factors whatever holds them: activation checkpointing, one pass per block group, host memory."""
+    results = []
+    for settings in ({}, dict(activation_checkpointing=True, offload=True, block_groups=2)):
+        model = tiny_model(arch)
+        config = PruneConfig(structure=structure, method=method, target_size=0.6, shots=2, **settings)
+        report = prune(model, calibration(), config, progress=False)
+        results.append((weights(model), [shot.sparsity for shot in report.shots]))
+    assert same(results[0][0], results[1][0]) and results[0][1] == results[1][1]
+
+
+def test_offload_and_block_groups_refuse_what_they_cannot_hold():
+    with pytest.raises(ValueError, match="block_groups=2: each group's factors move to host memory"):
+        PruneConfig(block_groups=2)
+    with pytest.raises(ValueError, match="block_groups=0"):
+        PruneConfig(block_groups=0)
+    for settings in (dict(structure="unstructured"), dict(structure="2:4"), dict(method="magnitude")):
+        with pytest.raises(ValueError, match="offload holds the factors of a structured or coupled run"):
+            PruneConfig(offload=True, **settings)
+    with pytest.raises(SurgeonError, match="block_groups=3: more groups than the 2 decoder blocks"):
+        prune(tiny_model("llama"), calibration(), PruneConfig(offload=True, block_groups=3, shots=1), progress=False)
+
+
 def test_interleaved_lora_merges_and_keeps_masks():
     from torch import nn
 
