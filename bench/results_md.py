@@ -264,6 +264,24 @@ def ranks_section() -> list[str]:
     return out
 
 
+def memory_options_section() -> list[str]:
+    path = newest(sorted((RESULTS / "cpu").glob("memory-options-smollm2@*.json")))
+    if path is None:
+        return ["Not yet measured (`python bench/memory_options.py`)."]
+    result = load(path)
+    out = [f"`python bench/memory_options.py` at {mark(commit_of(path), PRUNING)} "
+           f"([{path.name}](results/cpu/{path.name}), {result['machine']}): SmolLM2-135M structured to 80% in one "
+           "shot, one calibration batch of 8 × 512 tokens, each option set in its own process. Peak is the "
+           "process's resident memory; on the CPU host and device memory are one, so offload and block groups "
+           "show only their time. \"same weights\": bit-identical to the run without options.", "",
+           "| options | curvature s | prune s | peak GiB | same weights | command |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for row in result["rows"]:
+        out.append(f"| {row['options']} | {row['curvature_seconds']:.1f} | {row['prune_seconds']:.1f} | "
+                   f"{row['peak_memory_gb']:.2f} | {'yes' if row['same_weights'] else 'no'} | `{row['command']}` |")
+    return out
+
+
 def plan_section() -> list[str]:
     path = newest(sorted((RESULTS / "plan").glob("plan-table@*.json")))
     if path is None:
@@ -454,6 +472,10 @@ def results_md() -> str:
         "### One process against torchrun ranks, CPU",
         "",
         *ranks_section(),
+        "",
+        "### Activation checkpointing, offload and block groups, CPU",
+        "",
+        *memory_options_section(),
         "",
         "### Memory plan for the paper's shapes (`bench/plan_table.py`)",
         "",

@@ -67,6 +67,9 @@ def main() -> None:
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--curvature-split", default="batches", choices=["batches", "blocks"])
     parser.add_argument("--fsdp", action="store_true", help="under torchrun: shard the weights with FSDP2")
+    parser.add_argument("--activation-checkpointing", action="store_true", help="as `surgeon prune`")
+    parser.add_argument("--offload", action="store_true", help="as `surgeon prune` (structured, coupled)")
+    parser.add_argument("--block-groups", type=int, default=1, help="as `surgeon prune` (with --offload)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="also write torch.profiler's table of the run's costliest ops to this file")
     args = parser.parse_args()
@@ -82,7 +85,9 @@ def main() -> None:
                             generator=torch.Generator().manual_seed(0))
     prune_config = PruneConfig(structure=args.structure, target_size=args.target_size, shots=args.shots,
                                batch_size=args.batch_size, backend=args.backend, group_bytes=args.group_bytes,
-                               curvature_split=args.curvature_split)
+                               curvature_split=args.curvature_split,
+                               activation_checkpointing=args.activation_checkpointing, offload=args.offload,
+                               block_groups=args.block_groups)
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
