@@ -71,14 +71,13 @@ class LayerFactors:
 def _moved(entry: LayerFactors, device: torch.device | str, memo: dict[int, PackedSymmetric]) -> LayerFactors:
     """`entry` with its packed factors on `device`; a factor already in `memo` (by the id of the one it was
     moved from) is taken from there, so that siblings sharing one A share one copy of it."""
-    def move(factor: PackedSymmetric | None) -> PackedSymmetric | None:
-        if factor is None:
-            return None
+    def move(factor: PackedSymmetric) -> PackedSymmetric:
         if id(factor) not in memo:
             memo[id(factor)] = factor.to(device)
         return memo[id(factor)]
 
-    return dataclasses.replace(entry, A=move(entry.A), G=move(entry.G), A2=move(entry.A2), G2=move(entry.G2))
+    G, A2, G2 = (None if factor is None else move(factor) for factor in (entry.G, entry.A2, entry.G2))
+    return dataclasses.replace(entry, A=move(entry.A), G=G, A2=A2, G2=G2)
 
 
 class HostFactors:

@@ -324,8 +324,9 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
     """The plan of `surgeon plan`: memory per phase, the strategies and whether one fits, projected time.
 
     A strategy is a way to launch (one process; torchrun ranks split by batches, with the weights
-    whole or sharded by FSDP2; ranks with FSDP2 split by blocks) with the least costly memory options that fit it (`_variants`), or with all of
-    them when none fits. The chosen strategy is the fastest that fits on the GPUs asked for, or else on one.
+    whole or sharded by FSDP2; ranks with FSDP2 split by blocks) with the least costly memory options
+    that fit it (`_variants`), or with all of them when none fits. The chosen strategy is the fastest
+    that fits on the GPUs asked for, or else on one.
     """
     model = meta_model(plan.model, plan.dtype)
     counts = count(model, config, plan.nsamples, plan.seqlen, "cuda")

@@ -83,6 +83,8 @@ def _structured_shot(layers: list[Layer], raw: dict | curvature.HostFactors, tar
         entry = raw.pop(layer.name, None)  # frees each raw factor after its last layer
         kept = None
         if config.method == "surgeon":
+            assert entry is not None and entry.G is not None  # surgeon's pass gives every layer both factors
+            raw_G = entry.G
             f, kept = inverses.layer_inverse(entry, keep_r, keep_c, strengths, roots=True, sibling=sibling)
             sibling = (entry, keep_c, kept, f.A)
             rc, cc = costs.layer_structure_costs(W, entry, f, keep_r, keep_c, real_c.numel(), strengths)
@@ -98,14 +100,14 @@ def _structured_shot(layers: list[Layer], raw: dict | curvature.HostFactors, tar
         if size is not None:  # a consumer of several columns per unit (o: head_dim per head)
             per_set = cols.reshape(-1, size).sum(1)  # OBD: the sum of the set's costs; removed sets stay −inf
             if config.method == "surgeon" and real_c.numel():  # else every set of the layer is gone
-                G = damp(submatrix(entry.G.dense(), keep_r, keep_r), strengths[0])
+                G = damp(submatrix(raw_G.dense(), keep_r, keep_r), strengths[0])
                 root = inverses.as_dense(f.A)[: real_c.numel()]
                 joint = costs.set_costs(submatrix(W, keep_r, real_c).T, root, G, size)
                 per_set[real_c.reshape(-1, size)[:, 0] // size] = joint
             set_cost[index] = per_set
         if config.offload and kept is not None:  # siblings' shared A⁻¹ goes to host memory once
-            shared = offloaded is not None and offloaded[0].A is kept.A
-            offloaded = (kept, kept.to("cpu", A=offloaded[1].A if shared else None))
+            A = offloaded[1].A if offloaded is not None and offloaded[0].A is kept.A else None
+            offloaded = (kept, kept.to("cpu", A=A))
             kept = offloaded[1]
         plans.append((keep_r, keep_c, kept))
         row_costs.append(rows)
@@ -406,7 +408,7 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
     hooked = [[(name, module) for name, module in block if config.curvature_split == "batches" or ranks.mine(name)]
               for block in blocks]
     groups = _block_groups([block for block in hooked if block], config.block_groups)
-    checkpointed = decoder_blocks(model) if config.activation_checkpointing else []
+    checkpointed: list[nn.Module] = list(decoder_blocks(model)) if config.activation_checkpointing else []
     total = sum(layer.module.weight.numel() for layer in layers)
     coupled = channels.couplings(model, [name for name, _ in named])
     kinds = units.coupled_units(model, [name for name, _ in named]) if config.structure == "coupled" else None
