@@ -41,7 +41,8 @@ def main() -> None:
                 chosen = next((s for s in plan["strategies"] if s["name"] == plan["strategy"]), lowest)
                 rows.append({"model": model, "structure": structure, "gpus": gpus, "batch_size": batch,
                              "fits": plan["fits"], "strategy": chosen["name"],
-                             "peak_gpu_bytes": chosen["peak_gpu_bytes"],
+                             "peak_gpu_bytes": chosen["peak_gpu_bytes"], "host_bytes": chosen["host_bytes"],
+                             "launch": chosen["launch"],
                              "seconds_per_shot": chosen["seconds_per_shot"], "shots": config.shots,
                              "phases": plan["phases"]})
     commit = head_commit()

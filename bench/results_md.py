@@ -289,17 +289,20 @@ def plan_section() -> list[str]:
     result = load(path)
     out = [f"`python bench/plan_table.py` at {mark(commit_of(path))} ([{path.name}](results/plan/{path.name})): "
            "`surgeon plan` for each shape in bfloat16, 128 × 2048 calibration tokens, 80 GB GPUs, counted from the "
-           "configuration (docs/DESIGN.md, \"Planning\"). Peak is per GPU for the strategy chosen (the lowest that "
-           "runs where none fits); a run fits when the peak plus 12% headroom does. Time per shot is projected from "
-           "the Llama-2-7B rates measured on one H100 for each kind of run (surgeon.plan.H100_PRUNE_S).", "",
-           "| model | structure | GPUs | fits | strategy | peak GiB per GPU | projected s per shot (curvature + prune) "
-           "|",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
+           "configuration (docs/DESIGN.md, \"Planning\"). Peak is per GPU for the strategy chosen (the lowest where "
+           "none fits), host memory per GPU what offload keeps there; a run fits when the peak plus 12% headroom "
+           "does. A strategy's name lists the memory options it needs (its `launch` in the JSON). Time per shot is "
+           "projected from the Llama-2-7B rates measured on one H100 for each kind of run "
+           "(surgeon.plan.H100_PRUNE_S); moving factors to host memory and collectives are not counted.", "",
+           "| model | structure | GPUs | fits | strategy | peak GiB per GPU | host GiB per GPU | projected s per shot "
+           "(curvature + prune) |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in result["rows"]:
         time = row["seconds_per_shot"]
         time = f"{time['curvature']:.1f} + {time['prune']:.1f}" if time else "-"
+        host = f"{row['host_bytes'] / 2**30:.1f}" if row.get("host_bytes") else "-"
         out.append(f"| {row['model']} | {row['structure']} | {row['gpus']} | {'yes' if row['fits'] else 'no'} | "
-                   f"{row['strategy']} | {row['peak_gpu_bytes'] / 2**30:.1f} | {time} |")
+                   f"{row['strategy']} | {row['peak_gpu_bytes'] / 2**30:.1f} | {host} | {time} |")
     return out
 
 
