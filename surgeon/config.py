@@ -27,6 +27,8 @@ DEFAULT_SHOTS = 8
 DEFAULT_DAMP_G, PROPAGATED_DAMP_G = 0.1, 1.0  # λ_G; N:M propagated measured best at 1 (bench/RESULTS.md)
 NEEDS_A = ("surgeon", "kobd", "lobd")  # methods with one whole-model curvature pass per shot
 PROPAGATING = NEEDS_A  # methods whose last N:M shot can run block by block
+# where the curvature pass and the prune phase keep their tensors: they change time and memory, never a result
+MEMORY_OPTIONS = ("activation_checkpointing", "offload", "block_groups")
 Correlation = Literal["joint", "within"]
 ChunkSemantics = Literal["sequential", "independent"]
 _NM = re.compile(r"^(\d+):(\d+)$")

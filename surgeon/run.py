@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from surgeon import __version__
-from surgeon.config import ExportConfig, PruneConfig, RunConfig
+from surgeon.config import MEMORY_OPTIONS, ExportConfig, PruneConfig, RunConfig
 from surgeon.data import calibration_text, calibration_windows, evaluation_text, tokenize
 from surgeon.distributed import local_device, shard_model, whole_state_dict
 from surgeon.errors import SurgeonError, first_line
@@ -76,10 +76,13 @@ def gpu_memory(device: str) -> int | None:
 
 
 def run_fingerprint(run: RunConfig, config: PruneConfig) -> dict[str, Any]:
-    """The settings a continued run must share with the run it continues (not where its output goes)."""
+    """The settings a continued run must share with the run it continues: not where its output goes, nor
+    where the pass keeps its tensors (`MEMORY_OPTIONS`, which change no result), so that a run stopped
+    for want of memory continues with them."""
     own = {key: value for key, value in dataclasses.asdict(run).items()
            if key not in ("output", "overwrite", "resume", "checkpoint_shots")}
-    return {"surgeon": __version__, "prune": dataclasses.asdict(config), "run": own}
+    prune = {key: value for key, value in dataclasses.asdict(config).items() if key not in MEMORY_OPTIONS}
+    return {"surgeon": __version__, "prune": prune, "run": own}
 
 
 def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,

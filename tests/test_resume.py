@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -144,3 +145,9 @@ def test_resume_refuses_what_it_cannot_continue(tiny_model_dir, tmp_path):
     changed = refusal(stopped, "--resume", "--damp-g", "0.2", "--nsamples", "4")
     assert "another configuration (prune.damp_g: 0.1 → 0.2; run.nsamples: 8 → 4)" in changed
     assert json.loads((stopped / STATE).read_text())["shot"] == 1  # refusals change nothing
+    # memory options change no result: a run stopped for want of memory continues with them
+    run = _build(RunConfig, args)
+    lean = dataclasses.replace(config, activation_checkpointing=True, offload=True, block_groups=2,
+                               structure="structured")
+    assert run_fingerprint(run, lean) == run_fingerprint(run, dataclasses.replace(lean, offload=False, block_groups=1))
+    assert run_fingerprint(run, lean) != run_fingerprint(run, dataclasses.replace(lean, damp_a=0.02))
