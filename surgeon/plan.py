@@ -376,26 +376,38 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
     }
 
 
-def check_fits(model_name: str, dtype: str, nsamples: int, seqlen: int, config: PruneConfig, budget: int,
-               ranks: int = 1, fsdp: bool = False) -> None:
-    """Refuse, before any weight is loaded, a run whose counted peak (plus `HEADROOM`) exceeds `budget` bytes.
+def fit_to_gpu(model_name: str, dtype: str, nsamples: int, seqlen: int, config: PruneConfig, budget: int,
+               ranks: int = 1, fsdp: bool = False) -> PruneConfig:
+    """The settings a run on GPUs of `budget` bytes runs with, decided before any weight is loaded, as `surgeon
+    plan` decides: `config` when its counted peak (plus `HEADROOM`) fits; else `config` with the least costly
+    memory options added that fit (`_variants`, which change no result), with a warning; else refused, naming the
+    phase, its parts and the shortfall with every option.
 
     ranks, fsdp: a torchrun run's ranks and whether its weights are sharded; the peak is one rank's.
-
     A model whose configuration transformers cannot build alone (a heterogeneous compact checkpoint,
-    say) is not counted: the check is skipped with a warning.
+    say) is not counted: `config` is returned with a warning.
     """
     try:
         model = meta_model(model_name, dtype)
     except SurgeonError as error:
         logger.warning("memory not checked before loading: %s", error)
-        return
+        return config
     counts = count(model, config, nsamples, seqlen, "cuda")
-    phases, phase, peak = _peak(held(counts, config, ranks, fsdp))
+    chosen = [config] + [variant for variant in _variants(config, counts, ranks, config.curvature_split)
+                         if variant.activation_checkpointing >= config.activation_checkpointing
+                         and variant.offload >= config.offload and variant.block_groups >= config.block_groups]
+    for candidate in chosen:
+        if _needed(_peak(held(counts, candidate, ranks, fsdp))[2]) <= budget:
+            if candidate is not config:
+                logger.warning("the run needs more than the GPU's %.1f GiB as configured: it runs with --%s (the "
+                               "same result, more time; see `surgeon plan`)", budget / GIB,
+                               " --".join(_options(candidate)))
+            return candidate
+    phases, phase, peak = _peak(held(counts, chosen[-1], ranks, fsdp))
     need = _needed(peak)
-    if need > budget:
-        parts = ", ".join(f"{part} {value / GIB:.1f}" for part, value in phases[phase].items() if part != "total")
-        raise SurgeonError(f"does not fit the GPU: the {phase} phase needs {need / GIB:.1f} GiB ({parts} GiB, plus "
-                           f"{HEADROOM:.0%} headroom), the GPU has {budget / GIB:.1f} GiB, short by "
-                           f"{(need - budget) / GIB:.1f} GiB; lower --batch-size or --seqlen, or see `surgeon plan` "
-                           "for --activation-checkpointing, --offload, --block-groups and torchrun")
+    parts = ", ".join(f"{part} {value / GIB:.1f}" for part, value in phases[phase].items() if part != "total")
+    options = " --".join(_options(chosen[-1]))
+    raise SurgeonError(f"does not fit the GPU: the {phase} phase needs {need / GIB:.1f} GiB ({parts} GiB, plus "
+                       f"{HEADROOM:.0%} headroom{f', with --{options}' if options else ''}), the GPU has "
+                       f"{budget / GIB:.1f} GiB, short by {(need - budget) / GIB:.1f} GiB; lower --batch-size or "
+                       "--seqlen, or share the run over more GPUs (see `surgeon plan`)")

@@ -20,7 +20,7 @@ from surgeon.errors import SurgeonError, first_line
 from surgeon.evaluate import perplexity
 from surgeon.io import OutputDirectory, read_run, write_checkpoint
 from surgeon.model import load_model, max_seqlen
-from surgeon.plan import check_fits
+from surgeon.plan import fit_to_gpu
 from surgeon.report import ShotReport
 from surgeon.resume import Checkpoint, has_state, read_state
 from surgeon.shots import prune
@@ -103,9 +103,9 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
     tasks = load_tasks(run.task_list, run.task_path) if run.tasks else None
     device = run.device if group is None else local_device(run.device)
     budget = gpu_memory(device)
-    if budget is not None:  # a run that cannot fit the GPU stops before any weight loads
-        check_fits(run.model, run.dtype, run.nsamples, run.seqlen, config, budget,
-                   1 if group is None else dist.get_world_size(group), run.fsdp)
+    if budget is not None:  # a run that cannot fit the GPU stops before any weight loads, or takes memory options
+        config = fit_to_gpu(run.model, run.dtype, run.nsamples, run.seqlen, config, budget,
+                            1 if group is None else dist.get_world_size(group), run.fsdp)
     model, tokenizer = load_model(run.model, run.tokenizer, run.dtype, "cpu" if run.fsdp else device)
     if run.fsdp:
         shard_model(model, device)

@@ -15,7 +15,7 @@ from surgeon.cli import main
 from surgeon.config import PlanConfig, PruneConfig, parse_bytes
 from surgeon.errors import SurgeonError
 from surgeon.model import prunable_layers
-from surgeon.plan import GIB, H100_SOURCES, HEADROOM, check_fits, count, held, make_plan, meta_model, packed_bytes
+from surgeon.plan import GIB, H100_SOURCES, HEADROOM, count, fit_to_gpu, held, make_plan, meta_model, packed_bytes
 from tests._families import family_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,10 +84,17 @@ def meta_model_of(family: str):
         return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
 
 
-def test_a_run_that_cannot_fit_is_refused_before_its_weights_load(monkeypatch, tmp_path):
-    with pytest.raises(SurgeonError, match=r"does not fit the GPU: the curvature phase needs .* short by"):
-        check_fits(str(ROOT / MEASURED["llama-2-7b"][0]), "bfloat16", 128, 2048, STRUCTURED, 40 * GIB)
-    check_fits(str(ROOT / MEASURED["llama-2-7b"][0]), "bfloat16", 128, 2048, STRUCTURED, 80 * GIB)
+def test_a_run_takes_the_memory_options_it_needs_or_is_refused_before_its_weights_load(monkeypatch, tmp_path,
+                                                                                       caplog):
+    model = str(ROOT / MEASURED["llama-2-7b"][0])
+    assert fit_to_gpu(model, "bfloat16", 128, 2048, STRUCTURED, 80 * GIB) is STRUCTURED  # fits as it is
+    lean = fit_to_gpu(model, "bfloat16", 128, 2048, STRUCTURED, 40 * GIB)
+    assert (lean.activation_checkpointing, lean.offload, lean.block_groups) == (True, True, 2)  # the least that fits
+    assert dataclasses.replace(lean, activation_checkpointing=False, offload=False, block_groups=1) == STRUCTURED
+    assert "runs with --activation-checkpointing --offload --block-groups 2" in caplog.text
+    with pytest.raises(SurgeonError, match=r"does not fit the GPU: the curvature phase needs .* with "
+                                           r"--activation-checkpointing --offload --block-groups 32\), .* short by"):
+        fit_to_gpu(model, "bfloat16", 128, 2048, STRUCTURED, 16 * GIB)  # the weights alone take 12.6 GiB
 
     import surgeon.run
 
@@ -103,7 +110,7 @@ def test_a_run_that_cannot_fit_is_refused_before_its_weights_load(monkeypatch, t
 def test_a_model_the_plan_cannot_build_is_not_refused(tmp_path, caplog):
     """The fit check is a guard, not a gate: a config transformers cannot build alone skips it with a warning."""
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "not-a-transformers-family"}))
-    check_fits(str(tmp_path), "bfloat16", 128, 2048, STRUCTURED, 1)
+    assert fit_to_gpu(str(tmp_path), "bfloat16", 128, 2048, STRUCTURED, 1) is STRUCTURED
     assert "memory not checked before loading" in caplog.text
     with pytest.raises(SurgeonError, match="cannot build"):
         meta_model(str(tmp_path), "bfloat16")
@@ -143,17 +150,16 @@ def test_llama_2_70b_structured_fits_eight_gpus_with_checkpointing_offload_and_b
     config = PruneConfig(structure="structured", batch_size=1, activation_checkpointing=True, offload=True,
                          block_groups=int(launch[-1]),
                          curvature_split="blocks" if "blocks" in launch else "batches")
-    check_fits(str(ROOT / "bench/configs/llama-2-70b.json"), "bfloat16", 128, 2048, config, 80 * GIB, 8, True)
+    assert fit_to_gpu(str(ROOT / "bench/configs/llama-2-70b.json"), "bfloat16", 128, 2048, config, 80 * GIB, 8,
+                      True) is config
 
 
 def test_llama_2_13b_structured_fits_one_gpu_with_offload_and_block_groups():
     model = str(ROOT / "bench/configs/llama-2-13b.json")
     plan = make_plan(PlanConfig(model=model, dtype="bfloat16", nsamples=128, seqlen=2048), STRUCTURED)
     assert plan["fits"] and plan["strategy"].startswith("packed-factors-on-device+activation-checkpointing+offload")
-    with pytest.raises(SurgeonError, match="does not fit the GPU"):
-        check_fits(model, "bfloat16", 128, 2048, STRUCTURED, 80 * GIB)
-    check_fits(model, "bfloat16", 128, 2048, dataclasses.replace(
-        STRUCTURED, activation_checkpointing=True, offload=True, block_groups=2), 80 * GIB)
+    assert fit_to_gpu(model, "bfloat16", 128, 2048, STRUCTURED, 80 * GIB) == dataclasses.replace(
+        STRUCTURED, activation_checkpointing=True, offload=True, block_groups=2)
 
 
 def test_plan_reads_only_the_configuration():
@@ -201,9 +207,8 @@ def test_llama_2_13b_structured_fits_two_gpus_with_sharded_weights_and_factors()
     chosen = next(s for s in plan["strategies"] if s["name"] == plan["strategy"])
     assert chosen["launch"] == "torchrun --nproc-per-node 2 -m surgeon prune --fsdp --curvature-split blocks"
     model = str(ROOT / "bench/configs/llama-2-13b.json")
-    with pytest.raises(SurgeonError, match="does not fit the GPU"):
-        check_fits(model, "bfloat16", 128, 2048, config, 80 * GIB)
-    check_fits(model, "bfloat16", 128, 2048, config, 80 * GIB, ranks=2, fsdp=True)
+    assert fit_to_gpu(model, "bfloat16", 128, 2048, config, 80 * GIB).offload  # one GPU: only with offload
+    assert fit_to_gpu(model, "bfloat16", 128, 2048, config, 80 * GIB, ranks=2, fsdp=True) is config
 
 
 def test_the_propagated_nm_shot_counts_every_windows_block_inputs():
