@@ -54,9 +54,9 @@ def main() -> None:
     commit = head_commit()
     path = ROOT / "results" / "cpu" / f"memory-options-smollm2@{commit}.json"
     rows, first = [], None
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as folder:
         for name, options in OPTIONS.items():
-            report, weights, command = run(options, Path(scratch) / name)
+            report, weights, command = run(options, Path(folder) / name)
             first = first or weights
             shot = report["shots"][0]
             rows.append({"options": name, "command": command, "curvature_seconds": shot["seconds"]["curvature"],

@@ -25,8 +25,9 @@ METHOD_HELP = (
 DEFAULT_TARGET_SIZE = 0.8
 DEFAULT_SHOTS = 8
 DEFAULT_DAMP_G, PROPAGATED_DAMP_G = 0.1, 1.0  # λ_G; N:M propagated measured best at 1 (bench/RESULTS.md)
-NEEDS_A = ("surgeon", "kobd", "lobd")  # methods with one whole-model curvature pass per shot
-PROPAGATING = NEEDS_A  # methods whose last N:M shot can run block by block
+# methods with one whole-model curvature pass per shot (and whose last N:M shot can run block by block)
+NEEDS_A = ("surgeon", "kobd", "lobd")
+NEEDS_G = ("surgeon", "kobd")  # those whose pass runs backward, for the output-side factor G
 # where the curvature pass and the prune phase keep their tensors: they change time and memory, never a result
 MEMORY_OPTIONS = ("activation_checkpointing", "offload", "block_groups")
 Correlation = Literal["joint", "within"]
@@ -106,12 +107,12 @@ class PruneConfig:
         "(blocks: 1/N of the factor memory, the one-process result)", ("batches", "blocks"),
     )
     activation_checkpointing: bool = _opt(
-        False, "curvature pass: each decoder block keeps only its inputs and runs again in the backward pass (the "
-        "same factors; one block's activations instead of all, for one more forward)"
+        False, "surgeon/kobd curvature pass: each decoder block keeps only its inputs and runs again in the backward "
+        "pass (the same factors; one block's activations instead of all, for one more forward)"
     )
     offload: bool = _opt(
         False, "structured/coupled: hold the factors, and between costs and updates the packed inverses, in host "
-        "memory; the device holds one layer's at a time"
+        "memory; the device holds those of a layer and the one before it"
     )
     block_groups: int = _opt(
         1, "with offload: split the decoder blocks into N groups and run the curvature pass once per group, each "
@@ -156,7 +157,7 @@ class PruneConfig:
         if self.shots is None:
             object.__setattr__(self, "shots", DEFAULT_SHOTS if nm is None else 1)
         if self.propagate is None:
-            object.__setattr__(self, "propagate", nm is not None and self.method in PROPAGATING
+            object.__setattr__(self, "propagate", nm is not None and self.method in NEEDS_A
                                and self.kronecker_terms == 1)
         if self.damp_g is None:
             object.__setattr__(self, "damp_g", PROPAGATED_DAMP_G if self.propagate else DEFAULT_DAMP_G)
@@ -185,7 +186,7 @@ class PruneConfig:
                 raise ValueError(f"{name}={value}: must be >= 0")
         if self.group_bytes is not None and self.group_bytes < 0:
             raise ValueError(f"group_bytes={self.group_bytes}: must be >= 0")
-        if self.propagate and (self.nm is None or self.method not in PROPAGATING
+        if self.propagate and (self.nm is None or self.method not in NEEDS_A
                                or self.kronecker_terms != 1):
             raise ValueError("propagate prunes the last N:M shot of surgeon, kobd or lobd (one Kronecker term) block "
                              "by block: use an N:M structure")
@@ -210,10 +211,16 @@ class PruneConfig:
         if self.block_groups > 1 and not self.offload:
             raise ValueError(f"block_groups={self.block_groups}: each group's factors move to host memory after its "
                              "pass; add offload")
-        if self.offload and (self.structure not in ("structured", "coupled") or self.method not in NEEDS_A
-                             or self.kronecker_terms != 1):
-            raise ValueError("offload holds the factors of a structured or coupled run of surgeon, kobd or lobd in "
-                             "host memory; use structure structured or coupled")
+        if self.offload and self.structure not in ("structured", "coupled"):
+            raise ValueError(f"offload holds the factors of a structured or coupled run, not {self.structure} (its "
+                             "element costs are read again and again while the threshold is selected)")
+        if self.offload and (self.method not in NEEDS_A or self.kronecker_terms != 1):
+            raise ValueError(f"offload holds the Kronecker factors of surgeon, kobd or lobd with one term; method "
+                             f"{self.method} with kronecker_terms {self.kronecker_terms} has none to hold")
+        if self.activation_checkpointing and (self.method not in NEEDS_G or self.kronecker_terms != 1):
+            raise ValueError(f"activation_checkpointing recomputes the blocks in the backward pass of surgeon or kobd "
+                             f"with one Kronecker term; method {self.method} with kronecker_terms "
+                             f"{self.kronecker_terms} runs none")
         if self.curvature_dtype not in (None, "bfloat16", "float16"):
             raise ValueError(f"curvature_dtype={self.curvature_dtype!r}: use bfloat16, float16, or None (the model's)")
 

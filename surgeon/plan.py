@@ -36,9 +36,10 @@ import torch
 from torch import nn
 
 from surgeon import hub
-from surgeon.config import NEEDS_A, PlanConfig, PruneConfig, parse_bytes
+from surgeon.config import NEEDS_A, NEEDS_G, PlanConfig, PruneConfig, parse_bytes
 from surgeon.errors import SurgeonError, first_line
 from surgeon.model import DTYPES, decoder_blocks, prunable_layers, resolve_source
+from surgeon.shots import check_block_groups, group_edges, groups_limit
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +113,12 @@ def _trace(model: nn.Module, layers: list[tuple[str, nn.Linear]], batch: int, se
     statistics: dict[int | None, int] = {}
     blocks = decoder_blocks(model)
     current: list[int | None] = [None]
+    block_input = [0]  # bytes of the largest hidden states a block reads: what a checkpointed block keeps
+
+    def enter(index: int, args: tuple, kwargs: dict) -> None:
+        current[0] = index
+        hidden = args[0] if args else kwargs["hidden_states"]
+        block_input[0] = max(block_input[0], hidden.numel() * hidden.element_size())
 
     def keep(t: torch.Tensor) -> torch.Tensor:
         base = t if t._base is None else t._base
@@ -131,7 +138,8 @@ def _trace(model: nn.Module, layers: list[tuple[str, nn.Linear]], batch: int, se
     handles = [module.register_forward_pre_hook(lambda m, args, name=name: inputs.__setitem__(name, args[0]))
                for name, module in layers]
     for index, block in enumerate(blocks):
-        handles.append(block.register_forward_pre_hook(lambda m, args, index=index: current.__setitem__(0, index)))
+        handles.append(block.register_forward_pre_hook(lambda m, args, kwargs, index=index: enter(index, args, kwargs),
+                                                       with_kwargs=True))
         handles.append(block.register_forward_hook(lambda m, args, out: current.__setitem__(0, None)))
     flags = [(p, p.requires_grad) for p in model.parameters()]
     sdpa = F.scaled_dot_product_attention
@@ -158,16 +166,13 @@ def _trace(model: nn.Module, layers: list[tuple[str, nn.Linear]], batch: int, se
     for key, tensor in saved.items():
         by_block[where[key]] = by_block.get(where[key], 0) + tensor.numel() * tensor.element_size()
     outside = by_block.pop(None, 0)
-    block_input = embeds.numel() * embeds.element_size()  # the hidden states each checkpointed block keeps
     return _Trace(owners, outside + sum(by_block.values()),
-                  outside + len(blocks) * block_input + max(by_block.values(), default=0))
+                  outside + len(blocks) * block_input[0] + max(by_block.values(), default=0))
 
 
 def count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, device: str) -> dict[str, Any]:
     """What a shot holds, counted part by part, and its phases (`phases`) in one process (docs/DESIGN.md,
     "Planning")."""
-    from surgeon.shots import NEEDS_G
-
     blocks = prunable_layers(model)
     layers = [pair for block in blocks for pair in block]
     settings: Any = model.config
@@ -186,8 +191,9 @@ def count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, dev
     layer_factors = accumulation = 0
     if config.method in NEEDS_A:
         trace = _trace(model, layers, config.batch_size, seqlen)
-        parts["activations"], parts["checkpointed_activations"] = trace.saved_bytes, trace.checkpointed_bytes
-        need_g = config.method in NEEDS_G
+        need_g = config.method in NEEDS_G  # else the pass runs forward only, under no_grad: it saves nothing
+        parts["activations"] = trace.saved_bytes * need_g
+        parts["checkpointed_activations"] = trace.checkpointed_bytes * need_g
         for block in blocks:
             sizes = []
             for name, m in block:
@@ -219,14 +225,12 @@ def held(counts: dict[str, Any], config: PruneConfig, ranks: int = 1, fsdp: bool
 
     curvature: the weights, the factors of the blocks one pass accumulates (this rank's, split by
     blocks; the largest of `block_groups` groups of them), the activations (checkpointed or not),
-    logits and queue. prune: the weights and the inverses of this rank's blocks (with `offload`: one
-    layer's factors and inverse, the rest in host memory, `host_bytes`), one layer's dense work.
+    logits and queue. prune: the weights and the inverses of this rank's blocks (with `offload`: the
+    factors and roots of a layer and the one before it, the rest in host memory), one layer's dense work.
     A rank owns ⌈blocks / ranks⌉ blocks (rank 0 the most). With `fsdp` it holds 1/ranks of the
     weights, the unsharded root (embeddings, head) and two blocks being gathered, and its own
     layers whole while it prunes them (docs/DESIGN.md, "Several processes").
     """
-    from surgeon.shots import group_edges
-
     parts, factors, blocks = counts["parts"], counts["block_factor_bytes"], counts["blocks"]
     owned = range(0, blocks, ranks)
     weights = counts["weights_bytes"]
@@ -243,7 +247,8 @@ def held(counts: dict[str, Any], config: PruneConfig, ranks: int = 1, fsdp: bool
                           "activations": parts["checkpointed_activations" if config.activation_checkpointing
                                                else "activations"],
                           "logits": parts["logits"], "queue": parts["queue"]},
-            "prune": {"weights": weights, "inverses": 2 * counts["layer_factor_bytes"] if config.offload
+            # offloaded: the factors and packed roots of a layer and of the one before it
+            "prune": {"weights": weights, "inverses": 4 * counts["layer_factor_bytes"] if config.offload
                       else sum(factors[b] for b in owned), "layer": parts["layer"]},
         }
         if config.propagate:  # N:M's last shot runs block by block on every window's block inputs
@@ -284,7 +289,7 @@ def _rank_seconds(seconds: dict[str, float], counts: dict[str, Any], config: Pru
                   ranks: int) -> dict[str, float]:
     """Projected seconds per shot on `ranks` H100s, from those of one (`_projected_seconds`).
 
-    The curvature pass's products (`pass_products`) run once per block group, and a third more
+    The curvature pass's products (`pass_products`) run once per block group, and half as many again
     with activation checkpointing (one more forward beside the forward and input-gradient passes);
     its factor accumulation runs once. Split by batches the whole pass divides by the ranks, split
     by blocks only the accumulation does. The prune phase divides by the ranks. Moving factors to and
@@ -293,25 +298,34 @@ def _rank_seconds(seconds: dict[str, float], counts: dict[str, Any], config: Pru
     if not seconds:
         return {}
     accumulation = counts["accumulation_products"] / (counts["accumulation_products"] + counts["pass_products"])
-    passes = (1 - accumulation) * config.block_groups * (1.5 if config.activation_checkpointing else 1)
+    passes = (1 - accumulation) * _passes(config)
     curvature = (passes + accumulation) / ranks if config.curvature_split == "batches" else \
         passes + accumulation / ranks
     return {"curvature": seconds["curvature"] * curvature, "prune": seconds["prune"] / ranks}
 
 
+def _passes(config: PruneConfig) -> float:
+    """The curvature pass's work per shot under `config`'s memory options, in passes without them: one per block
+    group, half as much again with activation checkpointing."""
+    return config.block_groups * (1.5 if config.activation_checkpointing else 1.0)
+
+
 def _variants(config: PruneConfig, counts: dict[str, Any], ranks: int, split: str) -> list[PruneConfig]:
-    """The memory options a plan tries, least costly first: none; activation checkpointing; with offload (structured
-    and coupled) one block group, then each number of groups up to this rank's blocks."""
+    """Every combination of memory options a plan tries, least costly first (`_passes`; offload, whose transfers
+    are not counted, after the same passes without it): activation checkpointing where the pass runs backward
+    (surgeon, kobd, one Kronecker term), offload and 1 up to `groups_limit` block groups where the run is
+    structured or coupled."""
     base = dataclasses.replace(config, curvature_split=split, activation_checkpointing=False, offload=False,
                                block_groups=1)
     if not counts["block_factor_bytes"]:
         return [base]
-    checkpointed = dataclasses.replace(base, activation_checkpointing=True)
-    if config.structure not in ("structured", "coupled") or config.kronecker_terms != 1:
-        return [base, checkpointed]
-    hooked = -(-counts["blocks"] // ranks) if split == "blocks" and ranks > 1 else counts["blocks"]
-    return [base, checkpointed] + [dataclasses.replace(checkpointed, offload=True, block_groups=groups)
-                                   for groups in range(1, hooked + 1)]
+    checkpointing = (False, True) if config.method in NEEDS_G and config.kronecker_terms == 1 else (False,)
+    offload = config.structure in ("structured", "coupled") and config.kronecker_terms == 1
+    limit = groups_limit(counts["blocks"], ranks, split) if offload else 1
+    variants = [dataclasses.replace(base, activation_checkpointing=ac, offload=off, block_groups=groups)
+                for ac in checkpointing for off in ((False, True) if offload else (False,))
+                for groups in range(1, limit + 1 if off else 2)]
+    return sorted(variants, key=lambda v: (_passes(v), v.offload))
 
 
 def _options(config: PruneConfig) -> list[str]:
@@ -353,14 +367,14 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
             options = _options(variant)
             strategy = {"name": "+".join([name] + [option.replace(" ", "-") for option in options]), "gpus": ranks,
                         "launch": " --".join([launch] + options), "peak_gpu_bytes": need, "host_bytes": host,
-                        "fits": _needed(need) <= budget,
+                        "fits": _needed(need) <= budget, "passes": _passes(variant),
                         "seconds_per_shot": _rank_seconds(seconds, counts, variant, ranks)}
             if strategy["fits"] or variant is variants[-1]:
                 strategies.append(strategy)
                 break
     fitting = [s for s in strategies if s["fits"]]
     chosen = min(fitting, key=lambda s: (s["gpus"] != plan.gpus, sum(s["seconds_per_shot"].values()),
-                                         strategies.index(s)), default=None)
+                                         s["passes"], strategies.index(s)), default=None)
     return {
         "model": plan.model, "dtype": plan.dtype, "nsamples": plan.nsamples, "seqlen": plan.seqlen,
         "gpus": plan.gpus, "gpu_memory_bytes": budget, "config": {"structure": config.structure,
@@ -393,6 +407,7 @@ def fit_to_gpu(model_name: str, dtype: str, nsamples: int, seqlen: int, config: 
         logger.warning("memory not checked before loading: %s", error)
         return config
     counts = count(model, config, nsamples, seqlen, "cuda")
+    check_block_groups(counts["blocks"], ranks, config)
     chosen = [config] + [variant for variant in _variants(config, counts, ranks, config.curvature_split)
                          if variant.activation_checkpointing >= config.activation_checkpointing
                          and variant.offload >= config.offload and variant.block_groups >= config.block_groups]

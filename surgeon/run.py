@@ -19,11 +19,11 @@ from surgeon.distributed import local_device, shard_model, whole_state_dict
 from surgeon.errors import SurgeonError, first_line
 from surgeon.evaluate import perplexity
 from surgeon.io import OutputDirectory, read_run, write_checkpoint
-from surgeon.model import load_model, max_seqlen
+from surgeon.model import decoder_blocks, load_model, max_seqlen
 from surgeon.plan import fit_to_gpu
 from surgeon.report import ShotReport
 from surgeon.resume import Checkpoint, has_state, read_state
-from surgeon.shots import prune
+from surgeon.shots import check_block_groups, prune
 from surgeon.tasks import load_tasks, zero_shot
 
 logger = logging.getLogger(__name__)
@@ -107,6 +107,7 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
         config = fit_to_gpu(run.model, run.dtype, run.nsamples, run.seqlen, config, budget,
                             1 if group is None else dist.get_world_size(group), run.fsdp)
     model, tokenizer = load_model(run.model, run.tokenizer, run.dtype, "cpu" if run.fsdp else device)
+    check_block_groups(len(decoder_blocks(model)), 1 if group is None else dist.get_world_size(group), config)
     if run.fsdp:
         shard_model(model, device)
     limit = max_seqlen(model)

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from surgeon import baselines, channels, costs, curvature, inverses, kronecker_sum, solver, threshold, units, updates
 from surgeon.block_inputs import BlockInputs
-from surgeon.config import NEEDS_A, PruneConfig
+from surgeon.config import NEEDS_A, NEEDS_G, PruneConfig
 from surgeon.damping import damp
 from surgeon.distributed import Elsewhere, Ranks, sharded
 from surgeon.errors import SurgeonError
@@ -33,7 +33,6 @@ from surgeon_kernels.ops import Deferred
 
 logger = logging.getLogger(__name__)
 
-NEEDS_G = ("surgeon", "kobd")
 PER_LAYER = ("sparsegpt", "sparsegpt-exact", "wanda")  # estimate each block's inputs themselves, block by block
 
 
@@ -51,7 +50,7 @@ def _structured_shot(layers: list[Layer], raw: dict | curvature.HostFactors, tar
     Between costs and updates each layer keeps only its packed inverse roots (weights are read again),
     so a shot never holds more than the factors' packed size plus one layer's dense work; with
     `config.offload` the factors (`raw`, a `curvature.HostFactors`) and the kept roots wait in host
-    memory, and the device holds one layer's at a time. Split over
+    memory, and the device holds those of a layer and the one before it (whose A it may share). Split over
     `ranks`, each computes its own layers' costs and updates; the costs are summed so that all make
     the same choice, and the updated layers are broadcast.
     Returns the seconds spent on costs, threshold and updates, and the number of dead weights freed.
@@ -299,12 +298,23 @@ def group_edges(blocks: int, count: int) -> list[int]:
     return [round(i * blocks / count) for i in range(count + 1)]
 
 
+def groups_limit(blocks: int, ranks: int, split: str) -> int:
+    """The most block groups a run can have: the decoder blocks each process accumulates factors of (split by
+    blocks over several ranks, the fewest any rank owns)."""
+    return blocks // ranks if split == "blocks" and ranks > 1 else blocks
+
+
+def check_block_groups(blocks: int, ranks: int, config: PruneConfig) -> None:
+    """Refuse more block groups than `groups_limit` allows, the same way on every rank."""
+    limit = groups_limit(blocks, ranks, config.curvature_split)
+    if config.block_groups > limit:
+        raise SurgeonError(f"block_groups={config.block_groups}: more groups than the {limit} decoder blocks "
+                           f"{'each rank' if limit < blocks else 'the model'} accumulates factors of")
+
+
 def _block_groups(blocks: list[list[tuple[str, nn.Linear]]], count: int) -> list[list[tuple[str, nn.Linear]]]:
     """The layers of `blocks` in `count` groups (`group_edges`), for one curvature pass each
     (`PruneConfig.block_groups`)."""
-    if count > len(blocks):
-        raise SurgeonError(f"block_groups={count}: more groups than the {len(blocks)} decoder blocks whose factors "
-                           "this process accumulates")
     edges = group_edges(len(blocks), count)
     return [[pair for block in blocks[start:end] for pair in block] for start, end in zip(edges, edges[1:])]
 
@@ -400,6 +410,7 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
     if config.method in PER_LAYER and config.nm and config.shot_count != 1:
         raise SurgeonError(f"{config.method} prunes N:M in one shot; use --shots 1")
     ranks = Ranks(group, [[name for name, _ in block] for block in blocks])
+    check_block_groups(len(blocks), ranks.world, config)
     if ranks.world > 1 and (config.kronecker_terms == 2 or config.lora_steps):
         raise SurgeonError("kronecker_terms=2 and lora_steps run in one process; launch without torchrun")
     count = -(-calibration_ids.shape[0] // config.batch_size)

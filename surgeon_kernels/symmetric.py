@@ -106,7 +106,7 @@ class PackedSymmetric:
         return self.tiles[i == j].diagonal(dim1=1, dim2=2).reshape(-1)[: self.n]
 
     def to(self, device: torch.device | str) -> PackedSymmetric:
-        """The same matrix with its tiles on `device` (itself when they are there already)."""
+        """The same matrix with its tiles on `device` (a new object; tiles already there are not copied)."""
         return dataclasses.replace(self, tiles=self.tiles.to(device))
 
     def isfinite(self) -> bool:

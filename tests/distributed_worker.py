@@ -51,7 +51,7 @@ BLOCKS = {
 }
 CASES.update(BLOCKS)
 FSDP = ["llama-structured", "opt-structured", "llama-unstructured", "opt-unstructured", "llama-2:4", "opt-2:4",
-        *BLOCKS]
+        "llama-coupled-offload", *BLOCKS]
 
 
 class Stop(Exception):

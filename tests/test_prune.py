@@ -155,15 +155,40 @@ def test_checkpointed_offloaded_block_groups_prune_as_the_plain_pass(arch, struc
     assert same(results[0][0], results[1][0]) and results[0][1] == results[1][1]
 
 
+@pytest.mark.parametrize("offload", [False, True])
+def test_offload_sends_each_layers_roots_to_host_memory_and_back_for_its_update(monkeypatch, offload):
+    from surgeon import inverses
+
+    moves = []
+    move = inverses.KroneckerInverse.to
+
+    def recorded(self, device, A=None):
+        moves.append(torch.device(device).type)
+        return move(self, device, A)
+
+    monkeypatch.setattr(inverses.KroneckerInverse, "to", recorded)
+    model = tiny_model("llama")
+    prune(model, calibration(), PruneConfig(structure="structured", target_size=0.6, shots=1, offload=offload),
+          progress=False)
+    layers = len([pair for block in prunable_layers(model) for pair in block])
+    assert moves == (["cpu"] * 2 * layers if offload else [])  # out after its costs, in for its update
+
+
 def test_offload_and_block_groups_refuse_what_they_cannot_hold():
     with pytest.raises(ValueError, match="block_groups=2: each group's factors move to host memory"):
         PruneConfig(block_groups=2)
     with pytest.raises(ValueError, match="block_groups=0"):
         PruneConfig(block_groups=0)
-    for settings in (dict(structure="unstructured"), dict(structure="2:4"), dict(method="magnitude")):
-        with pytest.raises(ValueError, match="offload holds the factors of a structured or coupled run"):
-            PruneConfig(offload=True, **settings)
-    with pytest.raises(SurgeonError, match="block_groups=3: more groups than the 2 decoder blocks"):
+    for structure in ("unstructured", "2:4"):
+        with pytest.raises(ValueError, match=f"offload holds the factors of a structured or coupled run, not "
+                                             f"{structure}"):
+            PruneConfig(offload=True, structure=structure)
+    with pytest.raises(ValueError, match="offload holds the Kronecker factors .* method magnitude"):
+        PruneConfig(offload=True, method="magnitude")
+    for settings in (dict(method="lobd"), dict(method="magnitude"), dict(method="wanda", structure="unstructured")):
+        with pytest.raises(ValueError, match="activation_checkpointing recomputes the blocks"):
+            PruneConfig(activation_checkpointing=True, **settings)
+    with pytest.raises(SurgeonError, match="block_groups=3: more groups than the 2 decoder blocks the model"):
         prune(tiny_model("llama"), calibration(), PruneConfig(offload=True, block_groups=3, shots=1), progress=False)
 
 
