@@ -25,6 +25,7 @@ METHOD_HELP = (
 DEFAULT_TARGET_SIZE = 0.8
 DEFAULT_SHOTS = 8
 DEFAULT_DAMP_G, PROPAGATED_DAMP_G = 0.1, 1.0  # λ_G; N:M propagated measured best at 1 (bench/RESULTS.md)
+DEFAULT_DAMP_A, COUPLED_DAMP_A = 0.01, 0.3  # λ_A; coupled LLM Surgeon measured best at 0.3 (bench/RESULTS.md)
 # methods with one whole-model curvature pass per shot (and whose last N:M shot can run block by block)
 NEEDS_A = ("surgeon", "kobd", "lobd")
 NEEDS_G = ("surgeon", "kobd")  # those whose pass runs backward, for the output-side factor G
@@ -89,7 +90,8 @@ class PruneConfig:
     cg_dtype: str | None = _opt(None, "max-correlate 0: run the conjugate-gradient products G⁻¹ V A⁻¹ in this dtype",
                                 ("bfloat16", "float16"), shown="the model's dtype")
     fisher: str = _opt("empirical", "curvature: empirical Fisher (data labels) or sampled", ("empirical", "sampled"))
-    damp_a: float = _opt(0.01, "relative damping of A: A + λ·mean(diag A)·I")
+    damp_a: float | None = _opt(None, "relative damping of A: A + λ·mean(diag A)·I",
+                                shown=f"{DEFAULT_DAMP_A}; {COUPLED_DAMP_A} for structure coupled with surgeon")
     damp_g: float | None = _opt(None, "relative damping of G: G + λ·mean(diag G)·I",
                                 shown=f"{DEFAULT_DAMP_G}; {PROPAGATED_DAMP_G} with propagate")
     batch_size: int = _opt(1, "calibration windows per forward/backward pass")
@@ -161,6 +163,9 @@ class PruneConfig:
                                and self.kronecker_terms == 1)
         if self.damp_g is None:
             object.__setattr__(self, "damp_g", PROPAGATED_DAMP_G if self.propagate else DEFAULT_DAMP_G)
+        if self.damp_a is None:
+            object.__setattr__(self, "damp_a", COUPLED_DAMP_A if self.structure == "coupled"
+                               and self.method == "surgeon" else DEFAULT_DAMP_A)
         if not 0.0 < self.target_size <= 1.0:
             raise ValueError(f"target_size={self.target_size}: must be in (0, 1]")
         if self.width_multiple < 1:
@@ -227,7 +232,7 @@ class PruneConfig:
     @property
     def strengths(self) -> tuple[float, float]:
         """(λ_G, λ_A), the relative damping of G and A (docs/DESIGN.md: damping)."""
-        assert self.damp_g is not None  # resolved in __post_init__
+        assert self.damp_g is not None and self.damp_a is not None  # resolved in __post_init__
         return self.damp_g, self.damp_a
 
     @property

@@ -476,6 +476,13 @@ def test_nm_defaults_to_one_propagated_shot_with_stronger_damping_of_g():
     assert dataclasses.replace(given, propagate=True).strengths[0] == 0.3  # resolved once, then kept
 
 
+def test_coupled_surgeon_damps_a_more_by_default():
+    """Coupled LLM Surgeon's λ_A default is its measured best (bench/RESULTS.md); its baselines keep 0.01."""
+    assert PruneConfig(structure="coupled").strengths == (0.1, 0.3)
+    assert PruneConfig(structure="coupled", method="kobd").strengths == (0.1, 0.01)
+    assert PruneConfig(structure="coupled", damp_a=0.05).strengths == (0.1, 0.05)
+
+
 def test_propagate_needs_an_nm_structure():
     with pytest.raises(ValueError, match="propagate prunes the last N:M shot"):
         PruneConfig(structure="unstructured", target_size=0.5, propagate=True)
