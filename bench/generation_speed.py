@@ -6,7 +6,11 @@ Each model (a built-in name, a hub id or a saved directory such as a `surgeon pr
 measured in a fresh process, so that its peak memory is its own: prefill tokens/s for one sequence of
 each `--prefill` length, and decode tokens/s (greedy, one token per forward with the KV cache) at each
 `--decode-batch` after a `--context`-token prompt, the median of `--repeats` timed runs after one
-untimed warm-up. Also recorded: parameters (embeddings included, tied weights once), the zero
+untimed warm-up. `--cache dynamic` is transformers' default cache, which concatenates every layer's
+keys and values anew at each token; `--cache static` preallocates them (`StaticCache`, what
+`generate(cache_implementation="static")` uses). `--rounds N` measures the models in turn N times and
+keeps each figure's median, so that a drift in the machine's speed does not favour one model. Also
+recorded: parameters (embeddings included, tied weights once), the zero
 fraction of the prunable weights, the safetensors bytes of a saved directory, and the peak memory
 (CUDA: allocated; CPU: the process's peak RSS). Results go to
 bench/results/<cpu|gpu>/generation-<label>@<commit>.json; `make results` puts them in RESULTS.md.
@@ -24,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import StaticCache
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -58,17 +63,19 @@ def prefill_tokens_per_s(model, length: int, device: torch.device, repeats: int)
     return length / _median_seconds(run, repeats)
 
 
-def decode_tokens_per_s(model, batch: int, context: int, new_tokens: int, device: torch.device, repeats: int) -> float:
+def decode_tokens_per_s(model, batch: int, context: int, new_tokens: int, device: torch.device, repeats: int,
+                        cache: str = "dynamic") -> float:
     ids = torch.randint(0, model.config.vocab_size, (batch, context), generator=torch.Generator().manual_seed(1))
     ids = ids.to(device)
 
     def run() -> float:
-        out = model(ids, use_cache=True)  # the prompt, untimed
-        cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        kv = StaticCache(config=model.config, max_cache_len=context + new_tokens) if cache == "static" else None
+        out = model(ids, past_key_values=kv, use_cache=True)  # the prompt, untimed
+        kv, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
         start = _clock(device)
         for _ in range(new_tokens):
-            out = model(token, past_key_values=cache, use_cache=True)
-            cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            out = model(token, past_key_values=kv, use_cache=True)
+            kv, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
         return _clock(device) - start
 
     return batch * new_tokens / _median_seconds(run, repeats)
@@ -92,9 +99,17 @@ def measure(name: str, args: argparse.Namespace) -> dict:
             result["prefill_tokens_per_s"][str(length)] = prefill_tokens_per_s(model, length, device, args.repeats)
         for batch in args.decode_batch:
             result["decode_tokens_per_s"][str(batch)] = decode_tokens_per_s(
-                model, batch, args.context, args.new_tokens, device, args.repeats)
+                model, batch, args.context, args.new_tokens, device, args.repeats, args.cache)
     result["peak_memory_gb"] = peak_memory_gb(device)
     return result
+
+
+def _median_of(runs: list[dict]) -> dict:
+    """One result from several rounds of the same model: the median of each speed and of the peak memory."""
+    speeds = {key: {k: statistics.median(run[key][k] for run in runs) for k in runs[0][key]}
+              for key in ("prefill_tokens_per_s", "decode_tokens_per_s")}
+    return {**runs[0], **speeds, "peak_memory_gb": statistics.median(run["peak_memory_gb"] for run in runs),
+            "rounds": len(runs)}
 
 
 def main() -> None:
@@ -108,6 +123,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=2048, help="prompt tokens before decoding")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cache", choices=("dynamic", "static"), default="dynamic", help="the decode KV cache")
+    parser.add_argument("--rounds", type=int, default=1, help="measure every model this many times, in turn")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # the fresh process: print JSON
     args = parser.parse_args()
     if args.one:
@@ -121,20 +138,23 @@ def main() -> None:
     machine = (torch.cuda.get_device_name(args.device) if kind == "gpu" else
                f"{platform.machine()} {torch.get_num_threads()} threads")
     settings = {k: v for k, v in vars(args).items() if k not in ("models", "label", "one")}
-    for name, label in zip(args.models, labels):
-        command = [sys.executable, __file__, name, "--one", "--device", args.device, "--dtype", args.dtype,
-                   "--prefill", *map(str, args.prefill), "--decode-batch", *map(str, args.decode_batch),
-                   "--context", str(args.context), "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)]
-        output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-        result = {**json.loads(output.strip().splitlines()[-1]), "label": label, "machine": machine, "commit": commit,
-                  "torch": torch.__version__, "command": " ".join(["python bench/generation_speed.py", *sys.argv[1:]]),
-                  **settings}
+    rounds: list[list[dict]] = [[] for _ in args.models]
+    for _ in range(args.rounds):
+        for name, runs in zip(args.models, rounds):
+            command = [sys.executable, __file__, name, "--one", "--device", args.device, "--dtype", args.dtype,
+                       "--prefill", *map(str, args.prefill), "--decode-batch", *map(str, args.decode_batch),
+                       "--context", str(args.context), "--new-tokens", str(args.new_tokens),
+                       "--repeats", str(args.repeats), "--cache", args.cache]
+            output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+            runs.append(json.loads(output.strip().splitlines()[-1]))
+    for label, runs in zip(labels, rounds):
+        result = {**_median_of(runs), "label": label, "machine": machine, "commit": commit, "torch": torch.__version__,
+                  "command": " ".join(["python bench/generation_speed.py", *sys.argv[1:]]), **settings}
         write_json(ROOT / "bench" / "results" / kind / f"generation-{label}@{commit}.json", result)
         print(f"{label}: {result['parameters'] / 1e6:.1f} M parameters · prefill "
               + ", ".join(f"{k} tok {v:.0f}/s" for k, v in result["prefill_tokens_per_s"].items()) + " · decode "
               + ", ".join(f"batch {k} {v:.1f}/s" for k, v in result["decode_tokens_per_s"].items())
               + f" · peak {result['peak_memory_gb']:.2f} GiB")
-
 
 if __name__ == "__main__":
     main()
