@@ -36,6 +36,22 @@ logger = logging.getLogger(__name__)
 PER_LAYER = ("sparsegpt", "sparsegpt-exact", "wanda")  # estimate each block's inputs themselves, block by block
 
 
+def _column_set_costs(cols: torch.Tensor, real_c: torch.Tensor, size: int,
+                      joint: Callable[[int], torch.Tensor] | None) -> torch.Tensor:
+    """Cost of removing each set of `size` consecutive columns whole, given the columns' costs `cols` (−inf:
+    removed) and the kept ones `real_c`: the joint cost of a set's kept columns (`joint(m)`, eq. 7 for sets of
+    m consecutive kept columns), or without `joint` the sum of their costs (OBD). Sets already removed cost
+    −inf. Every live set keeps equally many columns: query heads leave a KV group in rounds."""
+    by_set = cols.reshape(-1, size)
+    removed = torch.isneginf(by_set)
+    per_set = by_set.masked_fill(removed, 0).sum(1).masked_fill(removed.all(1), float("-inf"))
+    if joint is not None and real_c.numel():
+        live, kept = torch.unique_consecutive(real_c // size, return_counts=True)
+        assert bool((kept == kept[0]).all()), "live column sets keep unequal numbers of columns"
+        per_set[live] = joint(int(kept[0]))
+    return per_set
+
+
 def _structured_shot(layers: list[Layer], raw: dict | curvature.HostFactors, target_zeros: int, config: PruneConfig,
                      coupled: list[channels.Coupling], ranks: Ranks, kinds: list[units.UnitKind] | None = None,
                      ) -> tuple[dict[str, float], int]:
@@ -60,21 +76,24 @@ def _structured_shot(layers: list[Layer], raw: dict | curvature.HostFactors, tar
     col_costs: list[torch.Tensor] = []
     device = layers[0].mask.device
     strengths = config.strengths
-    sets = {kind.consumer.layer: kind.consumer.size for kind in kinds or [] if kind.consumer.size > 1}
-    set_cost: dict[int, torch.Tensor] = {}
+    sets: dict[int, set[int]] = {}  # consumer layer -> its units' column-set sizes (o: heads, KV groups)
+    for kind in kinds or []:
+        if kind.consumer.size > 1:
+            sets.setdefault(kind.consumer.layer, set()).add(kind.consumer.size)
+    set_cost: dict[tuple[int, int], torch.Tensor] = {}
     sibling: inverses.Sibling | None = None
     offloaded: tuple[inverses.KroneckerInverse, inverses.KroneckerInverse] | None = None  # the last, on device and host
     times = [_clock(device)]
     ranks.gather_layers(layers)
     for index, layer in enumerate(layers):
-        R, C, size = layer.module.out_features, layer.module.in_features, sets.get(index)
+        R, C, sizes = layer.module.out_features, layer.module.in_features, sorted(sets.get(index, ()))
         keep_r, keep_c, real_c = layer.kept()
         if not ranks.mine(layer.name):  # another rank's: zeros here, its costs once summed
             plans.append((keep_r, keep_c, None))
             row_costs.append(torch.zeros(R, device=device))
             col_costs.append(torch.zeros(C, device=device))
-            if size is not None:
-                set_cost[index] = torch.zeros(C // size, device=device)
+            for size in sizes:
+                set_cost[index, size] = torch.zeros(C // size, device=device)
             continue
         W = layer.weight()
         rows = torch.full((R,), float("-inf"), device=W.device)
@@ -96,14 +115,15 @@ def _structured_shot(layers: list[Layer], raw: dict | curvature.HostFactors, tar
             rc, cc = rc.masked_fill(dead_r, 0), cc.masked_fill(dead_c, 0)
         rows[keep_r] = rc
         cols[real_c] = cc
-        if size is not None:  # a consumer of several columns per unit (o: head_dim per head)
-            per_set = cols.reshape(-1, size).sum(1)  # OBD: the sum of the set's costs; removed sets stay −inf
-            if config.method == "surgeon" and real_c.numel():  # else every set of the layer is gone
+        if sizes:  # a consumer of several columns per unit (o: head_dim per head, more per KV group)
+            joint = None
+            if config.method == "surgeon":
                 G = damp(submatrix(raw_G.dense(), keep_r, keep_r), strengths[0])
                 root = inverses.as_dense(f.A)[: real_c.numel()]
-                joint = costs.set_costs(submatrix(W, keep_r, real_c).T, root, G, size)
-                per_set[real_c.reshape(-1, size)[:, 0] // size] = joint
-            set_cost[index] = per_set
+                sub = submatrix(W, keep_r, real_c).T
+                joint = functools.partial(costs.set_costs, sub, root, G)
+            for size in sizes:
+                set_cost[index, size] = _column_set_costs(cols, real_c, size, joint)
         if config.offload and kept is not None:  # siblings' shared A⁻¹ goes to host memory once
             A = offloaded[1].A if offloaded is not None and offloaded[0].A is kept.A else None
             offloaded = (kept, kept.to("cpu", A=A))
@@ -124,8 +144,8 @@ def _structured_shot(layers: list[Layer], raw: dict | curvature.HostFactors, tar
         removed_rows, removed_cols = with_dead(row_sel, col_sel)
     else:
         before = ([layer.rows for layer in layers], [layer.cols for layer in layers])
-        unit_costs = [set_cost[kind.consumer.layer] if kind.consumer.size > 1 else col_costs[kind.consumer.layer]
-                      for kind in kinds]
+        unit_costs = [set_cost[kind.consumer.layer, kind.consumer.size] if kind.consumer.size > 1
+                      else col_costs[kind.consumer.layer] for kind in kinds]
         if config.speed_context is not None:  # every unit of a kind saves the same: the order within it stays
             shapes = [(layer.module.out_features, layer.module.in_features) for layer in layers]
             unit_costs = [cost / units.decode_macs(kind, shapes, config.speed_context)
@@ -422,7 +442,8 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
     checkpointed: list[nn.Module] = list(decoder_blocks(model)) if config.activation_checkpointing else []
     total = sum(layer.module.weight.numel() for layer in layers)
     coupled = channels.couplings(model, [name for name, _ in named])
-    kinds = units.coupled_units(model, [name for name, _ in named]) if config.structure == "coupled" else None
+    kinds = (units.coupled_units(model, [name for name, _ in named], config.width_multiple)
+             if config.structure == "coupled" else None)
     device = next(model.parameters()).device
     report = PruneReport(config=dataclasses.asdict(config))
     power_state: dict[str, list[kronecker_sum.PowerIterate]] = {}  # kronecker_terms=2: warm start across shots

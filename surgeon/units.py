@@ -4,6 +4,8 @@
   projection (fc2).
 - Attention query head h: its `head_dim` rows of q (OPT: of q, k and v, each head has its own) and its
   `head_dim` columns of o.
+- KV group g (grouped-query attention): its `head_dim` rows of k and v, and the query heads that read
+  it, their rows of q and their columns of o.
 
 Each unit has one consumer part, the columns of the layer that reads it (down, o): once they are
 gone, the unit's output reaches nothing and its producer rows are dead.
@@ -14,6 +16,7 @@ are all gone is read by nobody: its k and v rows are freed with the last of them
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -43,7 +46,8 @@ class Member:
 
 @dataclass(frozen=True)
 class UnitKind:
-    """`count` units of one kind in one decoder block (neurons or query heads) and the layer parts each owns.
+    """`count` units of one kind in one decoder block (neurons, query heads or KV groups) and the layer parts
+    each owns.
 
     `kv`: for query heads under grouped-query attention, the k and v layers and the heads per KV head,
     whose rows are freed when every query head of a KV head is removed.
@@ -61,8 +65,12 @@ class UnitKind:
 
 
 
-def coupled_units(model: nn.Module, names: list[str]) -> list[UnitKind]:
-    """The neuron and query-head units of every decoder block of `model`, over its layers `names`."""
+def coupled_units(model: nn.Module, names: list[str], width_multiple: int = 1) -> list[UnitKind]:
+    """The neuron, query-head and KV-group units of every decoder block of `model`, over its layers `names`.
+
+    KV groups are units under grouped-query attention when query heads leave in rounds (`width_multiple`
+    at most `head_dim`, see `allocation`): every KV group then keeps as many query heads as the others,
+    so a group's kept columns of o are a set of the same size in every live group."""
     config: Any = model.config
     family = getattr(config, "model_type", "")
     if family not in FAMILIES:
@@ -97,6 +105,13 @@ def coupled_units(model: nn.Module, names: list[str]) -> list[UnitKind]:
         if family != "opt":
             kv = ((layers["self_attn.k_proj"], layers["self_attn.v_proj"]), heads // kv_heads, head_dim)
         kinds.append(UnitKind("head", heads, head_members, kv))
+        per = heads // kv_heads
+        if family != "opt" and per > 1 and width_multiple <= head_dim:
+            kinds.append(UnitKind("group", kv_heads, (
+                Member(layers["self_attn.q_proj"], "rows", per * head_dim),
+                Member(layers["self_attn.k_proj"], "rows", head_dim),
+                Member(layers["self_attn.v_proj"], "rows", head_dim),
+                Member(layers["self_attn.o_proj"], "cols", per * head_dim))))
     return kinds
 
 
@@ -123,9 +138,10 @@ def masks_of(kinds: list[UnitKind], chosen: list[torch.Tensor], rows: list[torch
 
 def decode_macs(kind: UnitKind, shapes: list[tuple[int, int]], context: int) -> int:
     """Multiply-accumulates one unit of `kind` costs a decoded token after `context` tokens: its weights
-    (`shapes`: each layer's out × in features), and for a head its scores and weighted values over the context."""
+    (`shapes`: each layer's out × in features), and for a head or KV group its query heads' scores and weighted
+    values over the context."""
     weights = sum(member.size * shapes[member.layer][1 if member.axis == "rows" else 0] for member in kind.members)
-    attention = 2 * context * kind.consumer.size if kind.name == "head" else 0
+    attention = 2 * context * kind.consumer.size if kind.name != "neuron" else 0
     return weights + attention
 
 
@@ -136,7 +152,8 @@ def allocation(kinds: list[UnitKind], costs: list[torch.Tensor], uniform: bool, 
 
     Under grouped-query attention query heads leave in rounds, the r-th cheapest head of every KV head
     together, so that every KV head keeps as many query heads as the others: the layout attention kernels and
-    the compact export need, which would otherwise keep the removed heads as zero padding.
+    the compact export need, which would otherwise keep the removed heads as zero padding. A round costs the
+    sum over the KV heads still live; those removed whole (a KV-group unit, costs −inf) take no part.
 
     `multiple`: each block keeps a multiple of that many neurons (and of `multiple / head_dim` heads, so that
     heads × head_dim is a multiple too, chunked instead of in rounds): per block, units are sorted by cost and
@@ -151,15 +168,18 @@ def allocation(kinds: list[UnitKind], costs: list[torch.Tensor], uniform: bool, 
     group_costs, group_of = [], {}
     for indices in families.values():
         kind = kinds[indices[0]]
-        chunk = max(1, multiple // kind.members[0].size)
+        chunk = max(1, multiple // math.gcd(multiple, kind.members[0].size))
         per = kind.kv[1] if kind.kv is not None else 1
         if chunk == 1 and per > 1:  # rounds: the r-th cheapest query head of every KV head leave together
             total = torch.zeros(per, dtype=costs[indices[0]].dtype)
             for i in indices:
                 by_kv = costs[i].cpu().reshape(-1, per)
-                ranks = torch.argsort(torch.argsort(by_kv, dim=1, stable=True), dim=1).reshape(-1)
-                group_of[i] = ranks
-                total.index_add_(0, ranks, costs[i].cpu())
+                ranks = torch.argsort(torch.argsort(by_kv, dim=1, stable=True), dim=1)
+                group_of[i] = ranks.reshape(-1)
+                live = ~torch.isneginf(by_kv).all(1)
+                if live.any():
+                    by_kv, ranks = by_kv[live], ranks[live]
+                total.index_add_(0, ranks.reshape(-1), by_kv.reshape(-1))
             group_costs.append(total)
             continue
         first = kind.count % chunk  # a first, shorter chunk brings the kept count to a multiple

@@ -215,3 +215,67 @@ def test_units_are_priced_and_updated_by_their_consumer_columns(family):
             if name.endswith(producers):
                 assert torch.equal(module.weight[kept], before[name][kept]), name
         assert not torch.equal(down.weight[:, kept], before[down_name][:, kept])
+
+
+def test_column_sets_cost_their_kept_columns_jointly(gen):
+    """A set of columns partly removed (a KV group after query-head rounds) costs the joint removal of the
+    columns it keeps; a set removed whole costs −inf; the OBD price sums its kept columns' costs."""
+    from surgeon.shots import _column_set_costs
+
+    W, G, A = problem(6, 12, gen)
+    real_c = torch.tensor([0, 1, 8, 9])  # sets of 4: set 0 keeps 2, set 1 is gone, set 2 keeps 2
+    sub, A_sub = W[:, real_c], A[real_c][:, real_c]
+    root = KroneckerInverse.of(G, A_sub, roots=True).A
+    cols = torch.full((12,), float("-inf"), dtype=W.dtype)
+    cols[real_c] = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=W.dtype)
+
+    def joint(m: int) -> torch.Tensor:
+        return costs.set_costs(sub.T, root, G, m)
+
+    got = _column_set_costs(cols, real_c, 4, joint)
+    for index, kept in ((0, [0, 1]), (2, [2, 3])):
+        pruned = torch.zeros(6, 4, dtype=torch.bool)
+        pruned[:, kept] = True
+        torch.testing.assert_close(got[index], closed_form_set_cost(sub, G, A_sub, pruned), **FLOAT64)
+    assert torch.isneginf(got[1])
+    obd = _column_set_costs(cols, real_c, 4, None)
+    assert obd[0] == 3.0 and torch.isneginf(obd[1]) and obd[2] == 7.0
+
+
+def test_a_round_costs_only_the_live_kv_groups():
+    """A KV group removed whole (its heads cost −inf) takes no part in the rounds of the others: the round
+    of each live group's cheapest head costs their sum, not −inf."""
+    from surgeon.units import allocation
+
+    model = family_model("llama")  # 2 KV heads of 2 query heads each
+    names = [name for block in prunable_layers(model) for name, _ in block]
+    head = coupled_units(model, names)[1]
+    inf = float("-inf")
+    group_costs, chosen_units = allocation([head], [torch.tensor([inf, inf, 5.0, 2.0])], False, 1)
+    assert group_costs[0].tolist() == [2.0, 5.0]
+    assert chosen_units([torch.tensor([True, False])])[0].tolist() == [True, False, False, True]
+    group_costs, _ = allocation([head], [torch.tensor([inf, inf, inf, inf])], False, 1)
+    assert group_costs[0].tolist() == [inf, inf]  # every group gone: the rounds stay removed
+
+
+def test_a_kv_group_unit_owns_its_kv_rows_and_its_query_heads():
+    from surgeon.units import masks_of
+
+    model = family_model("llama")
+    names = [name for block in prunable_layers(model) for name, _ in block]
+    kinds = coupled_units(model, names)
+    assert [kind.name for kind in kinds] == ["neuron", "head", "group"] * model.config.num_hidden_layers
+    assert [kind.name for kind in coupled_units(model, names, width_multiple=16)] == ["neuron", "head"] * 2
+    group = kinds[2]
+    chosen = [torch.zeros(kind.count, dtype=torch.bool) for kind in kinds]
+    chosen[2][1] = True  # KV group 1 of block 0: query heads 2 and 3
+    layers = [m for block in prunable_layers(model) for _, m in block]
+    rows, cols = masks_of(kinds, chosen, [torch.zeros(m.out_features, dtype=torch.bool) for m in layers],
+                          [torch.zeros(m.in_features, dtype=torch.bool) for m in layers], free_kv=True)
+    d = model.config.head_dim
+    q, k, v, o = (member.layer for member in group.members)
+    assert rows[q].nonzero().squeeze(1).tolist() == list(range(2 * d, 4 * d))
+    assert rows[k].nonzero().squeeze(1).tolist() == list(range(d, 2 * d)) == rows[v].nonzero().squeeze(1).tolist()
+    assert cols[o].nonzero().squeeze(1).tolist() == list(range(2 * d, 4 * d))
+    assert decode_macs(group, [(m.out_features, m.in_features) for m in layers], 100) == \
+        2 * (2 * d) * model.config.hidden_size + 2 * d * model.config.hidden_size + 2 * 100 * 2 * d
