@@ -61,8 +61,8 @@ class PruneConfig:
     """Settings of one pruning run (docs/DESIGN.md: schedule, damping, correlation)."""
 
     structure: str = _opt(
-        "structured", "structured (rows+columns), coupled (MLP neurons and attention heads, each across the layers "
-        "it spans), unstructured, or N:M such as 2:4 (N kept of every M)"
+        "structured", "structured (rows+columns), coupled (MLP neurons, attention heads and KV groups, each across "
+        "the layers it spans), unstructured, or N:M such as 2:4 (N kept of every M)"
     )
     target_size: float | None = _opt(
         None, "fraction of prunable weights kept (non-zero) at the end, in (0, 1]; 0.8 keeps 80%, removes 20%",
@@ -75,7 +75,8 @@ class PruneConfig:
     )
     speed_context: int | None = _opt(
         None, "coupled: rank units by cost per multiply-accumulate their removal saves a token decoded after this "
-        "many tokens of context (a head also saves its attention over the context)", shown="none: by cost alone"
+        "many tokens of context (a head or KV group also saves its attention over the context)",
+        shown="none: by cost alone",
     )
     method: str = _opt("surgeon", f"pruning method ({METHOD_HELP})", METHODS)
     correlation: Correlation = _opt("joint", "structured surgeon update: joint rows+columns, or within rows / columns")

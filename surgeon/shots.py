@@ -57,9 +57,9 @@ def _structured_shot(layers: list[Layer], raw: dict | curvature.HostFactors, tar
                      ) -> tuple[dict[str, float], int]:
     """Rows and columns, or coupled units: costs (eq. 7), global threshold, joint or within update (sec. 3.4).
 
-    With `kinds` (structure coupled) the structures are neurons and heads (`surgeon.units`), removed whole:
-    a unit costs the joint cost of its consumer columns (`costs.set_costs`; the OBD baselines: the sum of
-    their element costs), whose removal leaves its producer rows dead: they are freed without an update.
+    With `kinds` (structure coupled) the structures are neurons, heads and KV groups (`surgeon.units`),
+    removed whole: a unit costs the joint cost of its consumer columns (`costs.set_costs`; the OBD baselines:
+    the sum of their element costs), whose removal leaves its producer rows dead: they are freed without an update.
     The rows and columns that the chosen ones leave dead (`coupled` channels, freed KV heads) are removed
     too and count toward the target; they take no part in the updates (their inputs or outputs are gone).
 
@@ -157,7 +157,8 @@ def _structured_shot(layers: list[Layer], raw: dict | curvature.HostFactors, tar
             masks = units.masks_of(kinds, chosen_units(groups), *before, free_kv=True)
             return threshold.removed_weights(*with_dead(*masks))
 
-        chosen = chosen_units(threshold.cheapest_prefix(group_costs, zeros, target_zeros, "neurons and heads"))
+        prefix = threshold.cheapest_prefix(group_costs, zeros, target_zeros, "neurons, heads and KV groups")
+        chosen = chosen_units(prefix)
         row_sel, col_sel = units.masks_of(kinds, chosen, *before, free_kv=False, consumers_only=True)
         removed_rows, removed_cols = with_dead(*units.masks_of(kinds, chosen, *before, free_kv=True))
     freed = threshold.removed_weights(removed_rows, removed_cols) - threshold.removed_weights(row_sel, col_sel)
