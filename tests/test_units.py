@@ -279,3 +279,38 @@ def test_a_kv_group_unit_owns_its_kv_rows_and_its_query_heads():
     assert cols[o].nonzero().squeeze(1).tolist() == list(range(2 * d, 4 * d))
     assert decode_macs(group, [(m.out_features, m.in_features) for m in layers], 100) == \
         2 * (2 * d) * model.config.hidden_size + 2 * d * model.config.hidden_size + 2 * 100 * 2 * d
+
+
+def test_a_long_speed_context_removes_kv_groups_whole_and_the_export_keeps_the_logits():
+    """At a long context some KV groups leave whole (k and v rows with their query heads) while the others keep
+    equally many query heads; the heterogeneous export cuts them and computes the pruned model's logits."""
+    import transformers
+
+    from tests._families import COMMON
+
+    torch.manual_seed(0)  # 4 KV groups of 2 query heads: a group can leave while others stay
+    settings = {**COMMON, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 8}
+    model = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**settings)).eval()
+    config = PruneConfig(structure="coupled", target_size=0.8, shots=2, speed_context=4096, damp_a=0.01)
+    report = prune(model, calibration(), config, progress=False)
+    hidden, d = model.config.hidden_size, model.config.head_dim
+    assert_reaches_target(report.removed, shapes(model), 0.8, "coupled", freed=sum(s.freed for s in report.shots),
+                          largest=largest_unit(model) + 2 * 2 * d * hidden)  # a round and a group at once
+    live_groups = []
+    for block in decoder_blocks(model):
+        attention = block.self_attn
+        kv_live = ~(attention.k_proj.weight == 0).all(1).reshape(4, d).all(1)
+        assert torch.equal(kv_live, ~(attention.v_proj.weight == 0).all(1).reshape(4, d).all(1))
+        heads_live = ~(attention.o_proj.weight == 0).all(0).reshape(4, 2, d).all(2)
+        assert torch.equal(heads_live.any(1), kv_live)  # a group's rows go with its last query head
+        assert len(set(heads_live.sum(1)[kv_live].tolist())) == 1  # every live group keeps as many heads
+        live_groups.append(int(kv_live.sum()))
+    assert 0 < min(live_groups) < 4  # a group left whole, others stayed
+    compact = compact_model(model, "heterogeneous")
+    assert [b.self_attn.k_proj.out_features for b in decoder_blocks(compact)] == [n * d for n in live_groups]
+    ids = torch.randint(3, VOCAB, (2, 16), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        got = compact(ids).logits
+        plain = model(ids).logits
+        exact = model.double()(ids).logits
+    assert_within_reference_error(got, exact, plain)
