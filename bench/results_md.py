@@ -311,7 +311,8 @@ def generation_section() -> list[str]:
     if not paths:
         return ["Not yet measured (`python bench/generation_speed.py MODEL …`)."]
     out = ["| model | machine | commit | parameters | prunable zeros | safetensors MB | prefill tokens/s | "
-           "decode tokens/s (context) | peak GiB |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "decode tokens/s (context) | KV cache | rounds | peak GiB |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     runs = [load(path) for path in paths]
     for path, run in zip(paths, runs):
         size = "-" if run["safetensors_bytes"] is None else f"{run['safetensors_bytes'] / 1e6:.0f}"
@@ -320,7 +321,7 @@ def generation_section() -> list[str]:
         link = f"[{run['label']}](results/{path.parent.name}/{path.name})"
         out.append(f"| {link} | {run['machine']} | {mark(commit_of(path))} | {run['parameters'] / 1e6:.1f} M | "
                    f"{run['prunable_zero_fraction']:.3f} | {size} | {prefill} | {decode} ({run['context']}) | "
-                   f"{run['peak_memory_gb']:.2f} |")
+                   f"{run.get('cache', 'dynamic')} | {run.get('rounds', 1)} | {run['peak_memory_gb']:.2f} |")
     out += ["", "Commands, as recorded in each file (paths of the measuring machine):", ""]
     out += [f"- {run['label']}: `{run['command']}`" for run in runs]
     return out
