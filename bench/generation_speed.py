@@ -156,5 +156,6 @@ def main() -> None:
               + ", ".join(f"batch {k} {v:.1f}/s" for k, v in result["decode_tokens_per_s"].items())
               + f" · peak {result['peak_memory_gb']:.2f} GiB")
 
+
 if __name__ == "__main__":
     main()
