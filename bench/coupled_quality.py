@@ -5,7 +5,7 @@ WikiText-2 validation split, seed 0, 4 shots, perplexity on the first 8 windows 
 tokens), at 90, 80 and 70% of the prunable weights kept. Rows: the paper's rows and columns
 (exported compactly: what its dead channels free), coupled LLM Surgeon with global allocation,
 `--uniform`, `--width-multiple 64`, `--width-multiple 256` exported in DeciLM's schema, and
-`--speed-context 512` and `2048` (units ranked by cost per multiply-accumulate saved at that context;
+`--speed-context 512`, `768` and `2048` (units ranked by cost per multiply-accumulate saved at that context;
 the decode speed is measured at 2048), and λ_A = 0.01 and 1 around coupled LLM Surgeon's default 0.3; coupled
 magnitude and K-OBD. Each pruned model is exported compactly
 (`--uniform` in the standard format, `-decilm` in DeciLM's, the others heterogeneous) and its
@@ -49,6 +49,7 @@ VARIANTS = {
     "coupled-kobd": (dict(structure="coupled", method="kobd"), "heterogeneous"),
     "coupled-multiple256-decilm": (dict(structure="coupled", width_multiple=256), "decilm"),
     "coupled-speed512": (dict(structure="coupled", speed_context=512), "heterogeneous"),
+    "coupled-speed768": (dict(structure="coupled", speed_context=768), "heterogeneous"),
     "coupled-speed2048": (dict(structure="coupled", speed_context=2048), "heterogeneous"),
     # λ_A around coupled LLM Surgeon's default (0.3): the paper's 0.01 and 1
     "coupled-damp-a-0.01": (dict(structure="coupled", damp_a=0.01), "heterogeneous"),
