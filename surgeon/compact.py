@@ -14,7 +14,8 @@ every block: each block keeps the most units any block needs, its own live units
 ones (whose output is exactly zero) as padding. The head count stays a multiple of the KV heads and,
 for Llama (whose config requires it), a divisor of `hidden_size`; `head_dim` is written explicitly.
 OPT keeps its heads (its attention has no `head_dim`: q, k, v stay hidden × hidden) and compacts its MLP.
-The "heterogeneous" format keeps each block's own widths (`compact_modeling`).
+The "heterogeneous" format keeps each block's own widths (`compact_modeling`), and skips an attention or
+MLP that adds nothing (no live unit, no output bias).
 The "decilm" format (Llama only) writes DeciLM's `block_configs`, which vLLM serves natively: each
 layer's MLP width rounded up to a multiple of 256 and its own KV heads, the query heads and head_dim
 of the original in every layer, and a part with no live unit left out (no-op). Padding that no
@@ -150,15 +151,44 @@ def _head_rows(heads: torch.Tensor, head_dim: int) -> torch.Tensor:
     return (heads.unsqueeze(1) * head_dim + torch.arange(head_dim)).reshape(-1)
 
 
+def _has_bias(module: nn.Linear) -> bool:
+    """Whether `module` adds a non-zero bias."""
+    return module.bias is not None and bool(module.bias.any())
+
+
+def _live_parts(block: nn.Module, unit: BlockUnits) -> tuple[bool, bool]:
+    """Whether a gated block's attention and MLP can add anything: a live unit, or a non-zero output bias."""
+    return (bool(unit.heads.any()) or _has_bias(_linear(block, "self_attn.o_proj")),
+            bool(unit.neurons.any()) or _has_bias(_linear(block, "mlp.down_proj")))
+
+
+SKIPPED_WEIGHTS = {"attention": ("self_attn.", "input_layernorm."), "mlp": ("mlp.", "post_attention_layernorm.")}
+
+
+def _layer_entry(neurons: int, kv: int, per: int) -> dict[str, Any]:
+    """A gated layer's `per_layer_config` entry; a part of width 0 is named in `skip` instead."""
+    entry: dict[str, Any] = {"intermediate_size": neurons} if neurons else {}
+    if kv:
+        entry.update(num_attention_heads=kv * per, num_key_value_heads=kv)
+    skip = [part for part, width in (("attention", kv), ("mlp", neurons)) if not width]
+    return {**entry, "skip": skip} if skip else entry
+
+
 def _block_widths(model: nn.Module, units: list[BlockUnits], format: str) -> list[tuple[int, int, int]]:
     """(neurons, KV heads, query heads per KV head) each block keeps: the standard widths everywhere, or
-    (heterogeneous) the block's own, at least one of each and as many heads per KV head as its fullest."""
+    (heterogeneous) the block's own, as many heads per KV head as its fullest; 0 where a gated block's
+    attention or MLP can add nothing (it is skipped), else at least 1."""
     if format == "standard":
         return [standard_widths(model, units)] * len(units)
     if format != "heterogeneous":
         raise SurgeonError(f"compact export format {format!r}: use standard, heterogeneous or decilm")
-    return [(max(1, int(u.neurons.sum())), max(1, int(u.heads.any(1).sum())), max(1, int(u.heads.sum(1).max())))
-            for u in units]
+    opt = _config(model).model_type == "opt"
+    widths = []
+    for block, unit in zip(decoder_blocks(model), units):
+        attention, mlp = (True, True) if opt else _live_parts(block, unit)
+        widths.append((max(int(mlp), int(unit.neurons.sum())), max(int(attention), int(unit.heads.any(1).sum())),
+                       max(int(attention), int(unit.heads.sum(1).max()))))
+    return widths
 
 
 def _padded(live: torch.Tensor, count: int) -> torch.Tensor:
@@ -186,8 +216,7 @@ def _decilm_block(unit: BlockUnits, heads: int, per_kv: int, head_dim: int, bloc
     parts: dict[str, dict[str, torch.Tensor]] = {}
     live_groups = unit.heads.any(1)
     groups_needed, per_needed = int(live_groups.sum()), int(unit.heads.sum(1).max())
-    o_bias = _linear(block, "self_attn.o_proj").bias
-    attention_live = groups_needed > 0 or (o_bias is not None and bool(o_bias.any()))  # a bias alone is output
+    attention_live, ffn_live = _live_parts(block, unit)
     attention: dict[str, Any] = {"no_op": not attention_live, "replace_with_linear": False, "n_heads_in_group": None}
     if attention_live:
         kv = min(g for g in range(max(groups_needed, 1), heads + 1) if heads % g == 0 and heads // g >= per_needed)
@@ -205,9 +234,7 @@ def _decilm_block(unit: BlockUnits, heads: int, per_kv: int, head_dim: int, bloc
         parts["self_attn.o_proj"] = {**o, "weight": _take(o["weight"], q_rows, 1)}
         attention["n_heads_in_group"] = per
     live = int(unit.neurons.sum())
-    down = _linear(block, "mlp.down_proj")
-    hidden = down.out_features
-    ffn_live = live > 0 or (down.bias is not None and bool(down.bias.any()))
+    hidden = _linear(block, "mlp.down_proj").out_features
     ffn: dict[str, Any] = {"no_op": not ffn_live, "replace_with_linear": False, "ffn_mult": None}
     if ffn_live:
         width = max(1, -(-live // compact_modeling.FFN_MULTIPLE)) * compact_modeling.FFN_MULTIPLE
@@ -303,8 +330,7 @@ def compact_model(model: nn.Module, format: str = "standard") -> nn.Module:
         kv_heads, per_kv, head_dim = _head_layout(config)
         config.intermediate_size, config.num_key_value_heads = inner, kv
         config.num_attention_heads, config.head_dim = kv * per, head_dim
-        per_layer = {str(i): {"intermediate_size": n, "num_attention_heads": k * p, "num_key_value_heads": k}
-                     for i, (n, k, p) in enumerate(widths) if (n, k, p) != (inner, kv, per)}
+        per_layer = {str(i): _layer_entry(*w) for i, w in enumerate(widths) if w != (inner, kv, per)}
     dtype = next(model.parameters()).dtype
     if format == "standard":
         from transformers import AutoModelForCausalLM
@@ -316,20 +342,27 @@ def compact_model(model: nn.Module, format: str = "standard") -> nn.Module:
     state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
     for block, unit, (inner_b, kv_b, per_b) in zip(decoder_blocks(model), units, widths):
         neurons = _first(unit.neurons, inner_b)
+        prefix = _prefix(model, block)
         if opt:
             parts = {"fc1": _select(_linear(block, "fc1"), rows=neurons),
                      "fc2": _select(_linear(block, "fc2"), cols=neurons)}
         else:
-            groups = _first(unit.heads.any(1), kv_b)
-            heads = torch.cat([g * per_kv + _first(unit.heads[g], per_b) for g in groups.tolist()])
-            q_rows = _head_rows(heads, head_dim)
-            kv_rows = _head_rows(groups, head_dim)
-            selection = {"mlp.gate_proj": (neurons, None), "mlp.up_proj": (neurons, None),
-                         "mlp.down_proj": (None, neurons), "self_attn.q_proj": (q_rows, None),
-                         "self_attn.k_proj": (kv_rows, None), "self_attn.v_proj": (kv_rows, None),
-                         "self_attn.o_proj": (None, q_rows)}
+            selection: dict[str, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
+            if inner_b:
+                selection.update({"mlp.gate_proj": (neurons, None), "mlp.up_proj": (neurons, None),
+                                  "mlp.down_proj": (None, neurons)})
+            if kv_b:
+                groups = _first(unit.heads.any(1), kv_b)
+                heads = torch.cat([g * per_kv + _first(unit.heads[g], per_b) for g in groups.tolist()])
+                q_rows, kv_rows = _head_rows(heads, head_dim), _head_rows(groups, head_dim)
+                selection.update({"self_attn.q_proj": (q_rows, None), "self_attn.k_proj": (kv_rows, None),
+                                  "self_attn.v_proj": (kv_rows, None), "self_attn.o_proj": (None, q_rows)})
+            skipped = tuple(prefix + name for part, width in (("attention", kv_b), ("mlp", inner_b)) if not width
+                            for name in SKIPPED_WEIGHTS[part])
+            for name in [name for name in state if skipped and name.startswith(skipped)]:
+                del state[name]
             parts = {name: _select(_linear(block, name), rows, cols) for name, (rows, cols) in selection.items()}
-        _put(state, _prefix(model, block), parts)
+        _put(state, prefix, parts)
     return _loaded(compact, state)
 
 

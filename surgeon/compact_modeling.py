@@ -2,11 +2,12 @@
 
 A heterogeneous checkpoint's config.json holds the widest widths as the architecture's own fields and
 each layer's widths under `per_layer_config` (`{"<layer>": {"intermediate_size": …,
-"num_attention_heads": …, "num_key_value_heads": …}}`; OPT: `ffn_dim`), the schema of transformers'
-per-layer configs, whose Llama and OPT modeling code still builds every layer at one width. The
-classes here build the standard model at the widest widths and give each layer its own (`resize_layers`):
-its linear layers take their sizes, and attention its heads per KV head (the modeling code infers the
-head count from the projections). This file depends only on torch and transformers: it is copied into
+"num_attention_heads": …, "num_key_value_heads": …, "skip": ["attention", "mlp"]}}`; OPT: `ffn_dim`),
+the schema of transformers' per-layer configs, whose Llama and OPT modeling code still builds every
+layer at one width. The classes here build the standard model at the widest widths and give each layer
+its own (`resize_layers`): its linear layers take their sizes, attention its heads per KV head (the
+modeling code infers the head count from the projections), and a part named in `skip` becomes a no-op
+without weights, its norm included. This file depends only on torch and transformers: it is copied into
 each heterogeneous checkpoint, where `trust_remote_code=True` loads it, and `surgeon.load_compact`
 uses it without remote code.
 
@@ -43,12 +44,18 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return inner.decoder.layers if hasattr(inner, "decoder") else inner.layers
 
 
-def resize_layers(model: nn.Module, per_layer: dict[str, dict[str, int]]) -> None:
-    """Give decoder layer i the widths in `per_layer[str(i)]` (layers not named keep the config's)."""
+def resize_layers(model: nn.Module, per_layer: dict[str, dict[str, Any]]) -> None:
+    """Give decoder layer i the widths in `per_layer[str(i)]` (layers not named keep the config's), and make the
+    parts its `skip` names ("attention", "mlp"; gated families) no-ops."""
     config: Any = model.config
     layers = decoder_layers(model)
     for key, widths in per_layer.items():
         layer: Any = layers[int(key)]
+        skip = set(widths.get("skip", ()))
+        if "attention" in skip:
+            layer.self_attn, layer.input_layernorm = _NoAttention(int(key), layer.self_attn.head_dim), nn.Identity()
+        if "mlp" in skip:
+            layer.mlp, layer.post_attention_layernorm = _NoMLP(), nn.Identity()
         if "ffn_dim" in widths:
             layer.fc1 = _resized(layer.fc1, out_features=widths["ffn_dim"])
             layer.fc2 = _resized(layer.fc2, in_features=widths["ffn_dim"])
@@ -190,20 +197,15 @@ class DeciLMForCausalLM(transformers.LlamaForCausalLM):
             raise ValueError(f"DeciLM layers {linear} replace a part with a linear layer (replace_with_linear), which "
                              "this modeling code does not build")
         super().__init__(config)
-        widths: dict[str, dict[str, int]] = {}
-        layer: Any
-        for index, (block, layer) in enumerate(zip(config.block_configs, decoder_layers(self))):
-            if block.attention.no_op:
-                layer.self_attn = _NoAttention(index, layer.self_attn.head_dim)
-                layer.input_layernorm = nn.Identity()
-            else:
-                widths[str(index)] = {"num_key_value_heads":
-                                      config.num_attention_heads // block.attention.n_heads_in_group}
-            if block.ffn.no_op:
-                layer.mlp, layer.post_attention_layernorm = _NoMLP(), nn.Identity()
-            else:
-                widths.setdefault(str(index), {})["intermediate_size"] = ffn_width(block.ffn.ffn_mult,
-                                                                                   config.hidden_size)
+        widths: dict[str, dict[str, Any]] = {}
+        for index, block in enumerate(config.block_configs):
+            layer_widths: dict[str, Any] = {"skip": [part for part, section in (("attention", block.attention),
+                                                                                 ("mlp", block.ffn)) if section.no_op]}
+            if not block.attention.no_op:
+                layer_widths["num_key_value_heads"] = config.num_attention_heads // block.attention.n_heads_in_group
+            if not block.ffn.no_op:
+                layer_widths["intermediate_size"] = ffn_width(block.ffn.ffn_mult, config.hidden_size)
+            widths[str(index)] = layer_widths
         resize_layers(self, widths)
 
 

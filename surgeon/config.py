@@ -335,10 +335,10 @@ class ExportConfig:
     compact: bool = _opt(False, "cut out the MLP neurons and attention heads whose output is exactly zero")
     format: str = _opt(
         "standard", "standard: the original architecture and model_type, one width for every block (blocks that "
-        "need fewer units keep zero ones, which add exactly 0); heterogeneous: every layer its own widths "
-        "(per_layer_config; loads with trust_remote_code=True or surgeon.load_compact); decilm (Llama): DeciLM's "
-        "block_configs, which vLLM serves natively: per-layer MLP widths rounded up to multiples of 256 and KV heads, "
-        "query heads as the original (loads as heterogeneous does)", EXPORT_FORMATS,
+        "need fewer units keep zero ones, which add exactly 0); heterogeneous: every layer its own widths, a part "
+        "left without units skipped (per_layer_config; loads with trust_remote_code=True or surgeon.load_compact); "
+        "decilm (Llama): DeciLM's block_configs, which vLLM serves natively: per-layer MLP widths rounded up to "
+        "multiples of 256 and KV heads, query heads as the original (loads as heterogeneous does)", EXPORT_FORMATS,
     )
     output: str | None = _opt(None, "a new or empty folder for the exported checkpoint and report.json")
     overwrite: bool = _opt(False, "export into an existing non-empty --output folder, replacing only its files")

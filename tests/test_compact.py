@@ -105,6 +105,55 @@ def test_heterogeneous_compact_model_gives_every_layer_its_widths(family, tmp_pa
     assert torch.equal(logits(load_compact(tmp_path), ids), logits(compact, ids))
 
 
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "opt"])
+def test_heterogeneous_layers_skip_a_part_with_no_live_unit(family, tmp_path):
+    """Block 0 without a live head and block 1 without a live neuron: those parts and their norms have no weights,
+    the config names them in `skip`, and the logits stay, also loaded with trust_remote_code and load_compact."""
+    from transformers import AutoModelForCausalLM
+
+    model = family_model(family)
+    first, second = decoder_blocks(model)
+    with torch.no_grad():
+        first.self_attn.o_proj.weight.zero_()
+        second.mlp.down_proj.weight.zero_()
+    compact = compact_model(model, "heterogeneous")
+    names = [name for name, _ in compact.named_parameters()]
+    for part in ("self_attn.", "input_layernorm."):
+        assert not [n for n in names if n.startswith(f"model.layers.0.{part}")]
+        assert [n for n in names if n.startswith(f"model.layers.1.{part}")]
+    for part in ("mlp.", "post_attention_layernorm."):
+        assert not [n for n in names if n.startswith(f"model.layers.1.{part}")]
+        assert [n for n in names if n.startswith(f"model.layers.0.{part}")]
+    layers = compact.config.to_dict()["per_layer_config"]
+    assert layers["0"]["skip"] == ["attention"] and "num_key_value_heads" not in layers["0"]
+    assert layers["1"]["skip"] == ["mlp"] and "intermediate_size" not in layers["1"]
+    assert_same_logits(model, compact)
+    compact.save_pretrained(tmp_path)
+    shutil.copyfile(compact_modeling.__file__, tmp_path / "compact_modeling.py")
+    ids = torch.randint(3, VOCAB, (1, 12), generator=torch.Generator().manual_seed(2))
+    remote = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True).eval()
+    assert torch.equal(logits(remote, ids), logits(compact, ids))
+    assert torch.equal(logits(load_compact(tmp_path), ids), logits(compact, ids))
+
+
+def test_heterogeneous_layers_keep_a_part_whose_bias_is_output():
+    """No live head or neuron, but o's and down's biases are output: both parts stay, one zero unit wide."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**COMMON, attention_bias=True, mlp_bias=True)).eval()
+    block = model.model.layers[0]
+    with torch.no_grad():
+        for linear in (block.self_attn.o_proj, block.mlp.down_proj):
+            linear.bias.normal_()  # initialised to zero
+            linear.weight.zero_()
+    compact = compact_model(model, "heterogeneous")
+    layer = compact.model.layers[0]
+    assert "skip" not in compact.config.to_dict()["per_layer_config"]["0"]
+    assert (layer.mlp.up_proj.out_features, layer.self_attn.k_proj.out_features) == (1, head_dim(model.config))
+    assert_same_logits(model, compact)
+
+
 def test_llama_head_count_is_padded_to_a_divisor_of_the_hidden_size():
     """8 heads in 4 KV groups of 2 (hidden 112, head_dim 14): 3 live groups of 1 head would be 3 heads, which
     LlamaConfig refuses for hidden 112; the export keeps 4 (a padding group of zero output) and the same logits."""
