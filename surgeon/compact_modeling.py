@@ -148,7 +148,7 @@ class _NoAttention(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, cache: Any = None, past_key_values: Any = None,
                 **kwargs: Any) -> tuple[torch.Tensor, None]:
-        cache = cache if cache is not None else past_key_values  # transformers ≥ 5.24 names it `cache`
+        cache = cache if cache is not None else past_key_values  # newer transformers name it `cache`
         if cache is not None:
             zero = hidden_states.new_zeros(hidden_states.shape[0], 1, hidden_states.shape[1], self.head_dim)
             cache.update(zero, zero, self.layer_idx)

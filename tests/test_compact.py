@@ -128,6 +128,12 @@ def test_heterogeneous_layers_skip_a_part_with_no_live_unit(family, tmp_path):
     assert layers["0"]["skip"] == ["attention"] and "num_key_value_heads" not in layers["0"]
     assert layers["1"]["skip"] == ["mlp"] and "intermediate_size" not in layers["1"]
     assert_same_logits(model, compact)
+    ids = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():  # layer 0 has no attention: the cache still gives the positions
+        kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+        assert torch.equal(compact.generate(ids, **kwargs), model.generate(ids, **kwargs))
+        cache = compact(ids[:, :4], use_cache=True).past_key_values
+        torch.testing.assert_close(compact(ids[:, 4:], past_key_values=cache).logits, model(ids).logits[:, 4:])
     compact.save_pretrained(tmp_path)
     shutil.copyfile(compact_modeling.__file__, tmp_path / "compact_modeling.py")
     ids = torch.randint(3, VOCAB, (1, 12), generator=torch.Generator().manual_seed(2))
