@@ -13,12 +13,38 @@
 # accuracy, 120 s) and the generation speed (at most 600 s); each shot spec may take 420 s. RANKS=N (on a
 # machine with N GPUs) also times each shot spec under torchrun on N GPUs, split by batches and by blocks
 # with FSDP2 (420 s each).
+#
+# --quick measures what users run, at most 8 minutes by its own count (each step's time limit, in order):
+# a torch.profiler table of a 2-block structured shot (40 s; it also compiles the Triton kernels), one
+# structured Llama-2-7B shot at 80% (100 s), the default 2:4 run (150 s), one unstructured 50% shot (135 s),
+# all with --backend auto and 2 windows per pass, then the SparseGPT drop-in against SparseGPT's algorithm
+# on the three Llama-2-7B layer shapes (45 s). COMMIT names the commit where the tree has no git.
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+export COMMIT=${COMMIT:-$(git rev-parse --short=7 HEAD 2>/dev/null)}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/env.txt"
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" | tee -a "$OUT/env.txt"
+echo "commit $COMMIT" | tee -a "$OUT/env.txt"
+if [ "${1:-}" = --quick ]; then
+  quick() {  # LIMIT NAME STRUCTURE BLOCKS [shot_time.py options]: one timed run, its report in $OUT/NAME.json
+    local limit=$1 name=$2 structure=$3 blocks=$4
+    shift 4
+    timeout "$limit" python3 bench/shot_time.py --config bench/configs/llama-2-7b.json --layers "$blocks" \
+      --device cuda --dtype bfloat16 --nsamples 128 --seqlen 2048 --batch-size 2 --structure "$structure" \
+      --backend auto --output "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1
+    echo "$name rc=$?"; grep -v "it/s\]" "$OUT/$name.log" | tail -3
+  }
+  quick 40 profile-2blocks structured 2 --shots 1 --target-size 0.8 --profile "$OUT/profile-2blocks.txt"
+  quick 100 structured structured 32 --shots 1 --target-size 0.8
+  quick 150 2of4 2:4 32
+  quick 135 unstructured unstructured 32 --shots 1 --target-size 0.5
+  timeout 45 python3 bench/sparsegpt_dropin.py --shapes llama2-7b --device cuda --shots 1 \
+    --output "$OUT/dropin.json" > "$OUT/dropin.log" 2>&1
+  echo "dropin rc=$?"; tail -6 "$OUT/dropin.log"
+  exit 0
+fi
 if [ -z "${SKIP_TESTS:-}" ]; then
   timeout 300 python3 -m pytest -q -m requires_cuda tests/kernels -p no:cacheprovider 2>&1 | tail -25 | tee "$OUT/tests.txt"
 fi

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import platform
 import subprocess
 import time
@@ -73,9 +74,9 @@ def rows(shots_structured: int, shots_element: int) -> list[tuple[str, PruneConf
 
 
 def head_commit() -> str:
-    """The short hash of the checked-out commit, which names the result files."""
+    """The short hash of the checked-out commit, which names the result files ($COMMIT in a tree without git)."""
     return subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True,
-                          cwd=Path(__file__).parent).stdout.strip()
+                          cwd=Path(__file__).parent).stdout.strip() or os.environ.get("COMMIT", "")
 
 
 def smollm2_protocol(calib_windows: int = 8, calib_seqlen: int = 512) -> tuple[Any, dict, torch.Tensor, torch.Tensor]:

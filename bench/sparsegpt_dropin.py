@@ -2,6 +2,7 @@
 
     python bench/sparsegpt_dropin.py                 # blocks 0, 10, 20 and 29 of SmolLM2-135M
     python bench/sparsegpt_dropin.py --blocks 0 5
+    python bench/sparsegpt_dropin.py --shapes llama2-7b --device cuda --output OUT.json
 
 For every linear layer of the chosen blocks of the dense SmolLM2-135M, H = (2/n) Σ x xᵀ is
 accumulated from the CPU protocol's calibration windows (8 × 512 tokens of WikiText-2 validation,
@@ -10,6 +11,10 @@ unstructured 50% and 2:4: SparseGPT as published (`surgeon.baselines.sparsegpt`,
 percdamp 0.01) and `surgeon.solve` with G = I as the drop-in calls it, for each `--shots`. The
 error is ‖X(W − Ŵ)ᵀ‖² / n = ½ tr(ΔW H ΔWᵀ) with the undamped H. Result:
 bench/results/cpu/sparsegpt-dropin@<commit>.json; `make results` puts the summary in RESULTS.md.
+
+`--shapes llama2-7b` times the same comparison on Llama-2-7B's three layer shapes (4096×4096,
+11008×4096, 4096×11008) with random weights and H from 8192 random correlated inputs: the time on
+the device says what a 7B layer costs; the errors say nothing about real models.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from surgeon.model import prunable_layers  # noqa: E402
 from surgeon.solver import solve  # noqa: E402
 
 STRUCTURES = {"unstructured-0.5": None, "2:4": (2, 4)}
+LLAMA2_7B_SHAPES = {"q_proj": (4096, 4096), "up_proj": (11008, 4096), "down_proj": (4096, 11008)}
 
 
 def layer_hessians(model: torch.nn.Module, windows: torch.Tensor, blocks: list[int]) -> dict[str, tuple]:
@@ -49,25 +55,53 @@ def layer_hessians(model: torch.nn.Module, windows: torch.Tensor, blocks: list[i
     return {name: (module.weight.detach().clone(), gpts[name].H) for name, module in layers}
 
 
+def random_layers(device: str, tokens: int = 8192) -> dict[str, tuple]:
+    """(W, H) for each Llama-2-7B layer shape: random W, H = (2/n) XᵀX of correlated random inputs X."""
+    generator = torch.Generator(device).manual_seed(0)
+    layers = {}
+    for name, (rows, cols) in LLAMA2_7B_SHAPES.items():
+        mixing = torch.randn(cols, cols, device=device, generator=generator) / cols**0.5
+        X = torch.randn(tokens, cols, device=device, generator=generator) @ mixing
+        X += 0.1 * torch.randn(tokens, cols, device=device, generator=generator)
+        W = torch.randn(rows, cols, device=device, generator=generator) / cols**0.5
+        layers[name] = (W, (2 / tokens) * X.t() @ X)
+    return layers
+
+
 def error(W: torch.Tensor, pruned: torch.Tensor, H: torch.Tensor) -> float:
     delta = (W - pruned).double()
     return float(0.5 * (delta @ H.double() * delta).sum())
 
 
 def timed(run):
+    synchronize()
     start = time.perf_counter()
     out = run()
+    synchronize()
     return out, time.perf_counter() - start
+
+
+def synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--blocks", type=int, nargs="+", default=[0, 10, 20, 29])
     parser.add_argument("--shots", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--shapes", default="smollm2", choices=["smollm2", "llama2-7b"],
+                        help="SmolLM2-135M's layers on WikiText-2, or Llama-2-7B's shapes with random weights")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="default: bench/results/cpu/sparsegpt-dropin@<commit>.json")
     args = parser.parse_args()
     torch.manual_seed(0)
-    model, _, _, windows = smollm2_protocol()
-    layers = layer_hessians(model, windows, args.blocks)
+    if args.shapes == "smollm2":
+        model, _, _, windows = smollm2_protocol()
+        layers = layer_hessians(model.to(args.device), windows.to(args.device), args.blocks)
+    else:
+        layers = random_layers(args.device)
     rows = []
     for name, (W, H) in layers.items():
         for structure, nm in STRUCTURES.items():
@@ -79,7 +113,9 @@ def main() -> None:
                 solution, seconds = timed(lambda: solve(W, H, shots=shots, **target))
                 row["surgeon"][str(shots)] = dict(error=error(W, solution.weight, H), seconds=seconds,
                                                   ratio=error(W, solution.weight, H) / row["sparsegpt_error"])
-            print(name, structure, {k: f"{v['ratio']:.3f}" for k, v in row["surgeon"].items()}, flush=True)
+            print(name, structure, f"sparsegpt {row['sparsegpt_seconds']:.2f} s;", "; ".join(
+                f"{k} shots: {v['seconds']:.2f} s, error ratio {v['ratio']:.3f}" for k, v in row["surgeon"].items()),
+                flush=True)
             rows.append(row)
     summary = {}
     for structure in STRUCTURES:
@@ -92,10 +128,12 @@ def main() -> None:
                                     .mean().exp()),
                 seconds=sum(row["surgeon"][str(shots)]["seconds"] for row in chosen)) for shots in args.shots})
     commit = head_commit()
-    write_json(ROOT / "bench" / "results" / "cpu" / f"sparsegpt-dropin@{commit}.json", dict(
-        commit=commit, machine=f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
-        command="python bench/sparsegpt_dropin.py " + " ".join(sys.argv[1:]), blocks=args.blocks,
-        layers=len(layers), summary=summary, rows=rows))
+    machine = (torch.cuda.get_device_name() if args.device.startswith("cuda")
+               else f"{platform.machine()} {torch.get_num_threads()} threads")
+    write_json(args.output or ROOT / "bench" / "results" / "cpu" / f"sparsegpt-dropin@{commit}.json", dict(
+        commit=commit, machine=f"{machine}, torch {torch.__version__}",
+        command="python bench/sparsegpt_dropin.py " + " ".join(sys.argv[1:]), shapes=args.shapes,
+        blocks=args.blocks if args.shapes == "smollm2" else None, layers=len(layers), summary=summary, rows=rows))
 
 
 if __name__ == "__main__":
