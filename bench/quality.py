@@ -74,9 +74,9 @@ def rows(shots_structured: int, shots_element: int) -> list[tuple[str, PruneConf
 
 
 def head_commit() -> str:
-    """The short hash of the checked-out commit, which names the result files ($COMMIT in a tree without git)."""
-    return subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True,
-                          cwd=Path(__file__).parent).stdout.strip() or os.environ.get("COMMIT", "")
+    """The short hash of the checked-out commit, which names the result files ($COMMIT where set: a copied tree)."""
+    return os.environ.get("COMMIT") or subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True,
+                                                      text=True, cwd=Path(__file__).parent).stdout.strip()
 
 
 def smollm2_protocol(calib_windows: int = 8, calib_seqlen: int = 512) -> tuple[Any, dict, torch.Tensor, torch.Tensor]:

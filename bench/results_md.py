@@ -349,8 +349,20 @@ def dropin_section() -> list[str]:
     out = [f"{run['layers']} linear layers of SmolLM2-135M (blocks {', '.join(map(str, run['blocks']))}), H from "
            "the CPU protocol's calibration windows; each method prunes the same layer on the same H. Ratio: the "
            "drop-in's layer output error ½ tr(ΔW H ΔWᵀ) over SparseGPT's (lower is better). "
-           f"{mark(commit_of(path))}, {run['machine']}, `{run['command']}`.", "",
-           "| structure | shots | error ratio, geometric mean | worst layer | drop-in s | SparseGPT s |",
+           f"{mark(commit_of(path))}, {run['machine']}, `{run['command']}`.", ""]
+    out += dropin_rows(run)
+    gpu = newest(sorted((RESULTS / "gpu").glob("sparsegpt-dropin-llama2-7b@*.json")))
+    if gpu is not None:
+        run = load(gpu)
+        out += ["", "Llama-2-7B's layer shapes (q_proj 4096×4096, up_proj 11008×4096, down_proj 4096×11008), random "
+                "weights, H from 8192 correlated random inputs: the times say what a 7B layer costs, the errors "
+                f"nothing about real models. {mark(commit_of(gpu))}, {run['machine']}, `{run['command']}`.", "",
+                *dropin_rows(run)]
+    return out
+
+
+def dropin_rows(run: dict[str, Any]) -> list[str]:
+    out = ["| structure | shots | error ratio, geometric mean | worst layer | drop-in s | SparseGPT s |",
            "| --- | --- | --- | --- | --- | --- |"]
     for structure, summary in run["summary"].items():
         for shots, values in summary["shots"].items():

@@ -55,11 +55,12 @@ def layer_hessians(model: torch.nn.Module, windows: torch.Tensor, blocks: list[i
     return {name: (module.weight.detach().clone(), gpts[name].H) for name, module in layers}
 
 
-def random_layers(device: str, tokens: int = 8192) -> dict[str, tuple]:
-    """(W, H) for each Llama-2-7B layer shape: random W, H = (2/n) XᵀX of correlated random inputs X."""
+def random_layers(names: list[str], device: str, tokens: int = 8192) -> dict[str, tuple]:
+    """(W, H) for the named Llama-2-7B layer shapes: random W, H = (2/n) XᵀX of correlated random inputs X."""
     generator = torch.Generator(device).manual_seed(0)
     layers = {}
-    for name, (rows, cols) in LLAMA2_7B_SHAPES.items():
+    for name in names:
+        rows, cols = LLAMA2_7B_SHAPES[name]
         mixing = torch.randn(cols, cols, device=device, generator=generator) / cols**0.5
         X = torch.randn(tokens, cols, device=device, generator=generator) @ mixing
         X += 0.1 * torch.randn(tokens, cols, device=device, generator=generator)
@@ -92,6 +93,8 @@ def main() -> None:
     parser.add_argument("--shots", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--shapes", default="smollm2", choices=["smollm2", "llama2-7b"],
                         help="SmolLM2-135M's layers on WikiText-2, or Llama-2-7B's shapes with random weights")
+    parser.add_argument("--layers", nargs="+", default=list(LLAMA2_7B_SHAPES), choices=list(LLAMA2_7B_SHAPES),
+                        help="with --shapes llama2-7b: the layer shapes to time")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--output", type=Path, default=None,
                         help="default: bench/results/cpu/sparsegpt-dropin@<commit>.json")
@@ -101,7 +104,7 @@ def main() -> None:
         model, _, _, windows = smollm2_protocol()
         layers = layer_hessians(model.to(args.device), windows.to(args.device), args.blocks)
     else:
-        layers = random_layers(args.device)
+        layers = random_layers(args.layers, args.device)
     rows = []
     for name, (W, H) in layers.items():
         for structure, nm in STRUCTURES.items():
