@@ -42,7 +42,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(STAMP)
-	$(BIN)/ruff check surgeon surgeon_kernels tests bench examples tools
+	$(BIN)/ruff check surgeon surgeon_kernels tests bench examples tools setup.py
 	$(BIN)/mypy
 
 demo: $(STAMP)

@@ -22,7 +22,7 @@ def _extensions() -> tuple[list, dict]:
         import torch
         from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
     except ImportError:
-        warnings.warn("surgeon: torch is not importable at build time; compiled ops are skipped")
+        warnings.warn("surgeon: torch is not importable at build time; compiled ops are skipped", stacklevel=2)
         return [], {}
 
     class OptionalBuildExt(BuildExtension):
@@ -32,7 +32,7 @@ def _extensions() -> tuple[list, dict]:
             try:
                 super().build_extension(ext)
             except Exception as error:  # noqa: BLE001 - any compiler failure must not stop the install
-                warnings.warn(f"surgeon: compiled ops not built ({error}); using the PyTorch path")
+                warnings.warn(f"surgeon: compiled ops not built ({error}); using the PyTorch path", stacklevel=2)
 
     sources = sorted(glob.glob("csrc/**/*.cpp", recursive=True))
     cuda_sources = sorted(glob.glob("csrc/**/*.cu", recursive=True))

@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "measured rates.")
     _add_fields(plan, PlanConfig, helps={"output": OUTPUT_HELP["plan"]})
     _add_fields(plan, PruneConfig, ("structure", "target_size", "shots", "method", "batch_size", "kronecker_terms",
-                                    "group_bytes"))
+                                    "group_bytes", "leave_out"))
     plan.set_defaults(func=_cmd_plan)
     _add_run_command(sub, "export", ExportConfig, _cmd_export, "write a pruned model without its removed neurons "
                      "and heads", "Write the model of a `surgeon prune` output folder with the MLP neurons and "

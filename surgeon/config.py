@@ -78,6 +78,11 @@ class PruneConfig:
         "many tokens of context (a head or KV group also saves its attention over the context)",
         shown="none: by cost alone",
     )
+    leave_out: str = _opt(
+        "router", "comma-separated parts of the decoder blocks not to prune: router (the Mixture-of-Experts routers) "
+        "or glob patterns over parameter names such as 'model.layers.*.mlp.experts.*'; a weight matrix the run "
+        "cannot prune and does not leave out makes it refuse; the target and sparsity count what is pruned"
+    )
     method: str = _opt("surgeon", f"pruning method ({METHOD_HELP})", METHODS)
     correlation: Correlation = _opt("joint", "structured surgeon update: joint rows+columns, or within rows / columns")
     max_correlate: int | None = _opt(
@@ -229,6 +234,11 @@ class PruneConfig:
                              f"{self.kronecker_terms} runs none")
         if self.curvature_dtype not in (None, "bfloat16", "float16"):
             raise ValueError(f"curvature_dtype={self.curvature_dtype!r}: use bfloat16, float16, or None (the model's)")
+
+    @property
+    def leave_out_parts(self) -> tuple[str, ...]:
+        """`leave_out` as a tuple of its comma-separated parts."""
+        return tuple(part.strip() for part in self.leave_out.split(",") if part.strip())
 
     @property
     def strengths(self) -> tuple[float, float]:

@@ -3,14 +3,20 @@
 Prunable layers are the `nn.Linear` modules inside the decoder blocks; embeddings and the LM
 head are never touched. Decoder blocks are discovered by structure (the `nn.ModuleList` of
 `config.num_hidden_layers` modules holding linear layers), which covers every family in
-`KNOWN_FAMILIES` and serves as the fallback for other causal LMs.
+`KNOWN_FAMILIES` and serves as the fallback for other causal LMs. Every other weight matrix in the
+blocks (a Mixture-of-Experts model's fused 3-D expert weights, say) is either left out by name
+(`leave_out`; the routers by default) or makes the run refuse (`check_prunable`): no weight is
+skipped silently.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import functools
 import importlib.util
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +37,10 @@ EMBEDDED_MODELS = {
 KNOWN_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "granite",
                   "gpt_neox", "opt", "stablelm", "starcoder2", "smollm", "smollm3")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# `leave_out` names parts of the decoder blocks not to prune: this word for the Mixture-of-Experts routers,
+# else glob patterns over parameter names. The routers are left out by default.
+ROUTER = "router"
+LEAVE_OUT = (ROUTER,)
 
 
 @dataclass(frozen=True)
@@ -169,15 +179,67 @@ def decoder_blocks(model: nn.Module) -> nn.ModuleList:
             "no decoder blocks holding nn.Linear layers were found"
         )
     if str(getattr(model.config, "model_type", None)).removeprefix("surgeon_compact_") not in KNOWN_FAMILIES:
-        logger.warning("architecture %r is not a tested family; using generic block discovery",
-                       getattr(model.config, "model_type", type(model).__name__))
+        _warn_untested(str(getattr(model.config, "model_type", type(model).__name__)))
     return max(chosen, key=len)
 
 
-def prunable_layers(model: nn.Module) -> list[list[tuple[str, nn.Linear]]]:
-    """Per decoder block, the (qualified name, module) of every `nn.Linear` inside it."""
+@functools.cache
+def _warn_untested(arch: str) -> None:
+    """Warn once per architecture that it is not among the tested families."""
+    logger.warning("architecture %r is not a tested family; using generic block discovery", arch)
+
+
+def prunable_layers(model: nn.Module, leave_out: tuple[str, ...] = LEAVE_OUT) -> list[list[tuple[str, nn.Linear]]]:
+    """Per decoder block, the (qualified name, module) of every `nn.Linear` inside it that `leave_out` keeps in."""
     names = {module: name for name, module in model.named_modules()}
+    routers = _router_modules(model)
     return [
-        [(names[m], m) for m in block.modules() if isinstance(m, nn.Linear)]
+        [(names[m], m) for m in block.modules()
+         if isinstance(m, nn.Linear) and not _left_out(f"{names[m]}.weight", m in routers, leave_out)]
         for block in decoder_blocks(model)
     ]
+
+
+def block_weights(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """Every parameter of the decoder blocks, by qualified name (weights, biases, norms, fused experts)."""
+    names = {id(param): name for name, param in model.named_parameters(remove_duplicate=False)}
+    return [(names[id(param)], param) for block in decoder_blocks(model) for param in block.parameters()]
+
+
+def unprunable_weights(model: nn.Module, leave_out: tuple[str, ...] = LEAVE_OUT) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of each weight matrix in the decoder blocks that is neither a prunable layer's nor left out.
+
+    A weight matrix is any parameter of two or more dimensions: an `nn.Linear` weight, a router's
+    weight held in its own module, a Mixture-of-Experts model's fused [experts, out, in] weights.
+    """
+    prunable = {id(module.weight) for block in prunable_layers(model, leave_out) for _, module in block}
+    routers = {id(param) for module in _router_modules(model) for param in module.parameters()}
+    return [(name, tuple(param.shape)) for name, param in block_weights(model)
+            if param.dim() >= 2 and id(param) not in prunable
+            and not _left_out(name, id(param) in routers, leave_out)]
+
+
+def check_prunable(model: nn.Module, leave_out: tuple[str, ...] = LEAVE_OUT) -> None:
+    """Refuse, in one line naming them, weight matrices of the decoder blocks that the run cannot prune."""
+    missing = unprunable_weights(model, leave_out)
+    if not missing:
+        return
+    arch = getattr(model.config, "model_type", type(model).__name__)
+    patterns = list(dict.fromkeys(re.sub(r"\.\d+\.", ".*.", name) for name, _ in missing))
+    shapes = {re.sub(r"\.\d+\.", ".*.", name): shape for name, shape in missing}
+    listed = ", ".join(f"{pattern} {list(shapes[pattern])}" for pattern in patterns)
+    raise SurgeonError(
+        f"{arch}: {len(missing)} weight matrices of the decoder blocks cannot be pruned (only nn.Linear layers "
+        f"can): {listed}; leave them out with --leave-out '{','.join((*leave_out, *patterns))}' to prune the rest"
+    )
+
+
+def _router_modules(model: nn.Module) -> set[nn.Module]:
+    """Mixture-of-Experts routers: modules whose class is a router (MixtralTopKRouter, …) or a shared expert's gate."""
+    return {module for name, module in model.named_modules()
+            if "router" in type(module).__name__.lower() or name.endswith("shared_expert_gate")}
+
+
+def _left_out(name: str, router: bool, leave_out: tuple[str, ...]) -> bool:
+    """Whether the parameter `name` is left out: a router under "router", or its name matches a glob pattern."""
+    return (router and ROUTER in leave_out) or any(fnmatch.fnmatchcase(name, pattern) for pattern in leave_out)

@@ -38,7 +38,7 @@ from torch import nn
 from surgeon import hub
 from surgeon.config import NEEDS_A, NEEDS_G, PlanConfig, PruneConfig, parse_bytes
 from surgeon.errors import SurgeonError, first_line
-from surgeon.model import DTYPES, decoder_blocks, prunable_layers, resolve_source
+from surgeon.model import DTYPES, check_prunable, decoder_blocks, prunable_layers, resolve_source
 from surgeon.shots import check_block_groups, group_edges, groups_limit
 
 logger = logging.getLogger(__name__)
@@ -173,7 +173,7 @@ def _trace(model: nn.Module, layers: list[tuple[str, nn.Linear]], batch: int, se
 def count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, device: str) -> dict[str, Any]:
     """What a shot holds, counted part by part, and its phases (`phases`) in one process (docs/DESIGN.md,
     "Planning")."""
-    blocks = prunable_layers(model)
+    blocks = prunable_layers(model, config.leave_out_parts)
     layers = [pair for block in blocks for pair in block]
     settings: Any = model.config
     itemsize = next(model.parameters()).element_size()
@@ -343,6 +343,7 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
     that fits on the GPUs asked for, or else on one.
     """
     model = meta_model(plan.model, plan.dtype)
+    check_prunable(model, config.leave_out_parts)
     counts = count(model, config, plan.nsamples, plan.seqlen, "cuda")
     budget = parse_bytes(plan.gpu_memory)
     phases, peak_phase, peak = _peak(counts["phases"])

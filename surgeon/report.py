@@ -38,8 +38,10 @@ class PruneReport:
 
     config: the `PruneConfig` as a dict; shots: one `ShotReport` each; layers: fraction of each
     layer's weights removed, by qualified module name; removed: prunable weights removed (biases
-    not counted); sparsity: removed / all prunable weights; zero_fraction: fraction of prunable
-    weights that are zero now, those that were zero before pruning included; seconds: wall time.
+    not counted); sparsity: removed / all prunable weights, which the target counts; block_sparsity:
+    removed / all parameters of the decoder blocks (weights left out, biases and norms included);
+    zero_fraction: fraction of prunable weights that are zero now, those that were zero before
+    pruning included; seconds: wall time.
     """
 
     config: dict
@@ -47,6 +49,7 @@ class PruneReport:
     layers: dict[str, float] = field(default_factory=dict)
     removed: int = 0
     sparsity: float = 0.0
+    block_sparsity: float = 0.0
     zero_fraction: float = 0.0
     seconds: float = 0.0
 

@@ -19,8 +19,8 @@ from surgeon.distributed import local_device, shard_model, whole_state_dict
 from surgeon.errors import SurgeonError, first_line
 from surgeon.evaluate import perplexity
 from surgeon.io import OutputDirectory, read_run, write_checkpoint
-from surgeon.model import decoder_blocks, load_model, max_seqlen
-from surgeon.plan import fit_to_gpu
+from surgeon.model import check_prunable, decoder_blocks, load_model, max_seqlen
+from surgeon.plan import fit_to_gpu, meta_model
 from surgeon.report import ShotReport
 from surgeon.resume import Checkpoint, has_state, read_state
 from surgeon.shots import check_block_groups, prune
@@ -85,6 +85,15 @@ def run_fingerprint(run: RunConfig, config: PruneConfig) -> dict[str, Any]:
     return {"surgeon": __version__, "prune": prune, "run": own}
 
 
+def _check_before_load(run: RunConfig, config: PruneConfig) -> None:
+    """Refuse weight matrices the run cannot prune (`check_prunable`) from the model's configuration alone."""
+    try:
+        skeleton = meta_model(run.model, run.dtype)
+    except SurgeonError:
+        return  # a model its configuration alone cannot build is checked once loaded, by `prune`
+    check_prunable(skeleton, config.leave_out_parts)
+
+
 def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
                         checkpoint: Checkpoint | None = None,
                         group: dist.ProcessGroup | None = None) -> tuple[dict, Any, Any]:
@@ -102,6 +111,7 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
     calibration = calibration_text(run.calibration)
     tasks = load_tasks(run.task_list, run.task_path) if run.tasks else None
     device = run.device if group is None else local_device(run.device)
+    _check_before_load(run, config)
     budget = gpu_memory(device)
     if budget is not None:  # a run that cannot fit the GPU stops before any weight loads, or takes memory options
         config = fit_to_gpu(run.model, run.dtype, run.nsamples, run.seqlen, config, budget,

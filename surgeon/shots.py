@@ -25,7 +25,7 @@ from surgeon.damping import damp
 from surgeon.distributed import Elsewhere, Ranks, sharded
 from surgeon.errors import SurgeonError
 from surgeon.layer import Layer, put_submatrix, submatrix
-from surgeon.model import decoder_blocks, max_seqlen, prunable_layers
+from surgeon.model import block_weights, check_prunable, decoder_blocks, max_seqlen, prunable_layers
 from surgeon.report import PruneReport, ShotReport, peak_memory_gb, removed_fractions, zero_fraction
 from surgeon.resume import Checkpoint
 from surgeon_kernels import ops
@@ -302,7 +302,8 @@ def _pruned_block_by_block(model: nn.Module, layers: list[Layer], calibration: t
         batches = calibration.split(config.batch_size)
         share = torch.cat([batches[i] for i in ranks.batches(len(batches))])
     inputs = BlockInputs(model, decoder_blocks(model), share, config.batch_size)
-    for named in tqdm(prunable_layers(model), desc="blocks", leave=False, disable=not progress):
+    for named in tqdm(prunable_layers(model, config.leave_out_parts), desc="blocks", leave=False,
+                      disable=not progress):
         factors = curvature.estimate_inputs(named, inputs.forwards(), calibration.numel(), config.backend,
                                             config.curvature_dtype, config.group_bytes)
         if config.curvature_split == "batches":
@@ -420,7 +421,8 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
     if not isinstance(config, PruneConfig):
         raise TypeError(f"config must be a surgeon.PruneConfig, not {type(config).__name__}")
     _check_inputs(model, calibration_ids)
-    blocks = prunable_layers(model)
+    check_prunable(model, config.leave_out_parts)
+    blocks = prunable_layers(model, config.leave_out_parts)
     named = [pair for block in blocks for pair in block]
     layers = []
     for name, module in named:
@@ -515,5 +517,6 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
                 layer.held = None
     report.layers, report.removed, report.sparsity = removed_fractions([(layer.name, layer.mask) for layer in layers])
     report.zero_fraction = zero_fraction(named)
+    report.block_sparsity = report.removed / sum(param.numel() for _, param in block_weights(model))
     report.seconds = time.perf_counter() - start
     return report

@@ -1,4 +1,4 @@
-"""Tiny random models of every supported decoder family, built from transformers' config classes."""
+"""Tiny random models of every decoder family, dense and Mixture-of-Experts, from transformers' config classes."""
 
 from __future__ import annotations
 
@@ -28,10 +28,25 @@ FAMILIES = {
 }
 
 
+# Mixture-of-Experts families: 4 experts, top-2, their expert weights fused into 3-D parameters.
+MOE = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+MOE_FAMILIES = {
+    "mixtral": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen2_moe": ("Qwen2MoeConfig", {**MOE, "num_experts": 4, "shared_expert_intermediate_size": 64}),
+    "qwen3_moe": ("Qwen3MoeConfig", {**MOE, "num_experts": 4, "head_dim": 8}),
+    "olmoe": ("OlmoeConfig", {"num_experts": 4, "num_experts_per_tok": 2}),
+    "deepseek_v3": ("DeepseekV3Config", {**MOE, "n_routed_experts": 4, "first_k_dense_replace": 0, "n_group": 1,
+                                         "topk_group": 1, "q_lora_rank": 16, "kv_lora_rank": 16,
+                                         "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
+                                         "num_key_value_heads": HEADS}),
+    "gpt_oss": ("GptOssConfig", {"num_local_experts": 4, "num_experts_per_tok": 2, "head_dim": 8}),
+}
+
+
 def family_model(family: str) -> torch.nn.Module:
     import transformers
 
-    name, extra = FAMILIES[family]
+    name, extra = FAMILIES[family] if family in FAMILIES else MOE_FAMILIES[family]
     settings = {key: value for key, value in {**COMMON, **extra}.items() if value is not None}
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, name)(**settings))
