@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from surgeon.errors import SurgeonError
-from surgeon.model import load_model, prunable_layers, resolve_source
+from surgeon.model import _warn_untested, load_model, prunable_layers, resolve_source
 from tests.conftest import tiny_model
 
 
@@ -34,6 +34,7 @@ def test_generic_fallback_and_unsupported_architecture(caplog):
     known = tiny_model("llama")
     expected = [[name for name, _ in block] for block in prunable_layers(known)]
     known.config.model_type = "unknown"
+    _warn_untested.cache_clear()  # the warning is given once per architecture and process
     with caplog.at_level("WARNING"):
         assert [[name for name, _ in block] for block in prunable_layers(known)] == expected
     assert "not a tested family" in caplog.text
