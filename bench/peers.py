@@ -1,7 +1,8 @@
 """Peers on the quality table's protocol: llm-compressor's SparseGPTModifier and WandaPruningModifier.
 
 Beside them run surgeon's own modifiers inside the same llm-compressor `oneshot`:
-`SurgeonSparseGPTModifier` (the exact per-row solve in llm-compressor's sequential pipeline) and
+`SurgeonSparseGPTModifier` (SparseGPT's mask in llm-compressor's sequential pipeline, then its default
+conjugate-gradient refinement, or with `-exact` the exact per-row solve) and
 `SurgeonModifier` (LLM Surgeon with the table's shots: 4 unstructured, N:M's default of one shot
 propagated block by block; it should reproduce bench/quality.py's surgeon rows).
 Same model (SmolLM2-135M, float32), the same calibration windows as `bench/quality.py` (passed to
@@ -45,6 +46,8 @@ PEERS = {
     "llmc-sparsegpt": (SparseGPTModifier, {"block_size": 128, "dampening_frac": 0.01}),
     "llmc-wanda": (WandaPruningModifier, {}),
     "llmc-surgeon-sparsegpt": (SurgeonSparseGPTModifier, {"block_size": 128, "dampening_frac": 0.01}),
+    "llmc-surgeon-sparsegpt-exact": (SurgeonSparseGPTModifier, {"block_size": 128, "dampening_frac": 0.01,
+                                                                "update": "exact"}),
     "llmc-surgeon": (SurgeonModifier, {}),
 }
 
@@ -94,6 +97,9 @@ def main() -> None:
                 config = {"structure": structure, "target_size": 0.5, "method": f"llm-compressor {modifier.__name__}",
                           "shots": 1, "damp_g": "-",
                           "damp_a": settings.get("dampening_frac", "-")}
+                if modifier is SurgeonSparseGPTModifier:
+                    config.update(update=recipe.update,
+                                  iterations=recipe.iterations if recipe.update == "refine" else "-")
                 if modifier is SurgeonModifier:
                     config.update(shots=recipe._config.shots, damp_g=recipe._config.damp_g,
                                   damp_a=recipe._config.damp_a, propagate=recipe._config.propagate)

@@ -362,12 +362,12 @@ def dropin_section() -> list[str]:
 
 
 def dropin_rows(run: dict[str, Any]) -> list[str]:
-    out = ["| structure | shots | error ratio, geometric mean | worst layer | drop-in s | SparseGPT s |",
+    out = ["| structure | drop-in mode | error ratio, geometric mean | worst layer | drop-in s | SparseGPT s |",
            "| --- | --- | --- | --- | --- | --- |"]
     for structure, summary in run["summary"].items():
-        for shots, values in summary["shots"].items():
-            out.append(f"| {structure} | {shots} | {values['geomean_ratio']:.3f} | {values['worst_ratio']:.3f} | "
-                       f"{values['seconds']:.1f} | {summary['sparsegpt_seconds']:.1f} |")
+        for mode, values in summary["modes"].items():
+            out.append(f"| {structure} | {mode} | {values['geomean_ratio']:.3f} | {values['worst_ratio']:.3f} | "
+                       f"{values['seconds']:.2f} | {summary['sparsegpt_seconds']:.2f} |")
     return out
 
 

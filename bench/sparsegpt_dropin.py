@@ -7,9 +7,10 @@
 For every linear layer of the chosen blocks of the dense SmolLM2-135M, H = (2/n) Σ x xᵀ is
 accumulated from the CPU protocol's calibration windows (8 × 512 tokens of WikiText-2 validation,
 seed 0) exactly as SparseGPT's `add_batch` does. On that H each method prunes the layer to
-unstructured 50% and 2:4: SparseGPT as published (`surgeon.baselines.sparsegpt`, block size 128,
-percdamp 0.01) and `surgeon.solve` with G = I as the drop-in calls it, for each `--shots`. The
-error is ‖X(W − Ŵ)ᵀ‖² / n = ½ tr(ΔW H ΔWᵀ) with the undamped H. Result:
+unstructured 50% and 2:4: SparseGPT as published (`surgeon.baselines.sparsegpt` in float32, block
+size 128, percdamp 0.01) and the drop-in (`sparsegpt_solve`) in its refine mode for each
+`--iterations` and its exact mode for each `--exact-shots`. The error is ‖X(W − Ŵ)ᵀ‖² / n =
+½ tr(ΔW H ΔWᵀ) with the undamped H; the times are each method's solve alone. Result:
 bench/results/cpu/sparsegpt-dropin@<commit>.json; `make results` puts the summary in RESULTS.md.
 
 `--shapes llama2-7b` times the same comparison on Llama-2-7B's three layer shapes (4096×4096,
@@ -32,10 +33,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.quality import head_commit, smollm2_protocol  # noqa: E402
 from surgeon.baselines import sparsegpt  # noqa: E402
-from surgeon.integrations.sparsegpt import SparseGPT  # noqa: E402
+from surgeon.integrations.sparsegpt import REFINE_ITERATIONS, SparseGPT, sparsegpt_solve  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
 from surgeon.model import prunable_layers  # noqa: E402
-from surgeon.solver import solve  # noqa: E402
 
 STRUCTURES = {"unstructured-0.5": None, "2:4": (2, 4)}
 LLAMA2_7B_SHAPES = {"q_proj": (4096, 4096), "up_proj": (11008, 4096), "down_proj": (4096, 11008)}
@@ -90,7 +90,10 @@ def synchronize() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--blocks", type=int, nargs="+", default=[0, 10, 20, 29])
-    parser.add_argument("--shots", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--iterations", type=int, nargs="*", default=[REFINE_ITERATIONS],
+                        help="the refine mode's conjugate-gradient steps, one row each")
+    parser.add_argument("--exact-shots", type=int, nargs="*", default=[1],
+                        help="the exact mode's sweeps of growing sparsity, one row each")
     parser.add_argument("--shapes", default="smollm2", choices=["smollm2", "llama2-7b"],
                         help="SmolLM2-135M's layers on WikiText-2, or Llama-2-7B's shapes with random weights")
     parser.add_argument("--layers", nargs="+", default=list(LLAMA2_7B_SHAPES), choices=list(LLAMA2_7B_SHAPES),
@@ -105,19 +108,23 @@ def main() -> None:
         layers = layer_hessians(model.to(args.device), windows.to(args.device), args.blocks)
     else:
         layers = random_layers(args.layers, args.device)
+    modes = {**{f"refine-{k}": dict(update="refine", iterations=k) for k in args.iterations},
+             **{"exact" if shots == 1 else f"exact-{shots}shots": dict(update="exact", shots=shots)
+                for shots in args.exact_shots}}
     rows = []
     for name, (W, H) in layers.items():
         for structure, nm in STRUCTURES.items():
-            (theirs, _), seconds = timed(lambda: sparsegpt(W, H, 0.5, torch.zeros_like(W, dtype=torch.bool), nm))
+            (theirs, _), seconds = timed(lambda: sparsegpt(W.float(), H, 0.5, torch.zeros_like(W, dtype=torch.bool), nm,
+                                                           dtype=torch.float32))
             row = dict(layer=name, structure=structure, shape=list(W.shape), sparsegpt_error=error(W, theirs, H),
-                       sparsegpt_seconds=seconds, surgeon={})
-            for shots in args.shots:
-                target = dict(nm=nm) if nm else dict(sparsity=0.5)
-                solution, seconds = timed(lambda: solve(W, H, shots=shots, **target))
-                row["surgeon"][str(shots)] = dict(error=error(W, solution.weight, H), seconds=seconds,
-                                                  ratio=error(W, solution.weight, H) / row["sparsegpt_error"])
+                       sparsegpt_seconds=seconds, dropin={})
+            n, m = (nm[1] - nm[0], nm[1]) if nm else (0, 0)
+            for mode, options in modes.items():
+                solution, seconds = timed(lambda: sparsegpt_solve(W, H, 0.5, n, m, 128, 0.01, **options))
+                row["dropin"][mode] = dict(error=error(W, solution.weight, H), seconds=seconds,
+                                           ratio=error(W, solution.weight, H) / row["sparsegpt_error"])
             print(name, structure, f"sparsegpt {row['sparsegpt_seconds']:.2f} s;", "; ".join(
-                f"{k} shots: {v['seconds']:.2f} s, error ratio {v['ratio']:.3f}" for k, v in row["surgeon"].items()),
+                f"{k}: {v['seconds']:.2f} s, error ratio {v['ratio']:.3f}" for k, v in row["dropin"].items()),
                 flush=True)
             rows.append(row)
     summary = {}
@@ -125,11 +132,11 @@ def main() -> None:
         chosen = [row for row in rows if row["structure"] == structure]
         summary[structure] = dict(
             sparsegpt_seconds=sum(row["sparsegpt_seconds"] for row in chosen),
-            shots={str(shots): dict(
-                worst_ratio=max(row["surgeon"][str(shots)]["ratio"] for row in chosen),
-                geomean_ratio=float(torch.tensor([row["surgeon"][str(shots)]["ratio"] for row in chosen]).log()
+            modes={mode: dict(
+                worst_ratio=max(row["dropin"][mode]["ratio"] for row in chosen),
+                geomean_ratio=float(torch.tensor([row["dropin"][mode]["ratio"] for row in chosen]).log()
                                     .mean().exp()),
-                seconds=sum(row["surgeon"][str(shots)]["seconds"] for row in chosen)) for shots in args.shots})
+                seconds=sum(row["dropin"][mode]["seconds"] for row in chosen)) for mode in modes})
     commit = head_commit()
     machine = (torch.cuda.get_device_name() if args.device.startswith("cuda")
                else f"{platform.machine()} {torch.get_num_threads()} threads")

@@ -36,16 +36,18 @@ def sparsegpt(
     nm: tuple[int, int] | None = None,
     blocksize: int = 128,
     percdamp: float = 0.01,
+    dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """SparseGPT's lazy-batch OBS pruning of one layer with Hessian H = XᵀX: (new W, mask).
 
     Columns are processed left to right in blocks; within a block the mask is chosen by the OBS
     saliency W²/[H⁻¹]_cc² (per block for unstructured, per group of m for N:M), each pruned
     column's error is spread over the later columns through the Cholesky factor of H⁻¹, and
-    whole blocks update the rest lazily. Weights in `previous` are pruned first.
+    whole blocks update the rest lazily. Weights in `previous` are pruned first. The sweep runs in
+    `dtype` (float32 is the published implementation's precision).
     """
-    W = W.clone().double()
-    H = H.double().clone()
+    W = W.to(dtype, copy=True)
+    H = H.to(dtype, copy=True)
     C = W.shape[1]
     dead = H.diagonal() == 0
     H[dead, dead] = 1

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 import surgeon
+import surgeon.solver as solver
+from surgeon import baselines
 from tests._tolerances import FLOAT64, SPARSEGPT_BLOCK, removed_by_rule
 from tests.conftest import problem
 from tests.test_solver import closed_form
@@ -102,3 +104,56 @@ def test_mismatched_factors_are_refused(gen):
         surgeon.solve(W, A[:8, :8], sparsity=0.5)
     with pytest.raises(ValueError, match="G must be 4×4"):
         surgeon.solve(W, A, A, sparsity=0.5)
+
+
+def test_refined_rows_reach_the_closed_form(gen):
+    """Run to as many steps as kept weights, conjugate gradients solve each row's system: eqs. 4-5 with G = I."""
+    W, _, A = problem(5, 12, gen)
+    mask = random_mask(5, 12, gen)
+    start = W.masked_fill(mask, 0) + 0.1 * torch.randn(5, 12, generator=gen, dtype=torch.float64)
+    refined = solver.refine_rows(W, A, start, mask, iterations=12)
+    expected, _ = closed_form(W, torch.eye(5, dtype=torch.float64), A, mask)
+    torch.testing.assert_close(refined, expected, **FLOAT64)
+    assert (refined[mask] == 0).all()
+
+
+def test_no_refinement_step_raises_a_rows_loss(gen):
+    W, _, A = problem(6, 32, gen)
+    swept, mask = baselines.sparsegpt(W, A, 0.5, torch.zeros(6, 32, dtype=torch.bool), blocksize=8, percdamp=0)
+
+    def row_losses(X: torch.Tensor) -> torch.Tensor:
+        return 0.5 * ((X - W) * ((X - W) @ A)).sum(1)
+
+    losses = [row_losses(solver.refine_rows(W, A, swept, mask, k)) for k in range(6)]
+    assert torch.equal(solver.refine_rows(W, A, swept, mask, 0), swept)
+    for fewer, more in zip(losses, losses[1:]):
+        assert (more <= fewer * (1 + 1e-12)).all()
+    assert (losses[-1] < losses[0]).all()
+
+
+@pytest.mark.parametrize("target", [dict(sparsity=0.5), dict(nm=(2, 4))], ids=["unstructured-0.5", "2:4"])
+def test_refine_keeps_sparsegpts_mask_below_its_loss(target, gen):
+    W, _, A = problem(8, 256, gen)
+    W, A = W.float(), A.float()
+    nm = target.get("nm")
+    swept, mask = baselines.sparsegpt(W, A, target.get("sparsity", 0.0), torch.zeros(8, 256, dtype=torch.bool), nm,
+                                      dtype=torch.float32)
+    fast = solver.refine(W, A, **target)
+    exact = surgeon.solve(W, A, **target)
+    assert torch.equal(fast.mask, mask) and fast.weight.dtype == torch.float32 and (fast.weight[mask] == 0).all()
+    assert int(mask.sum()) == removed_by_rule([(8, 256)], 0.5, "sparsegpt")
+    delta = (swept - W).double()
+    sweep_loss = float(0.5 * (delta * (delta @ A.double())).sum())
+    assert exact.loss <= fast.loss * (1 + 1e-5) and fast.loss < 0.95 * sweep_loss
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(sparsity=0.5, iterations=-1), "iterations must be at least 0"),
+    (dict(sparsity=1.0), r"sparsity must be in \[0, 1\)"),
+    (dict(nm=(2, 8), blocksize=12), "blocksize 12 must be a multiple of m=8"),
+    (dict(), "give exactly one target"),
+])
+def test_refine_refuses_bad_arguments(kwargs, message, gen):
+    W, _, A = problem(4, 16, gen)
+    with pytest.raises(ValueError, match=message):
+        solver.refine(W, A, **kwargs)

@@ -89,9 +89,36 @@ def test_wanda_spellings_mean_the_same(gen):
 def test_more_shots_keep_the_target(layer, gen):
     inputs = correlated_inputs(gen)
     gpt = calibrated(layer, inputs)
-    gpt.fasterprune(0.5, shots=3)
+    gpt.fasterprune(0.5, update="exact", shots=3)
     assert int((layer.weight == 0).sum()) == removed_by_rule([(R, C)], 0.5, "sparsegpt")
     assert gpt.error is not None and gpt.error > 0
+
+
+@pytest.mark.parametrize("nm", [None, (2, 4)], ids=["unstructured-0.5", "2:4"])
+def test_refine_is_between_sparsegpt_and_the_exact_update(nm, gen):
+    """The default update: SparseGPT's mask, an error below the sweep's and above the exact row solve's."""
+    inputs = correlated_inputs(gen)
+    ours_nm = dict(prunen=nm[1] - nm[0], prunem=nm[1]) if nm else {}
+    errors = {}
+    for update in ("refine", "exact"):
+        torch.manual_seed(0)
+        layer = nn.Linear(C, R)
+        W = layer.weight.detach().clone()
+        gpt = calibrated(layer, inputs)
+        theirs, theirs_mask = sparsegpt(W, gpt.H, 0.5, torch.zeros(R, C, dtype=torch.bool), nm, dtype=torch.float32)
+        gpt.fasterprune(0.5, update=update, **ours_nm)
+        assert torch.equal(layer.weight == 0, theirs_mask)
+        errors[update] = output_error(W, layer.weight.detach(), inputs)
+    assert errors["exact"] <= errors["refine"] * (1 + 1e-5)
+    assert errors["refine"] < 0.95 * output_error(W, theirs, inputs)
+
+
+def test_several_sweeps_need_the_exact_update(layer, gen):
+    gpt = calibrated(layer, correlated_inputs(gen))
+    with pytest.raises(ValueError, match="need update='exact'"):
+        gpt.fasterprune(0.5, shots=2)
+    with pytest.raises(ValueError, match="use refine or exact"):
+        gpt.fasterprune(0.5, update="fast")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("args,kwargs,message", [

@@ -13,7 +13,9 @@ name them::
   prunes every linear layer of the decoder blocks, never the embeddings or the LM head.
 - `SurgeonSparseGPTModifier` is `SparseGPTModifier` with only the per-layer solve replaced: the same
   Hessians from llm-compressor's sequential pipeline and SparseGPT's mask, then every row's kept
-  weights solved exactly (`surgeon.solve` with G = I). A recipe switches by changing the class name.
+  weights moved toward the exact solution by a few conjugate-gradient steps (`update="refine"`), or
+  solved exactly (`update="exact"`, `surgeon.solve` with G = I). A recipe switches by changing the
+  class name.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from loguru import logger
 from pydantic import Field, PrivateAttr, model_validator
 
 from surgeon.config import PruneConfig
-from surgeon.integrations.sparsegpt import is_conv1d, sparsegpt_solve
+from surgeon.integrations.sparsegpt import REFINE_ITERATIONS, Update, is_conv1d, sparsegpt_solve
 from surgeon.report import PruneReport
 from surgeon.shots import prune
 
@@ -127,12 +129,16 @@ class SurgeonModifier(Modifier):
 
 
 class SurgeonSparseGPTModifier(SparseGPTModifier):
-    """`SparseGPTModifier` whose per-layer solve is surgeon's: SparseGPT's mask, then the exact row update.
+    """`SparseGPTModifier` whose per-layer solve is surgeon's: SparseGPT's mask, then a better row update.
 
-    Arguments are SparseGPTModifier's; `shots` > 1 reaches each layer's sparsity in that many sweeps
-    of growing sparsity, each followed by the exact update. `preserve_sparsity_mask` is not supported.
+    Arguments are SparseGPTModifier's, and `update`: "refine" (`iterations` conjugate-gradient steps
+    toward the exact row update after SparseGPT's sweep) or "exact" (every row solved exactly;
+    `shots` > 1 reaches each layer's sparsity in that many sweeps of growing sparsity, each followed
+    by the exact update). `preserve_sparsity_mask` is not supported.
     """
 
+    update: Update = "refine"
+    iterations: int = REFINE_ITERATIONS
     shots: int = 1
 
     @model_validator(mode="after")
@@ -142,6 +148,10 @@ class SurgeonSparseGPTModifier(SparseGPTModifier):
                              "use preserve_sparsity_mask=False")
         if self.shots < 1:
             raise ValueError(f"shots={self.shots}: must be at least 1")
+        if self.shots > 1 and self.update != "exact":
+            raise ValueError(f"shots={self.shots}: several sweeps of growing sparsity need update='exact'")
+        if self.iterations < 0:
+            raise ValueError(f"iterations={self.iterations}: must be at least 0")
         return self
 
     def compress_modules(self) -> None:
@@ -155,7 +165,7 @@ class SurgeonSparseGPTModifier(SparseGPTModifier):
                 W = W.t() if is_conv1d(module) else W
                 solution = sparsegpt_solve(W.float(), H.to(W.device), float(self._module_sparsities[module]),
                                            self._prune_n or 0, self._prune_m or 0, self.block_size,
-                                           self.dampening_frac or 0.0, self.shots)
+                                           self.dampening_frac or 0.0, self.shots, self.update, self.iterations)
                 new = solution.weight.t() if is_conv1d(module) else solution.weight
                 log.set_results(name="SurgeonSGPT", loss=solution.loss)
             update_offload_parameter(module, "weight", new.reshape(weight.shape).to(weight.dtype))
