@@ -13,7 +13,7 @@ fraction 0.01, the sequential pipeline with pruned activations propagated block 
 Runs in the llm-compressor environment (llm-compressor 0.14 pins transformers 5.15-5.17), created by
 one command, `make install-llmcompressor`:
 
-    .venv-llmcompressor/bin/python bench/peers.py [--only 2of4]
+    .venv-llmcompressor/bin/python bench/peers.py [--only 2of4]   # --only: a regular expression
 
 Each run is bench/results/quality/<row>@<commit>.json beside bench/quality.py's rows and skipped when
 that file exists; `make results` puts them into RESULTS' quality table.
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import logging
 import platform
+import re
 import tempfile
 import time
 
@@ -61,7 +62,7 @@ def zero_fraction(model: torch.nn.Module) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--eval-windows", type=int, default=8)
-    parser.add_argument("--only", default="")
+    parser.add_argument("--only", default="", help="run only the rows whose name this regular expression finds")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ROOT.mkdir(parents=True, exist_ok=True)
@@ -80,7 +81,7 @@ def main() -> None:
             for suffix, (modifier, settings) in PEERS.items():
                 name = f"{structure.replace(':', 'of')}-0.5-{suffix}"
                 path = ROOT / f"{name}@{commit}.json"
-                if path.exists() or args.only not in name:
+                if path.exists() or not re.search(args.only, name):
                     continue
                 model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
                 if modifier is SurgeonModifier:  # prunes the decoder blocks' linear layers, never the LM head
