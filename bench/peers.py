@@ -25,8 +25,10 @@ import argparse
 import logging
 import platform
 import re
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 from datasets import Dataset
@@ -36,11 +38,13 @@ from llmcompressor.modifiers.pruning import SparseGPTModifier, WandaPruningModif
 from transformers import AutoModelForCausalLM
 from transformers import __version__ as transformers_version
 
-from bench.quality import ROOT, head_commit, smollm2_protocol
-from surgeon.evaluate import perplexity
-from surgeon.integrations.llmcompressor import SurgeonModifier, SurgeonSparseGPTModifier
-from surgeon.io import write_json
-from surgeon.model import load_tokenizer, prunable_layers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.quality import ROOT, head_commit, smollm2_protocol  # noqa: E402
+from surgeon.evaluate import perplexity  # noqa: E402
+from surgeon.integrations.llmcompressor import SurgeonModifier, SurgeonSparseGPTModifier  # noqa: E402
+from surgeon.io import write_json  # noqa: E402
+from surgeon.model import load_tokenizer, prunable_layers  # noqa: E402
 
 # row suffix -> (modifier, its settings beyond sparsity, mask structure and ignore)
 PEERS = {

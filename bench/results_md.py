@@ -351,6 +351,7 @@ def dropin_section() -> list[str]:
            "drop-in's layer output error ½ tr(ΔW H ΔWᵀ) over SparseGPT's (lower is better). "
            f"{mark(commit_of(path))}, {run['machine']}, `{run['command']}`.", ""]
     out += dropin_rows(run)
+    out += dropin_oneshot_rows()
     gpu = newest(sorted((RESULTS / "gpu").glob("sparsegpt-dropin-llama2-7b@*.json")))
     if gpu is not None:
         run = load(gpu)
@@ -358,6 +359,36 @@ def dropin_section() -> list[str]:
                 "weights, H from 8192 correlated random inputs: the times say what a 7B layer costs, the errors "
                 f"nothing about real models. {mark(commit_of(gpu))}, {run['machine']}, `{run['command']}`.", "",
                 *dropin_rows(run)]
+    return out
+
+
+def dropin_oneshot_rows() -> list[str]:
+    """The drop-in's modifier against llm-compressor's SparseGPTModifier in one `oneshot` each, at the newest commit
+    where both ran (`bench/peers.py`)."""
+    quality = RESULTS / "quality"
+    commits = {commit_of(p) for p in quality.glob("*-llmc-surgeon-sparsegpt@*.json")}
+    commits = {c for c in commits if list(quality.glob(f"*-llmc-sparsegpt@{c}.json"))}
+    newest_commit = min(commits, key=lambda c: commit_order().get(c, len(commit_order())), default=None)
+    if newest_commit is None:
+        return []
+    out = ["", "Inside llm-compressor's `oneshot` (`bench/peers.py`: the quality table's protocol, SmolLM2-135M, 8 × "
+           f"512 calibration tokens, perplexity on 8 test windows of 2048), {mark(newest_commit)}: "
+           "`SurgeonSparseGPTModifier` with its defaults against `SparseGPTModifier`; seconds are whole `oneshot` "
+           "calls, run in turn on the same machine. The exact mode's rows (`-exact`) are the newest measured.", "",
+           "| structure | modifier | ppl | seconds | time against SparseGPTModifier |",
+           "| --- | --- | --- | --- | --- |"]
+    for structure in ("unstructured", "2of4"):
+        peer = load(quality / f"{structure}-0.5-llmc-sparsegpt@{newest_commit}.json")
+        rows = [("SparseGPTModifier", peer)]
+        ours = quality / f"{structure}-0.5-llmc-surgeon-sparsegpt@{newest_commit}.json"
+        if ours.exists():
+            run = load(ours)
+            rows.append((f"SurgeonSparseGPTModifier (refine, {run['config'].get('iterations', '-')} steps)", run))
+        exact = newest(sorted(quality.glob(f"{structure}-0.5-llmc-surgeon-sparsegpt-exact@*.json")))
+        if exact is not None:
+            rows.append((f"SurgeonSparseGPTModifier (exact, {mark(commit_of(exact))})", load(exact)))
+        out += [f"| {structure.replace('of', ':')} 0.5 | {label} | {run['ppl']:.3f} | {run['seconds']:.0f} | "
+                f"{run['seconds'] / peer['seconds']:.2f}× |" for label, run in rows]
     return out
 
 
