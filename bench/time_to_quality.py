@@ -47,7 +47,10 @@ POINTS = {
         ("4of8-0.5-shots1-propagate", "4:8", dict(shots=1, propagate=True, damp_g=0.1)))},
     "unstructured-0.5-cg-bfloat16": PruneConfig(structure="unstructured", target_size=0.5, shots=4,
                                                 cg_dtype="bfloat16"),
+    "structured-0.8-shots1": PruneConfig(structure="structured", target_size=0.8, shots=1),
+    "structured-0.8-shots2": PruneConfig(structure="structured", target_size=0.8, shots=2),
     "structured-0.8-shots8": PruneConfig(structure="structured", target_size=0.8, shots=8),
+    "unstructured-0.5-shots2-defaults": PruneConfig(structure="unstructured", target_size=0.5, shots=2),
     "structured-0.8-lora20": PruneConfig(structure="structured", target_size=0.8, shots=4, lora_steps=20),
 }
 
