@@ -23,7 +23,9 @@ METHOD_HELP = (
     "wanda: |w|·‖x‖ per output row"
 )
 DEFAULT_TARGET_SIZE = 0.8
-DEFAULT_SHOTS = 8
+# shots by structure (N:M: 1): the least time within about 2% of the best perplexity measured on the
+# time-to-quality curve (docs/DESIGN.md, "Defaults")
+DEFAULT_SHOTS = {"structured": 4, "coupled": 4, "unstructured": 2}
 DEFAULT_DAMP_G, PROPAGATED_DAMP_G = 0.1, 1.0  # λ_G; N:M propagated measured best at 1 (bench/RESULTS.md)
 DEFAULT_DAMP_A, COUPLED_DAMP_A = 0.01, 0.3  # λ_A; coupled LLM Surgeon measured best at 0.3 (bench/RESULTS.md)
 # methods with one whole-model curvature pass per shot (and whose last N:M shot can run block by block)
@@ -68,7 +70,8 @@ class PruneConfig:
         None, "fraction of prunable weights kept (non-zero) at the end, in (0, 1]; 0.8 keeps 80%, removes 20%",
         shown=f"{DEFAULT_TARGET_SIZE}; N:M structures keep N/M",
     )
-    shots: int | None = _opt(None, "number of pruning shots (linear schedule)", shown=f"{DEFAULT_SHOTS}; 1 for N:M")
+    shots: int | None = _opt(None, "number of pruning shots (linear schedule)",
+                             shown="4 structured and coupled, 2 unstructured, 1 N:M")
     uniform: bool = _opt(False, "coupled: the same number of neurons and heads in every block")
     width_multiple: int = _opt(
         1, "coupled: every block keeps a multiple of this many neurons, and heads whose width is one (64, 128, 256)"
@@ -163,7 +166,7 @@ class PruneConfig:
             object.__setattr__(self, "target_size", DEFAULT_TARGET_SIZE)
         assert self.target_size is not None
         if self.shots is None:
-            object.__setattr__(self, "shots", DEFAULT_SHOTS if nm is None else 1)
+            object.__setattr__(self, "shots", DEFAULT_SHOTS[self.structure] if nm is None else 1)
         if self.propagate is None:
             object.__setattr__(self, "propagate", nm is not None and self.method in NEEDS_A
                                and self.kronecker_terms == 1)

@@ -192,7 +192,7 @@ def write_report(config: ReportConfig) -> dict[str, Any]:
         import matplotlib
     except ImportError as error:
         raise SurgeonError("surgeon report draws with matplotlib, which is not installed: "
-                           "pip install 'surgeon[report]'") from error
+                           "pip install 'llm-surgeon[report]'") from error
     matplotlib.use("Agg")
     report = load_run(config.run)
     if config.output is None:

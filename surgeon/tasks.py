@@ -37,7 +37,7 @@ def load_tasks(tasks: Sequence[str], task_path: str | None = None) -> Any:
     try:
         from lm_eval.tasks import TaskManager
     except ImportError as error:
-        raise SurgeonError("zero-shot tasks need lm-evaluation-harness: pip install 'surgeon[tasks]'") from error
+        raise SurgeonError("zero-shot tasks need lm-evaluation-harness: pip install 'llm-surgeon[tasks]'") from error
     manager = TaskManager(include_path=task_path)
     unknown = [name for name in tasks if name not in manager.all_tasks]
     if unknown:

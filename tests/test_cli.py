@@ -59,6 +59,7 @@ def test_prune_writes_report_and_loadable_checkpoint(tiny_model_dir, tmp_path):
     assert not list(tmp_path.glob(".pruned.*"))  # no temporary leftovers
 
 
+@pytest.mark.slow  # a subprocess: what the command prints is the point
 @pytest.mark.parametrize("args,message", [
     (["eval", "--model", "/no/such/model"], "does not exist"),
     (["eval", "--model", "missing.gguf"], "does not exist"),
@@ -70,6 +71,7 @@ def test_bad_input_one_line_error(args, message):
     assert message in one_error_line(run_cli(*args))
 
 
+@pytest.mark.slow  # a subprocess: what the command prints is the point
 @pytest.mark.parametrize("args,message", [
     (["prune", "--dtype", "foo", "--output", "x"], "invalid choice: 'foo'"),
     (["prune", "--shots", "many", "--output", "x"], "invalid int value"),
@@ -92,6 +94,7 @@ def test_nm_structure_records_what_it_does(tiny_model_dir, tmp_path):
     assert report["config"]["target_size"] == 0.5 and report["sparsity"] == 0.5
 
 
+@pytest.mark.slow  # a subprocess: what the command prints is the point
 def test_refuses_a_non_empty_output_before_any_work(tmp_path):
     out = tmp_path / "out"
     (out / "sub").mkdir(parents=True)
@@ -103,7 +106,7 @@ def test_refuses_a_non_empty_output_before_any_work(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # a subprocess: what the command prints is the point
 def test_moe_experts_are_refused_before_any_weight_loads(tmp_path):
     """A Mixture-of-Experts folder holding only its config: the refusal comes from the config, before the weights."""
     from tests._families import family_model
@@ -117,6 +120,7 @@ def test_moe_experts_are_refused_before_any_weight_loads(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # a subprocess: what the command prints is the point
 def test_unwritable_output_fails_before_the_model_loads(tmp_path):
     (tmp_path / "a-file").write_text("x")
     for command in ("prune", "eval"):
@@ -136,6 +140,7 @@ def test_overwrite_keeps_the_users_other_files(tiny_model_dir, tmp_path):
     assert (out / "model.safetensors").is_file()
 
 
+@pytest.mark.slow  # a subprocess: what the command prints is the point
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signals_end_cleanly_and_leave_no_output(tiny_model_dir, tmp_path, signum, code):
     out = tmp_path / "out"
@@ -155,6 +160,7 @@ def test_signals_end_cleanly_and_leave_no_output(tiny_model_dir, tmp_path, signu
     assert list(tmp_path.iterdir()) == []  # no output folder and no staging folder
 
 
+@pytest.mark.slow  # a subprocess: what the command prints is the point
 def test_unknown_model_offline_fails_at_once_naming_the_builtins():
     # A closed loopback port stands for an unreachable hub; hub warnings are let through so a retry would show.
     result = run_cli("eval", "--model", "no-such-org/no-such-model",
@@ -164,11 +170,13 @@ def test_unknown_model_offline_fails_at_once_naming_the_builtins():
     assert "unreachable" in line and "HF_HUB_OFFLINE=1" in line and "smollm2-135m" in line
 
 
+@pytest.mark.slow  # a subprocess: what the command prints is the point
 def test_offline_mode_is_named():
     line = one_error_line(run_cli("eval", "--model", "no-such-org/no-such-model", env={"HF_HUB_OFFLINE": "1"}))
     assert "HF_HUB_OFFLINE is set" in line and "smollm2-135m" in line
 
 
+@pytest.mark.slow  # a subprocess: what the command prints is the point
 def test_version_and_help_need_no_torch():
     from surgeon import __version__
 
@@ -208,11 +216,13 @@ def test_a_setting_resolved_by_structure_is_switched_either_way():
         config("--structure", "unstructured", "--propagate")
 
 
+@pytest.mark.slow  # a subprocess: what the command prints is the point
 def test_seqlen_longer_than_model_allows(tiny_model_dir):
     result = run_cli("eval", "--model", str(tiny_model_dir), "--seqlen", "512")
     assert result.returncode == 2 and "longer than the model allows" in result.stderr
 
 
+@pytest.mark.slow  # a subprocess: what the command prints is the point
 def test_help_documents_prune_options():
     result = run_cli("prune", "--help")
     for option in ("--structure", "--target-size", "--shots", "--method", "--max-correlate", "--correlation",

@@ -19,6 +19,8 @@ from tests import distributed_worker
 from tests.conftest import tiny_model
 from tests.test_cli import one_error_line, run_cli
 
+pytestmark = pytest.mark.slow  # torchrun launches processes
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

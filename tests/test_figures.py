@@ -119,5 +119,5 @@ def test_bad_input_is_one_line_and_writes_nothing(case, message, runs, tiny_mode
 def test_missing_matplotlib_is_named(runs, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert main(["report", str(runs[0]), "--output", str(tmp_path / "out")]) == 2
-    assert "pip install 'surgeon[report]'" in capsys.readouterr().err
+    assert "pip install 'llm-surgeon[report]'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

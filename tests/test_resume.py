@@ -20,6 +20,8 @@ from surgeon.resume import STATE, Checkpoint, read_state
 from tests.conftest import tiny_model
 from tests.test_cli import one_error_line, run_cli
 
+pytestmark = pytest.mark.slow  # whole runs stopped and continued, some in subprocesses
+
 WINDOWS = torch.randint(0, 96, (4, 24), generator=torch.Generator().manual_seed(0))
 FINGERPRINT = {"test": 1}
 
