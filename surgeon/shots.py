@@ -424,6 +424,8 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
     check_prunable(model, config.leave_out_parts)
     blocks = prunable_layers(model, config.leave_out_parts)
     named = [pair for block in blocks for pair in block]
+    if not named:
+        raise SurgeonError(f"leave_out {config.leave_out!r} leaves no layer of the decoder blocks to prune")
     layers = []
     for name, module in named:
         C = module.in_features

@@ -24,6 +24,7 @@ from surgeon.inverses import KroneckerInverse, spd_inverse
 
 REFINE_ITERATIONS = 8  # `refine`'s conjugate-gradient steps: 1.4-1.5x the sweep's time (bench/RESULTS.md)
 
+
 def _check_factors(W: torch.Tensor, G: torch.Tensor | None, A: torch.Tensor, one_dtype: bool = True) -> None:
     """W [R, C], G [R, R] or None, A [C, C], floating (`one_dtype`: of one dtype), or an error naming the mismatch."""
     if W.dim() != 2:

@@ -111,3 +111,6 @@ def test_a_weight_matrix_outside_any_linear_layer_is_refused_by_name():
     report = prune(model, calibration(), PruneConfig(structure="unstructured", target_size=0.5, shots=1,
                                                      leave_out="*.scale_table"), progress=False)
     assert report.sparsity == pytest.approx(0.5, abs=0.01)
+    with pytest.raises(SurgeonError, match="leaves no layer of the decoder blocks to prune"):
+        prune(model, calibration(), PruneConfig(structure="unstructured", target_size=0.5, leave_out="*"),
+              progress=False)

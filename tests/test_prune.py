@@ -466,8 +466,9 @@ def test_nm_defaults_to_one_propagated_shot_with_stronger_damping_of_g():
     nm = PruneConfig(structure="2:4")
     assert (nm.shots, nm.propagate, nm.strengths) == (1, True, (1.0, 0.01))
     assert PruneConfig(structure="4:8", method="kobd").propagate
-    for config in (PruneConfig(structure="unstructured"), PruneConfig(structure="structured")):
-        assert (config.shots, config.propagate, config.strengths) == (8, False, (0.1, 0.01))
+    for structure, shots in (("unstructured", 2), ("structured", 4), ("coupled", 4)):  # the measured frontier
+        config = PruneConfig(structure=structure)
+        assert (config.shots, config.propagate, config.strengths[0]) == (shots, False, 0.1)
     for config in (PruneConfig(structure="2:4", method="sparsegpt"), PruneConfig(structure="2:4", method="magnitude"),
                    PruneConfig(structure="2:4", kronecker_terms=2)):
         assert config.shots == 1 and not config.propagate and config.strengths[0] == 0.1

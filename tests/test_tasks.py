@@ -92,7 +92,7 @@ def test_unknown_task_and_unreachable_data_are_named(task_dir):
 
 def test_missing_lm_eval_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "lm_eval.tasks", None)
-    with pytest.raises(SurgeonError, match=r"pip install 'surgeon\[tasks\]'"):
+    with pytest.raises(SurgeonError, match=r"pip install 'llm-surgeon\[tasks\]'"):
         load_tasks(["piqa"])
 
 
