@@ -50,12 +50,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_fields(parser: argparse.ArgumentParser, cls: type, only: Sequence[str] | None = None,
-                required: Sequence[str] = (), helps: dict[str, str] | None = None) -> None:
-    """Add one `--option` per dataclass field: type, choices and help from the field, its default shown once."""
+                required: Sequence[str] = (), helps: dict[str, str] | None = None,
+                groups: dict[str, Any] | None = None) -> None:
+    """Add one `--option` per dataclass field: type, choices and help from the field, its default shown once;
+    `groups` maps a field to the argument group that shows it (default: the parser's own list)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if only is not None and f.name not in only:
             continue
+        parser_or_group = (groups or {}).get(f.name, parser)
         base = hints[f.name]
         if typing.get_origin(base) in (typing.Union, types.UnionType):  # X | None: the option takes an X
             base = next(t for t in typing.get_args(base) if t is not type(None))
@@ -66,18 +69,18 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type, only: Sequence[str] 
         option = "--" + f.name.replace("_", "-")
         if base is bool and f.default is None:  # resolved by the config: --X or --no-X overrides it
             shown = f.metadata["shown"]
-            parser.add_argument(option, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+            parser_or_group.add_argument(option, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
                                 help=f"{text} (default: {shown})".replace("%", "%%"))
             continue
         if base is bool:
-            parser.add_argument(option, dest=f.name, action="store_true", help=text)
+            parser_or_group.add_argument(option, dest=f.name, action="store_true", help=text)
             continue
         if f.name in required:
             text += " (required)"
         else:
             shown = f.metadata.get("shown") or f.default
             text += f" (default: {shown})"
-        parser.add_argument(option, dest=f.name, type=base, default=f.default, choices=choices,
+        parser_or_group.add_argument(option, dest=f.name, type=base, default=f.default, choices=choices,
                             required=f.name in required, help=text.replace("%", "%%"))
 
 
@@ -207,6 +210,19 @@ def _add_run_command(sub: Any, name: str, cls: type, func: Any, help: str, descr
     command.set_defaults(func=func)
 
 
+# `surgeon prune --help` shows its options in these groups, in this order; every other PruneConfig field is
+# in "advanced".
+PRUNE_GROUPS = {
+    "what to prune": ("model", "tokenizer", "structure", "target_size", "shots", "method", "leave_out", "uniform",
+                      "width_multiple", "speed_context"),
+    "calibration": ("calibration", "nsamples", "seqlen", "seed"),
+    "evaluation": ("dataset", "eval_windows", "eval_seqlen", "eval_every_shot", "tasks", "task_path", "task_limit"),
+    "output": ("output", "overwrite", "resume", "checkpoint_shots"),
+    "memory and scale": ("device", "dtype", "batch_size", "backend", "curvature_split", "fsdp",
+                         "activation_checkpointing", "offload", "block_groups", "group_bytes"),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `surgeon` argument parser with its `eval`, `prune`, `plan`, `export` and `report` subcommands."""
     parser = _Parser(prog="surgeon", description="Prune large language models with LLM Surgeon "
@@ -223,8 +239,14 @@ def build_parser() -> argparse.ArgumentParser:
     prune = sub.add_parser("prune", help="prune a model and save it with a JSON report",
                            description="Prune a model, evaluate it before and after, and save a Hugging Face "
                            "checkpoint with report.json into a new folder.")
-    _add_fields(prune, RunConfig, required=("output",), helps={"output": OUTPUT_HELP["prune"]})
-    _add_fields(prune, PruneConfig)
+    groups: dict[str, Any] = {}
+    for title, names in PRUNE_GROUPS.items():
+        groups.update(dict.fromkeys(names, prune.add_argument_group(title)))
+    advanced = prune.add_argument_group("advanced", "the method's solver, curvature and damping, and the paper's "
+                                        "settings that are not the defaults")
+    groups.update({f.name: advanced for f in dataclasses.fields(PruneConfig) if f.name not in groups})
+    _add_fields(prune, RunConfig, required=("output",), helps={"output": OUTPUT_HELP["prune"]}, groups=groups)
+    _add_fields(prune, PruneConfig, groups=groups)
     prune.set_defaults(func=_cmd_prune)
     plan = sub.add_parser("plan", help="count the memory and time of a pruning run from the model's config",
                           description="Count, from the model's configuration alone (no weights), the GPU memory of "

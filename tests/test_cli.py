@@ -228,3 +228,16 @@ def test_help_documents_prune_options():
     for option in ("--structure", "--target-size", "--shots", "--method", "--max-correlate", "--correlation",
                    "--nsamples", "--seqlen", "--calibration", "--eval-windows", "--device", "--seed", "--output"):
         assert option in result.stdout
+
+
+def test_prune_help_groups_every_option():
+    """`surgeon prune --help` lists each option under one of its groups, none left in the flat list."""
+    from surgeon.cli import PRUNE_GROUPS, build_parser
+
+    prune = build_parser()._subparsers._group_actions[0].choices["prune"]  # type: ignore[union-attr]
+    titles = {group.title: [action.dest for action in group._group_actions] for group in prune._action_groups}
+    assert titles.pop("options") == ["help"] and titles.pop("positional arguments") == []
+    assert list(titles) == [*PRUNE_GROUPS, "advanced"]
+    for title, names in PRUNE_GROUPS.items():
+        assert sorted(titles[title]) == sorted(names), title
+    assert {"damp_g", "correlation", "kronecker_terms", "lora_steps"} <= set(titles["advanced"])
