@@ -367,9 +367,9 @@ def estimate(
     under activation checkpointing, the same factors for less activation memory and one more forward.
     """
     device = next(model.parameters()).device
-    split = windows.split(batch_size)
+    split = windows.to(device).split(batch_size)  # one copy: a copy from pageable memory waits for the device
     chosen = range(len(split)) if batches is None else batches
-    runs = ((split[i].to(device), torch.Generator().manual_seed(seed * 65_537 + i))
+    runs = ((split[i], torch.Generator().manual_seed(seed * 65_537 + i))
             for i in tqdm(chosen, desc=desc, leave=False, disable=not progress))
     passes = (functools.partial(_backward, model, batch, fisher, generator) if need_g
               else functools.partial(_forward, model, batch) for batch, generator in runs)

@@ -135,7 +135,9 @@ def kfac_accumulate(outs: Sequence[PackedSymmetric], xs: Sequence[torch.Tensor],
     if not live:
         return
     program_table = torch.cat(programs).to(device)
-    factor_table = torch.tensor(factors, dtype=torch.int64).to(device)
+    factor_table = torch.tensor(factors, dtype=torch.int64)
+    if device.type == "cuda":  # from pinned memory the copy is queued; from pageable memory it waits for the device
+        factor_table = factor_table.pin_memory().to(device, non_blocking=True)
     # what the autotune hooks save and restore
     factor_table.outputs = [out.tiles for out, _ in live]  # type: ignore[attr-defined]
     dtype = live[0][1].dtype
