@@ -329,6 +329,11 @@ def _collect(
         for run in passes:
             run()
             collector.flush()
+    unreached = [name for name, _ in layers if name not in collector.factors]
+    if unreached:  # a Mixture-of-Experts expert that the router never chose for a calibration token
+        raise SurgeonError(f"no calibration token reached {len(unreached)} layers ({', '.join(unreached[:3])}"
+                           f"{', …' if len(unreached) > 3 else ''}): calibrate on more windows (--nsamples) or "
+                           "leave them out (--leave-out)")
     for name, entry in collector.factors.items():
         _check_finite(name, entry)
     return collector.factors

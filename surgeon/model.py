@@ -6,7 +6,8 @@ head are never touched. Decoder blocks are discovered by structure (the `nn.Modu
 `KNOWN_FAMILIES` and serves as the fallback for other causal LMs. Every other weight matrix in the
 blocks (a Mixture-of-Experts model's fused 3-D expert weights, say) is either left out by name
 (`leave_out`; the routers by default) or makes the run refuse (`check_prunable`): no weight is
-skipped silently.
+skipped silently. Fused experts of the layout `surgeon.experts` knows are split into layers while a
+run prunes.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torch import nn
 
 from surgeon import hub
 from surgeon.errors import SurgeonError, first_line
+from surgeon.experts import ExpertLayers, is_fused_experts
 
 logger = logging.getLogger(__name__)
 
@@ -190,12 +192,21 @@ def _warn_untested(arch: str) -> None:
 
 
 def prunable_layers(model: nn.Module, leave_out: tuple[str, ...] = LEAVE_OUT) -> list[list[tuple[str, nn.Linear]]]:
-    """Per decoder block, the (qualified name, module) of every `nn.Linear` inside it that `leave_out` keeps in."""
+    """Per decoder block, the (qualified name, module) of every `nn.Linear` inside it that `leave_out` keeps in.
+
+    An expert's layer (`experts.ExpertLayers`) is left out by its own name or by its fused parameter's
+    (`….experts.gate_up_proj` for its gate and up projections, `….experts.down_proj` for its down).
+    """
     names = {module: name for name, module in model.named_modules()}
     routers = _router_modules(model)
+    fused = {id(layer): f"{names[module]}.{part}" for module in names if isinstance(module, ExpertLayers)
+             for expert in module for layer, part in ((expert.gate_proj, "gate_up_proj"),
+                                                      (expert.up_proj, "gate_up_proj"),
+                                                      (expert.down_proj, "down_proj"))}
     return [
         [(names[m], m) for m in block.modules()
-         if isinstance(m, nn.Linear) and not _left_out(f"{names[m]}.weight", m in routers, leave_out)]
+         if isinstance(m, nn.Linear) and not _left_out(f"{names[m]}.weight", m in routers, leave_out)
+         and not (id(m) in fused and _left_out(fused[id(m)], False, leave_out))]
         for block in decoder_blocks(model)
     ]
 
@@ -210,9 +221,12 @@ def unprunable_weights(model: nn.Module, leave_out: tuple[str, ...] = LEAVE_OUT)
     """(name, shape) of each weight matrix in the decoder blocks that is neither a prunable layer's nor left out.
 
     A weight matrix is any parameter of two or more dimensions: an `nn.Linear` weight, a router's
-    weight held in its own module, a Mixture-of-Experts model's fused [experts, out, in] weights.
+    weight held in its own module, a Mixture-of-Experts model's fused [experts, out, in] weights
+    (prunable in the layout `experts.is_fused_experts` knows, which a run splits into layers).
     """
     prunable = {id(module.weight) for block in prunable_layers(model, leave_out) for _, module in block}
+    prunable |= {id(param) for module in model.modules() if is_fused_experts(module)  # split while pruning
+                 for param in (module.gate_up_proj, module.down_proj)}
     routers = {id(param) for module in _router_modules(model) for param in module.parameters()}
     return [(name, tuple(param.shape)) for name, param in block_weights(model)
             if param.dim() >= 2 and id(param) not in prunable

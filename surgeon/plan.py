@@ -80,7 +80,7 @@ def meta_model(name: str, dtype: str) -> nn.Module:
             with hub.cache_only_when_unreachable(source.on_hub):
                 config = AutoConfig.from_pretrained(source.path, gguf_file=source.gguf_file)
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype], attn_implementation="sdpa")
+            model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype])  # attention as load_model gets it
     except (OSError, ValueError, KeyError) as error:
         raise SurgeonError(f"cannot build {name!r} from its configuration: {first_line(error)}") from error
     prunable_layers(model)  # names the architecture when nothing in it can be pruned

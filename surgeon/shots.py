@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
 from surgeon import baselines, channels, costs, curvature, inverses, kronecker_sum, solver, threshold, units, updates
@@ -24,6 +25,7 @@ from surgeon.config import NEEDS_A, NEEDS_G, PruneConfig
 from surgeon.damping import damp
 from surgeon.distributed import Elsewhere, Ranks, sharded
 from surgeon.errors import SurgeonError
+from surgeon.experts import experts_as_layers, is_fused_experts
 from surgeon.layer import Layer, put_submatrix, submatrix
 from surgeon.model import block_weights, check_prunable, decoder_blocks, max_seqlen, prunable_layers
 from surgeon.report import PruneReport, ShotReport, peak_memory_gb, removed_fractions, zero_fraction
@@ -422,6 +424,17 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
         raise TypeError(f"config must be a surgeon.PruneConfig, not {type(config).__name__}")
     _check_inputs(model, calibration_ids)
     check_prunable(model, config.leave_out_parts)
+    experts = [module for module in decoder_blocks(model).modules() if is_fused_experts(module)]
+    if any(isinstance(module.gate_up_proj, DTensor) for module in experts):
+        raise SurgeonError("Mixture-of-Experts experts are pruned with their weights whole: launch without --fsdp")
+    with experts_as_layers(decoder_blocks(model)):
+        return _prune(model, calibration_ids, config, progress, after_shot, checkpoint, group)
+
+
+def _prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, progress: bool,
+           after_shot: Callable[[ShotReport], None] | None, checkpoint: Checkpoint | None,
+           group: dist.ProcessGroup | None) -> PruneReport:
+    """`prune` once its inputs are checked and any fused experts are layers (`experts.experts_as_layers`)."""
     blocks = prunable_layers(model, config.leave_out_parts)
     named = [pair for block in blocks for pair in block]
     if not named:

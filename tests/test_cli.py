@@ -107,16 +107,16 @@ def test_refuses_a_non_empty_output_before_any_work(tmp_path):
 
 
 @pytest.mark.slow  # a subprocess: what the command prints is the point
-def test_moe_experts_are_refused_before_any_weight_loads(tmp_path):
+def test_unsplittable_experts_are_refused_before_any_weight_loads(tmp_path):
     """A Mixture-of-Experts folder holding only its config: the refusal comes from the config, before the weights."""
     from tests._families import family_model
 
-    family_model("mixtral").config.save_pretrained(tmp_path / "mixtral")
-    result = run_cli("prune", "--model", str(tmp_path / "mixtral"), "--structure", "unstructured", "--target-size",
+    family_model("gpt_oss").config.save_pretrained(tmp_path / "gpt_oss")
+    result = run_cli("prune", "--model", str(tmp_path / "gpt_oss"), "--structure", "unstructured", "--target-size",
                      "0.5", "--output", str(tmp_path / "out"))
     assert result.returncode == 2
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("surgeon: error:")]
-    assert "mixtral: 4 weight matrices" in line and "model.layers.*.mlp.experts.gate_up_proj" in line
+    assert "gpt_oss: 8 weight matrices" in line and "model.layers.*.mlp.experts.gate_up_proj" in line
     assert not (tmp_path / "out").exists()
 
 

@@ -1,5 +1,5 @@
 """Every decoder family: a tiny random model of each prunes to its target, stays finite and loads back; a
-Mixture-of-Experts family, whose fused expert weights no layer can prune yet, is refused unless they are left out."""
+Mixture-of-Experts family prunes its experts as layers, or is refused naming a fused layout it cannot split."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import torch
 
 from surgeon import PruneConfig, prune, save_model
 from surgeon.errors import SurgeonError
-from surgeon.model import block_weights, prunable_layers, unprunable_weights
-from tests._families import FAMILIES, MOE_FAMILIES, VOCAB, family_model
-from tests._tolerances import assert_reaches_target
+from surgeon.experts import experts_as_layers
+from surgeon.model import block_weights, decoder_blocks, prunable_layers, unprunable_weights
+from tests._families import COMMON, FAMILIES, MOE_FAMILIES, VOCAB, family_model
+from tests._tolerances import FLOAT32, assert_reaches_target
 
 
 def calibration() -> torch.Tensor:
@@ -66,20 +67,102 @@ def test_weights_that_are_already_zero_do_not_count_as_pruned(structure):
 EXPERTS = "model.layers.*.mlp.experts.*"
 
 
-@pytest.mark.parametrize("family", sorted(MOE_FAMILIES))
-@pytest.mark.parametrize("structure", ["structured", "unstructured", "2:4"])
-def test_moe_family_is_refused_naming_its_fused_experts(family, structure):
-    """Fused 3-D expert weights are no nn.Linear: the run names them and changes nothing, rather than skip them."""
+SPLIT = sorted(family for family in MOE_FAMILIES if family != "gpt_oss")  # the fused layout experts.py splits
+
+
+def expert_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [param for name, param in model.named_parameters() if name.endswith(("experts.gate_up_proj",
+                                                                                "experts.down_proj"))]
+
+
+@pytest.mark.parametrize("family", SPLIT)
+def test_experts_as_layers_compute_the_same_and_fuse_back(family):
+    """While split, each expert is three nn.Linear layers with the same logits; after, the fused weights are back."""
     model = family_model(family)
-    before = {name: param.clone() for name, param in model.named_parameters()}
+    ids = calibration()
+    before = model(ids).logits
+    state = {name: value.clone() for name, value in model.state_dict().items()}
+    with experts_as_layers(decoder_blocks(model)):
+        torch.testing.assert_close(model(ids).logits, before, **FLOAT32)
+        layers = [name for block in prunable_layers(model) for name, _ in block if ".experts." in name]
+        assert layers[:3] == [f"model.layers.0.mlp.experts.0.{part}" for part in ("gate_proj", "up_proj", "down_proj")]
+        assert len(layers) == 3 * 4 * 2 and unprunable_weights(model) == []
+    assert list(model.state_dict()) == list(state)
+    assert all(torch.equal(value, state[name]) for name, value in model.state_dict().items())
+
+
+@pytest.mark.parametrize("family", SPLIT)
+@pytest.mark.parametrize("structure", ["structured", "unstructured", "2:4"])
+def test_moe_family_prunes_its_experts_and_loads_back(family, structure, tmp_path):
+    """Each expert's projections are layers with their own factors under the one threshold; the fused
+    checkpoint holds the zeros and loads in transformers."""
+    from transformers import AutoModelForCausalLM
+
+    model = family_model(family)
     size = None if structure == "2:4" else 0.7
+    report = prune(model, calibration(), PruneConfig(structure=structure, target_size=size, shots=1), progress=False)
+    shapes = {name: shape for name, shape in [(n, tuple(p.shape)) for n, p in model.named_parameters()]}
+    experts = expert_weights(model)
+    expert_layers = [name for name in report.layers if ".experts." in name]
+    assert len(expert_layers) == 3 * 4 * 2 and any(report.layers[name] > 0 for name in expert_layers)
+    assert sum(int((w == 0).sum()) for w in experts) > 0.2 * sum(w.numel() for w in experts)
+    if structure == "2:4":  # along each expert's rows, every 4 consecutive weights keep at most 2
+        for weight in experts:
+            assert int((weight.reshape(-1, 4) == 0).sum(1).min()) >= 2
+    assert_reaches_target(report.removed, [tuple(shapes.get(f"{name}.weight", (0, 0))) for name in report.layers
+                                           if ".experts." not in name] + expert_shapes(model),
+                          report.config["target_size"], structure, freed=report.shots[0].freed)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    save_model(tmp_path / family, model)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / family)
+    for (name, param), (_, again) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(param, again), name
+
+
+def expert_shapes(model: torch.nn.Module) -> list[tuple[int, int]]:
+    """[out, in] of every expert's gate, up and down projection."""
+    shapes = []
+    for weight in expert_weights(model):
+        experts, rows, columns = weight.shape
+        split = 2 if weight.shape[1] != model.config.hidden_size else 1  # gate_up: gate rows, then up rows
+        shapes += [(rows // split, columns)] * (experts * split)
+    return shapes
+
+
+def test_a_fused_layout_it_cannot_split_is_refused_naming_its_weights():
+    """gpt_oss fuses its experts [E, in, out] with biases: named, and nothing changes, rather than skipped."""
+    model = family_model("gpt_oss")
+    before = {name: param.clone() for name, param in model.named_parameters()}
     with pytest.raises(SurgeonError) as error:
-        prune(model, calibration(), PruneConfig(structure=structure, target_size=size, shots=1), progress=False)
+        prune(model, calibration(), PruneConfig(structure="unstructured", target_size=0.5, shots=1), progress=False)
     message = str(error.value)
-    assert "\n" not in message and message.startswith(f"{model.config.model_type}: ")
-    assert "model.layers.*.mlp.experts.gate_up_proj" in message and "model.layers.*.mlp.experts.down_proj" in message
-    assert "--leave-out 'router," in message
+    assert "\n" not in message and message.startswith("gpt_oss: ")
+    assert "model.layers.*.mlp.experts.gate_up_proj" in message and "--leave-out 'router," in message
     assert all(torch.equal(param, before[name]) for name, param in model.named_parameters())
+
+
+def test_no_calibration_token_reaching_an_expert_is_named():
+    from transformers import AutoModelForCausalLM, MixtralConfig
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(MixtralConfig(**{**COMMON, "num_local_experts": 16,
+                                                               "num_experts_per_tok": 1})).eval()
+    unreached = r"no calibration token reached \d+ layers \(model\.layers\.\d\.mlp\.experts"
+    with pytest.raises(SurgeonError, match=unreached):
+        prune(model, calibration()[:1, :6], PruneConfig(structure="unstructured", target_size=0.5), progress=False)
+    assert all(param.numel() > 0 for param in model.parameters())  # the fused weights are back
+
+
+def test_leaving_out_a_fused_weight_leaves_out_its_experts_layers():
+    model = family_model("mixtral")
+    down = [param.clone() for name, param in model.named_parameters() if name.endswith("experts.down_proj")]
+    report = prune(model, calibration(), PruneConfig(structure="unstructured", target_size=0.5, shots=1,
+                                                     leave_out="router,model.layers.*.mlp.experts.down_proj"),
+                   progress=False)
+    assert not any(name.endswith("down_proj") and ".experts." in name for name in report.layers)
+    assert any(name.endswith("experts.0.gate_proj") for name in report.layers)
+    assert all(torch.equal(param, down[i]) for i, param in
+               enumerate(p for n, p in model.named_parameters() if n.endswith("experts.down_proj")))
 
 
 @pytest.mark.parametrize("family", sorted(MOE_FAMILIES))
