@@ -18,7 +18,7 @@ from surgeon.distributed import shard_model
 from surgeon.errors import SurgeonError
 from surgeon.resume import Checkpoint, read_state
 from surgeon.threshold import smallest_k
-from tests.conftest import tiny_model
+from tests._helpers import tiny_model
 
 WINDOWS = torch.randint(0, 96, (4, 24), generator=torch.Generator().manual_seed(0))
 TIGHT = dict(cg_tol=1e-10, cg_max_iter=1000)  # converged solves: what is left is the factors' reduction order

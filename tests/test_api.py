@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from surgeon import PruneConfig, prune, solver
-from tests.conftest import random_spd, tiny_model
+from tests._helpers import random_spd, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "prune_and_save.py"

@@ -8,8 +8,8 @@ import torch
 from surgeon import PruneConfig, channels, prune
 from surgeon.model import prunable_layers
 from tests._families import FAMILIES, VOCAB, family_model
+from tests._helpers import tiny_model
 from tests._tolerances import assert_reaches_target
-from tests.conftest import tiny_model
 
 
 def layers_of(model):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,20 +12,8 @@ import pytest
 
 from surgeon import PruneConfig
 from surgeon.cli import main
+from tests._helpers import one_error_line, run_cli
 from tests._tolerances import assert_reaches_target
-
-
-def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "surgeon", *args], capture_output=True, text=True,
-                          env=None if env is None else {**os.environ, **env})
-
-
-def one_error_line(result: subprocess.CompletedProcess, code: int = 2) -> str:
-    """The single `surgeon: error:` line that is all a failing command prints."""
-    assert result.returncode == code, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("surgeon: error:"), result.stderr
-    return lines[0]
 
 
 def test_eval_writes_json(tiny_model_dir, tmp_path, capsys):

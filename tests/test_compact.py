@@ -14,8 +14,7 @@ from surgeon.compact import compact_model, live_units, load_compact
 from surgeon.errors import SurgeonError
 from surgeon.model import decoder_blocks, load_model
 from tests._families import COMMON, VOCAB, family_model
-from tests._tolerances import assert_within_reference_error
-from tests.test_cli import one_error_line, run_cli
+from tests._helpers import assert_same_logits, logits, one_error_line, run_cli
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "opt"]
 
@@ -45,19 +44,6 @@ def remove_units(model: torch.nn.Module, seed: int = 0) -> None:
                 attn.v_proj.weight[:d] = 0
                 if attn.v_proj.bias is not None:
                     attn.v_proj.bias[:d] = 0
-
-
-def logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return model(ids).logits
-
-
-def assert_same_logits(masked: torch.nn.Module, compact: torch.nn.Module) -> None:
-    """float32 compact logits within twice the masked model's own float32 error against float64 (the policy)."""
-    ids = torch.randint(3, masked.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(5))
-    exact = logits(masked.double(), ids)
-    masked.float()
-    assert_within_reference_error(logits(compact, ids), exact, logits(masked, ids))
 
 
 @pytest.mark.parametrize("family", FAMILIES)

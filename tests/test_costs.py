@@ -7,8 +7,8 @@ import torch
 
 from surgeon import costs
 from surgeon.damping import damp
+from tests._helpers import problem
 from tests._tolerances import FLOAT64
-from tests.conftest import problem
 
 SHAPES = [pytest.param(5, 7, id="R5-C7"), pytest.param(8, 3, id="R8-C3"), pytest.param(1, 6, id="R1-C6")]
 

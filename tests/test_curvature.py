@@ -11,27 +11,8 @@ import torch.nn.functional as F
 from surgeon import curvature, kronecker_sum
 from surgeon.model import decoder_blocks, prunable_layers
 from tests._families import VOCAB, family_model
+from tests._helpers import per_token_inputs_and_gradients, tiny_model
 from tests._tolerances import FLOAT32, FLOAT64, assert_within_reference_error
-from tests.conftest import tiny_model
-
-
-def _per_token_inputs_and_gradients(model, named, windows):
-    """Each layer's inputs (bias column included) and output gradients per token, by plain hooks."""
-    inputs, grads, handles = {}, {}, []
-    for name, module in named:
-        def fwd(mod, inp, out, name=name):
-            a = inp[0].detach().reshape(-1, inp[0].shape[-1])
-            if mod.bias is not None:
-                a = torch.cat([a, torch.ones(a.shape[0], 1, dtype=a.dtype)], 1)
-            inputs.setdefault(name, []).append(a)
-            out.register_hook(lambda g: grads.setdefault(name, []).append(g.reshape(-1, g.shape[-1])))
-        handles.append(module.register_forward_hook(fwd))
-    for window in windows.split(1):
-        logits = model(window).logits[:, :-1]
-        F.cross_entropy(logits.reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1), reduction="sum").backward()
-    for h in handles:
-        h.remove()
-    return {name: (torch.cat(inputs[name]), torch.cat(grads[name])) for name, _ in named}
 
 
 @pytest.mark.parametrize("arch", ["llama", "opt"])
@@ -41,7 +22,7 @@ def test_factors_match_direct_computation(arch):
     windows = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(0))
     raw = curvature.estimate(model, named, windows, backend="torch")
     assert all(p.grad is None for p in model.parameters())  # no weight gradients were computed
-    direct = _per_token_inputs_and_gradients(model, named, windows)
+    direct = per_token_inputs_and_gradients(model, named, windows)
     scale = 1 / math.sqrt(windows.numel())
     for name, _ in named:
         a, g = direct[name]

@@ -16,8 +16,7 @@ from surgeon import PruneConfig, prune
 from surgeon.report import PruneReport
 from surgeon.threshold import smallest_k
 from tests import distributed_worker
-from tests.conftest import tiny_model
-from tests.test_cli import one_error_line, run_cli
+from tests._helpers import one_error_line, run_cli, tiny_model
 
 pytestmark = pytest.mark.slow  # torchrun launches processes
 

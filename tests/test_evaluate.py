@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from surgeon import evaluate
 from surgeon.errors import SurgeonError
 from surgeon.evaluate import perplexity
+from tests._helpers import tiny_model
 from tests._tolerances import FLOAT32
-from tests.conftest import tiny_model
 
 
 @pytest.mark.parametrize("chunk", [512, 5])  # the NLL of a whole window in one piece, and in pieces with a ragged last

@@ -10,7 +10,7 @@ import torch
 
 from surgeon.cli import main
 from surgeon.figures import KEPT, PPL, TIME, kept_by_type, mask_equivalence, time_stack
-from tests.test_cli import one_error_line, run_cli
+from tests._helpers import one_error_line, run_cli
 
 COMMON = ["--nsamples", "2", "--seqlen", "64", "--calibration", "wikitext2-valid", "--eval-windows", "1"]
 

@@ -9,8 +9,8 @@ from surgeon import inverses
 from surgeon.curvature import LayerFactors
 from surgeon.inverses import KroneckerInverse
 from surgeon_kernels.ops import PackedSymmetric
+from tests._helpers import problem, random_spd
 from tests._tolerances import FLOAT64, FLOORED, assert_within_reference_error
-from tests.conftest import problem, random_spd
 
 
 def test_eigen_solve_equals_solve_on_spd(gen):

@@ -8,10 +8,8 @@ import torch
 from surgeon import costs, kronecker_sum, updates
 from surgeon.kronecker_sum import KroneckerSum, estimate_sum, simultaneous_diagonalisation
 from surgeon.model import prunable_layers
+from tests._helpers import SHAPES, closed_form_of, per_token_inputs_and_gradients, random_spd, tiny_model
 from tests._tolerances import FLOAT64, assert_within_reference_error
-from tests.conftest import random_spd, tiny_model
-from tests.test_curvature import _per_token_inputs_and_gradients
-from tests.test_solver import SHAPES, closed_form_of
 
 
 def sum_problem(R: int, C: int, gen: torch.Generator, size: float = 0.3):
@@ -30,7 +28,7 @@ def test_power_method_finds_the_nearest_sum_of_two_kronecker_factors():
     state = {}
     raw = estimate_sum(model, named, windows, state, iterations=60)
     warm = estimate_sum(model, named, windows, state, iterations=1)  # a later shot: one pass
-    direct = _per_token_inputs_and_gradients(model, named, windows)
+    direct = per_token_inputs_and_gradients(model, named, windows)
     checked = 0
     for name, _ in named:
         a, g = direct[name]

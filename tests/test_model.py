@@ -10,7 +10,7 @@ from torch import nn
 
 from surgeon.errors import SurgeonError
 from surgeon.model import _warn_untested, load_model, prunable_layers, resolve_source
-from tests.conftest import tiny_model
+from tests._helpers import tiny_model
 
 
 def test_llama_layers_found_in_blocks():

@@ -12,8 +12,8 @@ from surgeon import PruneConfig, prune
 from surgeon.damping import damp
 from surgeon.errors import SurgeonError
 from surgeon.model import prunable_layers
+from tests._helpers import tiny_model
 from tests._tolerances import FLOAT32, assert_reaches_target, removed_by_rule
-from tests.conftest import tiny_model
 
 CASES = [
     ("structured", "surgeon"), ("structured", "magnitude"), ("structured", "lobd"), ("structured", "kobd"),

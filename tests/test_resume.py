@@ -17,8 +17,7 @@ from safetensors.torch import load_file
 from surgeon import PruneConfig, prune
 from surgeon.cli import main
 from surgeon.resume import STATE, Checkpoint, read_state
-from tests.conftest import tiny_model
-from tests.test_cli import one_error_line, run_cli
+from tests._helpers import one_error_line, run_cli, tiny_model
 
 pytestmark = pytest.mark.slow  # whole runs stopped and continued, some in subprocesses
 

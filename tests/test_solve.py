@@ -8,9 +8,8 @@ import torch
 import surgeon
 import surgeon.solver as solver
 from surgeon import baselines
+from tests._helpers import closed_form, problem
 from tests._tolerances import FLOAT64, SPARSEGPT_BLOCK, removed_by_rule
-from tests.conftest import problem
-from tests.test_solver import closed_form
 
 
 def random_mask(R: int, C: int, gen: torch.Generator, fraction: float = 0.4) -> torch.Tensor:

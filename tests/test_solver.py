@@ -8,25 +8,8 @@ import torch
 from surgeon import solver, updates
 from surgeon.inverses import KroneckerInverse
 from surgeon_kernels import available_backends
+from tests._helpers import SHAPES, closed_form, problem
 from tests._tolerances import FLOAT32, FLOAT64, assert_within_reference_error
-from tests.conftest import problem
-
-SHAPES = [pytest.param(5, 7, id="R5-C7"), pytest.param(8, 3, id="R8-C3"), pytest.param(1, 6, id="R1-C6")]
-
-
-def closed_form(W, G, A, pruned: torch.Tensor):
-    """Eq. (4)-(5) with F = G ⊗ A (`closed_form_of`)."""
-    return closed_form_of(W, torch.kron(torch.linalg.inv(G), torch.linalg.inv(A)), pruned)
-
-
-def closed_form_of(W, F_inv, pruned: torch.Tensor):
-    """Eq. (4)-(5): Δθ = −F⁻¹Eᵀ(EF⁻¹Eᵀ)⁻¹Eθ and L = ½ θᵀEᵀ(EF⁻¹Eᵀ)⁻¹Eθ for a dense F⁻¹."""
-    theta = W.reshape(-1)
-    k = pruned.reshape(-1).nonzero().squeeze(1)
-    inner = torch.linalg.inv(F_inv[k][:, k])
-    delta = -F_inv[:, k] @ inner @ theta[k]
-    cost = 0.5 * theta[k] @ inner @ theta[k]
-    return W + delta.reshape(W.shape), cost
 
 
 @pytest.mark.parametrize("R,C", SHAPES)

@@ -12,9 +12,8 @@ from surgeon.inverses import KroneckerInverse
 from surgeon.model import decoder_blocks, prunable_layers
 from surgeon.units import coupled_units, decode_macs
 from tests._families import VOCAB, family_model
+from tests._helpers import assert_same_logits, problem
 from tests._tolerances import FLOAT64, assert_reaches_target
-from tests.conftest import problem
-from tests.test_compact import assert_same_logits
 
 
 def closed_form_set_cost(W: torch.Tensor, G: torch.Tensor, A: torch.Tensor, pruned: torch.Tensor) -> torch.Tensor:

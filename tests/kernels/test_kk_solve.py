@@ -7,8 +7,8 @@ import torch
 
 from surgeon_kernels import HAS_CPP_OPS, available_backends, ops
 from surgeon_kernels.kk_solve import reference
+from tests._helpers import random_spd
 from tests._tolerances import FLOAT64, assert_within_reference_error
-from tests.conftest import random_spd
 
 BACKENDS = available_backends("cpu", "kk_solve")
 
