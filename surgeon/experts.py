@@ -61,6 +61,7 @@ class ExpertLayers(nn.ModuleList):
         super().__init__(ExpertMLP(gate_up[:inner], gate_up[inner:], down)
                          for gate_up, down in zip(gate_ups.detach(), downs.detach()))
         self.__dict__["act_fn"] = fused.act_fn  # not a child: the list holds the experts alone
+        self.requires_grad_(gate_ups.requires_grad)
 
     def __iter__(self) -> Iterator[ExpertMLP]:
         return (expert for expert in self._modules.values() if isinstance(expert, ExpertMLP))
