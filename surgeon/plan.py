@@ -38,6 +38,7 @@ from torch import nn
 from surgeon import hub
 from surgeon.config import NEEDS_A, NEEDS_G, PlanConfig, PruneConfig, parse_bytes
 from surgeon.errors import SurgeonError, first_line
+from surgeon.experts import is_fused_experts
 from surgeon.model import DTYPES, check_prunable, decoder_blocks, prunable_layers, resolve_source
 from surgeon.shots import check_block_groups, group_edges, groups_limit
 
@@ -344,6 +345,10 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
     """
     model = meta_model(plan.model, plan.dtype)
     check_prunable(model, config.leave_out_parts)
+    experts = uncounted_experts(model)
+    if experts:
+        raise SurgeonError(f"{getattr(model.config, 'model_type', plan.model)}: surgeon plan does not count "
+                           f"Mixture-of-Experts experts yet ({experts[0]}, …)")
     counts = count(model, config, plan.nsamples, plan.seqlen, "cuda")
     budget = parse_bytes(plan.gpu_memory)
     phases, peak_phase, peak = _peak(counts["phases"])
@@ -391,6 +396,11 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
     }
 
 
+def uncounted_experts(model: nn.Module) -> list[str]:
+    """Names of the fused experts modules, which `count` does not count (its meta forward cannot route tokens)."""
+    return [name for name, module in model.named_modules() if is_fused_experts(module)]
+
+
 def fit_to_gpu(model_name: str, dtype: str, nsamples: int, seqlen: int, config: PruneConfig, budget: int,
                ranks: int = 1, fsdp: bool = False) -> PruneConfig:
     """The settings a run on GPUs of `budget` bytes runs with, decided before any weight is loaded, as `surgeon
@@ -400,12 +410,15 @@ def fit_to_gpu(model_name: str, dtype: str, nsamples: int, seqlen: int, config: 
 
     ranks, fsdp: a torchrun run's ranks and whether its weights are sharded; the peak is one rank's.
     A model whose configuration transformers cannot build alone (a heterogeneous compact checkpoint,
-    say) is not counted: `config` is returned with a warning.
+    say), or one with fused Mixture-of-Experts experts, is not counted: `config` is returned with a warning.
     """
     try:
         model = meta_model(model_name, dtype)
     except SurgeonError as error:
         logger.warning("memory not checked before loading: %s", error)
+        return config
+    if uncounted_experts(model):
+        logger.warning("memory not checked before loading: the plan does not count Mixture-of-Experts experts yet")
         return config
     counts = count(model, config, nsamples, seqlen, "cuda")
     check_block_groups(counts["blocks"], ranks, config)

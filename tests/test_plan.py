@@ -116,6 +116,16 @@ def test_a_model_the_plan_cannot_build_is_not_refused(tmp_path, caplog):
         meta_model(str(tmp_path), "bfloat16")
 
 
+def test_experts_the_plan_cannot_count_are_named_not_undercounted(tmp_path, caplog):
+    """A Mixture-of-Experts model: `surgeon plan` refuses in one line; a run's fit check is skipped with a warning."""
+    family_model("mixtral").config.save_pretrained(tmp_path)
+    with pytest.raises(SurgeonError, match=r"mixtral: surgeon plan does not count Mixture-of-Experts experts yet "
+                                           r"\(model\.layers\.0\.mlp\.experts, …\)"):
+        make_plan(PlanConfig(model=str(tmp_path)), STRUCTURED)
+    assert fit_to_gpu(str(tmp_path), "bfloat16", 128, 2048, STRUCTURED, 1) is STRUCTURED
+    assert "does not count Mixture-of-Experts experts" in caplog.text
+
+
 def test_plan_command_writes_json(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main(["plan", "--model", str(ROOT / "bench/configs/llama-2-13b.json"), "--structure", "unstructured",
