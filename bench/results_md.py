@@ -368,7 +368,8 @@ def dropin_oneshot_rows() -> list[str]:
     quality = RESULTS / "quality"
     commits = {commit_of(p) for p in quality.glob("*-llmc-surgeon-sparsegpt@*.json")}
     commits = {c for c in commits if list(quality.glob(f"*-llmc-sparsegpt@{c}.json"))}
-    newest_commit = min(commits, key=lambda c: commit_order().get(c, len(commit_order())), default=None)
+    order = commit_order()
+    newest_commit = min(commits, key=lambda c: order.get(c, len(order)), default=None)
     if newest_commit is None:
         return []
     out = ["", "Inside llm-compressor's `oneshot` (`bench/peers.py`: the quality table's protocol, SmolLM2-135M, 8 × "

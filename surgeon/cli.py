@@ -70,7 +70,7 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type, only: Sequence[str] 
         if base is bool and f.default is None:  # resolved by the config: --X or --no-X overrides it
             shown = f.metadata["shown"]
             parser_or_group.add_argument(option, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
-                                help=f"{text} (default: {shown})".replace("%", "%%"))
+                                         help=f"{text} (default: {shown})".replace("%", "%%"))
             continue
         if base is bool:
             parser_or_group.add_argument(option, dest=f.name, action="store_true", help=text)
@@ -81,7 +81,7 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type, only: Sequence[str] 
             shown = f.metadata.get("shown") or f.default
             text += f" (default: {shown})"
         parser_or_group.add_argument(option, dest=f.name, type=base, default=f.default, choices=choices,
-                            required=f.name in required, help=text.replace("%", "%%"))
+                                     required=f.name in required, help=text.replace("%", "%%"))
 
 
 def _build(cls: type, args: argparse.Namespace, only: Sequence[str] | None = None) -> Any:
