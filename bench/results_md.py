@@ -221,7 +221,9 @@ def time_to_quality_section(runs: dict[str, dict[str, Any]], commit: str) -> lis
            "point from a fixed reference (4 shots, conjugate gradients to 1e-4 or 40 iterations, λ_G = 0.1, nothing "
            "propagated), each run alone on the 2 cores; the quality table's own rows come first. Seconds are the "
            "pruning's wall time. The curves: [docs/figures/time-to-quality.png](../docs/figures/time-to-quality.png) "
-           "(`python bench/time_to_quality.py --figure`).", "",
+           "(`python bench/time_to_quality.py --figure`). The CLI's defaults are the rows `structured-0.8-surgeon` "
+           "(4 shots), `unstructured-0.5-shots2-defaults` (2 shots) and the N:M rows `2of4-0.5-surgeon` and "
+           "`4of8-0.5-surgeon` (docs/DESIGN.md, \"Shots by default\").", "",
            "| point | commit | shots | CG tolerance | CG iterations | damping G | propagated | LoRA steps | other "
            "| perplexity | seconds |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     reference = [(name, runs[name], commit) for name in (
