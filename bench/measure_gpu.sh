@@ -2,8 +2,7 @@
 # Re-measures every GPU figure in bench/RESULTS.md on a CUDA machine: the CUDA kernel tests, the kernel
 # microbenchmarks (bench/gpu_kernels.py, bench/kfac_accuracy.py) and the Llama-2-7B-shaped shot timings
 # given as arguments ("BLOCKS:SHOTS:BATCH", e.g. 8:4:1 32:4:2; a fourth field "profile" also writes
-# torch.profiler's table, a number sets --group-bytes, e.g. 32:4:2:0 for one factor-accumulation launch
-# per factor, and "lowmem" runs --activation-checkpointing --offload --block-groups 2; a fifth field names another structure, unstructured pruned to 50% instead of 80%, N:M
+# torch.profiler's table, and "lowmem" runs --activation-checkpointing --offload --block-groups 2; a fifth field names another structure, unstructured pruned to 50% instead of 80%, N:M
 # written NofM, e.g. 32:1:2::unstructured or 32:1:2::2of4), and the generation speed of SmolLM2 and of the
 # checkpoints named in GENERATION_MODELS (bench/generation_speed.py). Logs and JSON go to $OUT (default
 # out/gpu); the generation results go to bench/results/gpu. The shots run --backend triton (BACKEND=auto
@@ -61,7 +60,6 @@ for spec in "$@"; do
   esac
   extra=()
   [ "$profile" = profile ] && extra=(--profile "$OUT/profile-$name.txt")
-  [[ "$profile" =~ ^[0-9]+$ ]] && extra=(--group-bytes "$profile")
   [ "$profile" = lowmem ] && extra=(--activation-checkpointing --offload --block-groups 2)
   timeout 420 python3 bench/shot_time.py --config bench/configs/llama-2-7b.json --layers "$blocks" --device cuda \
     --dtype bfloat16 --nsamples 128 --seqlen 2048 --shots "$shots" --batch-size "$batch" "${target[@]}" \

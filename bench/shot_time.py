@@ -61,9 +61,6 @@ def main() -> None:
     parser.add_argument("--target-size", type=float, default=None, help="default: 0.8; N:M keeps N/M")
     parser.add_argument("--shots", type=int, default=None, help="default: PruneConfig's for the structure")
     parser.add_argument("--backend", default="auto")
-    parser.add_argument("--group-bytes", type=int, default=None,
-                        help="queued bytes per grouped factor accumulation on this device (0: one launch per "
-                             "factor; default: surgeon.curvature.DEFAULT_GROUP_BYTES)")
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--curvature-split", default="batches", choices=["batches", "blocks"])
     parser.add_argument("--fsdp", action="store_true", help="under torchrun: shard the weights with FSDP2")
@@ -84,7 +81,7 @@ def main() -> None:
     windows = torch.randint(0, config.vocab_size, (args.nsamples, args.seqlen),
                             generator=torch.Generator().manual_seed(0))
     prune_config = PruneConfig(structure=args.structure, target_size=args.target_size, shots=args.shots,
-                               batch_size=args.batch_size, backend=args.backend, group_bytes=args.group_bytes,
+                               batch_size=args.batch_size, backend=args.backend,
                                curvature_split=args.curvature_split,
                                activation_checkpointing=args.activation_checkpointing, offload=args.offload,
                                block_groups=args.block_groups)
@@ -108,7 +105,7 @@ def main() -> None:
         torch=torch.__version__, model_config=str(args.config), blocks=config.num_hidden_layers,
         hidden=config.hidden_size, dtype=args.dtype, nsamples=args.nsamples, seqlen=args.seqlen,
         build_seconds=built, command=" ".join(sys.argv), ranks=1 if group is None else group.size(),
-        group_bytes=curvature._group_bytes(device, args.group_bytes),
+        group_bytes=curvature.DEFAULT_GROUP_BYTES.get(device.type, 0),
         **report.to_dict(),
     )
     result.pop("layers")  # per-layer sparsity of random weights says nothing

@@ -49,22 +49,26 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"surgeon: error: {message} (see `{self.prog} --help`)\n")
 
 
+def _field_type(cls: type, f: dataclasses.Field) -> tuple[type, tuple | None]:
+    """The type a field's option or settings-file value takes (X for `X | None`, str for a Literal), and its choices."""
+    base = typing.get_type_hints(cls)[f.name]
+    if typing.get_origin(base) in (typing.Union, types.UnionType):  # X | None: the option takes an X
+        base = next(t for t in typing.get_args(base) if t is not type(None))
+    if typing.get_origin(base) is typing.Literal:
+        return str, typing.get_args(base)
+    return base, f.metadata.get("choices")
+
+
 def _add_fields(parser: argparse.ArgumentParser, cls: type, only: Sequence[str] | None = None,
                 required: Sequence[str] = (), helps: dict[str, str] | None = None,
                 groups: dict[str, Any] | None = None) -> None:
     """Add one `--option` per dataclass field: type, choices and help from the field, its default shown once;
     `groups` maps a field to the argument group that shows it (default: the parser's own list)."""
-    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if only is not None and f.name not in only:
             continue
         parser_or_group = (groups or {}).get(f.name, parser)
-        base = hints[f.name]
-        if typing.get_origin(base) in (typing.Union, types.UnionType):  # X | None: the option takes an X
-            base = next(t for t in typing.get_args(base) if t is not type(None))
-        choices = f.metadata.get("choices")
-        if typing.get_origin(base) is typing.Literal:
-            base, choices = str, typing.get_args(base)
+        base, choices = _field_type(cls, f)
         text = (helps or {}).get(f.name, f.metadata["help"])
         option = "--" + f.name.replace("_", "-")
         if base is bool and f.default is None:  # resolved by the config: --X or --no-X overrides it
@@ -210,21 +214,66 @@ def _add_run_command(sub: Any, name: str, cls: type, func: Any, help: str, descr
     command.set_defaults(func=func)
 
 
-# `surgeon prune --help` shows its options in these groups, in this order; every other PruneConfig field is
-# in "advanced".
+# `surgeon prune --help` shows its options in these groups, in this order. Every other field of RunConfig
+# and PruneConfig is set in a settings file (`--config`), which any option given on the command line overrides.
 PRUNE_GROUPS = {
     "what to prune": ("model", "tokenizer", "structure", "target_size", "shots", "method", "leave_out", "uniform",
                       "width_multiple", "speed_context"),
-    "calibration": ("calibration", "nsamples", "seqlen", "seed"),
-    "evaluation": ("dataset", "eval_windows", "eval_seqlen", "eval_every_shot", "tasks", "task_path", "task_limit"),
-    "output": ("output", "overwrite", "resume", "checkpoint_shots"),
-    "memory and scale": ("device", "dtype", "batch_size", "backend", "curvature_split", "fsdp",
-                         "activation_checkpointing", "offload", "block_groups", "group_bytes"),
+    "calibration": ("calibration", "nsamples", "seqlen"),
+    "evaluation": ("dataset", "eval_windows", "eval_seqlen", "eval_every_shot", "tasks"),
+    "output": ("output", "overwrite", "resume"),
+    "memory and scale": ("device", "dtype", "batch_size", "curvature_split", "fsdp", "activation_checkpointing",
+                         "offload", "block_groups"),
+    "the method": ("max_correlate", "damp_a", "damp_g", "propagate", "lora_steps"),
 }
+PRUNE_GROUP_HELP = {
+    "the method": "the defaults are measured (docs/DESIGN.md); the paper's own settings are --max-correlate 64 "
+    "--damp-g 0.01 (its unstructured updates), --no-propagate --shots 4 (N:M), --lora-steps N (sec. 3.6), and "
+    "correlation: within in a --config file (its structured ablation)",
+}
+SETTINGS_CLASSES = (RunConfig, PruneConfig)
+FILE_ONLY = tuple(f.name for cls in SETTINGS_CLASSES for f in dataclasses.fields(cls)
+                  if not any(f.name in names for names in PRUNE_GROUPS.values()))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `surgeon` argument parser with its `eval`, `prune`, `plan`, `export` and `report` subcommands."""
+def read_settings(path: str) -> dict[str, Any]:
+    """The settings of a `--config` file (JSON, or YAML by its suffix): field names of RunConfig and PruneConfig
+    with values of the field's type; a bad file, name or value is a SurgeonError naming it."""
+    import json
+
+    try:
+        text = open(path, encoding="utf-8").read()
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            values = yaml.safe_load(text)
+        else:
+            values = json.loads(text)
+    except (OSError, ValueError) as error:
+        raise SurgeonError(f"--config {path}: {error}") from error
+    if not isinstance(values, dict):
+        raise SurgeonError(f"--config {path}: expected a mapping of setting names to values")
+    fields = {f.name: (cls, f) for cls in SETTINGS_CLASSES for f in dataclasses.fields(cls)}
+    settings = {}
+    for key, value in values.items():
+        name = str(key).replace("-", "_")
+        if name not in fields or name == "output":
+            raise SurgeonError(f"--config {path}: {key!r} is not a setting of surgeon prune"
+                               + (" (give --output on the command line)" if name == "output" else ""))
+        cls, f = fields[name]
+        base, choices = _field_type(cls, f)
+        fits = value is None or (isinstance(value, base) and not (base is int and isinstance(value, bool))
+                                 or base is float and isinstance(value, int) and not isinstance(value, bool))
+        if not fits or (choices and value is not None and value not in choices):
+            raise SurgeonError(f"--config {path}: {key} = {value!r} is not a valid {base.__name__}"
+                               + (f" (one of {', '.join(map(str, choices))})" if choices else ""))
+        settings[name] = value
+    return settings
+
+
+def build_parser(settings: dict[str, Any] | None = None) -> argparse.ArgumentParser:
+    """The `surgeon` argument parser with its `eval`, `prune`, `plan`, `export` and `report` subcommands;
+    `settings` (from a `--config` file) are the defaults of `surgeon prune`."""
     parser = _Parser(prog="surgeon", description="Prune large language models with LLM Surgeon "
                      "(structured, N:M semi-structured, unstructured) and measure their perplexity.")
     parser.add_argument("--version", action="version", version=f"surgeon {__version__}")
@@ -239,22 +288,21 @@ def build_parser() -> argparse.ArgumentParser:
     prune = sub.add_parser("prune", help="prune a model and save it with a JSON report",
                            description="Prune a model, evaluate it before and after, and save a Hugging Face "
                            "checkpoint with report.json into a new folder.")
-    groups: dict[str, Any] = {}
-    for title, names in PRUNE_GROUPS.items():
-        groups.update(dict.fromkeys(names, prune.add_argument_group(title)))
-    advanced = prune.add_argument_group("advanced", "the method's solver, curvature and damping, and the paper's "
-                                        "settings that are not the defaults")
-    groups.update({f.name: advanced for f in dataclasses.fields(PruneConfig) if f.name not in groups})
-    _add_fields(prune, RunConfig, required=("output",), helps={"output": OUTPUT_HELP["prune"]}, groups=groups)
-    _add_fields(prune, PruneConfig, groups=groups)
-    prune.set_defaults(func=_cmd_prune)
+    titled = {title: prune.add_argument_group(title, PRUNE_GROUP_HELP.get(title)) for title in PRUNE_GROUPS}
+    groups = {name: titled[title] for title, names in PRUNE_GROUPS.items() for name in names}
+    shown = list(groups)
+    _add_fields(prune, RunConfig, shown, required=("output",), helps={"output": OUTPUT_HELP["prune"]}, groups=groups)
+    titled["the method"].add_argument(
+        "--config", metavar="FILE", help="a JSON or YAML file of settings, by field name: any option above, and "
+        f"{', '.join(FILE_ONLY)} (docs/USAGE.md); options given here override it")
+    _add_fields(prune, PruneConfig, shown, groups=groups)
+    prune.set_defaults(func=_cmd_prune, config=None, **(settings or {}))
     plan = sub.add_parser("plan", help="count the memory and time of a pruning run from the model's config",
                           description="Count, from the model's configuration alone (no weights), the GPU memory of "
                           "every phase of a pruning shot, whether it fits, and the time per shot projected from "
                           "measured rates.")
     _add_fields(plan, PlanConfig, helps={"output": OUTPUT_HELP["plan"]})
-    _add_fields(plan, PruneConfig, ("structure", "target_size", "shots", "method", "batch_size", "kronecker_terms",
-                                    "group_bytes", "leave_out"))
+    _add_fields(plan, PruneConfig, ("structure", "target_size", "shots", "method", "batch_size", "leave_out"))
     plan.set_defaults(func=_cmd_plan)
     _add_run_command(sub, "export", ExportConfig, _cmd_export, "write a pruned model without its removed neurons "
                      "and heads", "Write the model of a `surgeon prune` output folder with the MLP neurons and "
@@ -293,6 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = None
     try:
         args = build_parser().parse_args(argv)
+        if getattr(args, "config", None):
+            args = build_parser(read_settings(args.config)).parse_args(argv)
         logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s")
         _quiet_libraries(args.quiet)
         from tqdm.contrib.logging import logging_redirect_tqdm

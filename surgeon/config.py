@@ -34,7 +34,6 @@ NEEDS_G = ("surgeon", "kobd")  # those whose pass runs backward, for the output-
 # where the curvature pass and the prune phase keep their tensors: they change time and memory, never a result
 MEMORY_OPTIONS = ("activation_checkpointing", "offload", "block_groups")
 Correlation = Literal["joint", "within"]
-ChunkSemantics = Literal["sequential", "independent"]
 _NM = re.compile(r"^(\d+):(\d+)$")
 
 
@@ -89,28 +88,21 @@ class PruneConfig:
     method: str = _opt("surgeon", f"pruning method ({METHOD_HELP})", METHODS)
     correlation: Correlation = _opt("joint", "structured surgeon update: joint rows+columns, or within rows / columns")
     max_correlate: int | None = _opt(
-        0, "unstructured/N:M surgeon: at most this many weights solved jointly (0 = all, exact, by CG)"
-    )
-    chunk_semantics: ChunkSemantics = _opt(
-        "sequential", "unstructured/N:M chunks: sequential (each chunk sees earlier updates) or independent"
+        0, "unstructured/N:M surgeon: at most this many weights solved jointly, the chunks' updates summed (the "
+        "paper's m, sec. 3.4) (0 = all, exact, by CG)"
     )
     cg_tol: float = _opt(1e-3, "max-correlate 0: relative residual at which conjugate gradients stop")
     cg_max_iter: int = _opt(40, "max-correlate 0: at most this many conjugate-gradient iterations per layer")
     cg_dtype: str | None = _opt(None, "max-correlate 0: run the conjugate-gradient products G⁻¹ V A⁻¹ in this dtype",
                                 ("bfloat16", "float16"), shown="the model's dtype")
-    fisher: str = _opt("empirical", "curvature: empirical Fisher (data labels) or sampled", ("empirical", "sampled"))
     damp_a: float | None = _opt(None, "relative damping of A: A + λ·mean(diag A)·I",
                                 shown=f"{DEFAULT_DAMP_A}; {COUPLED_DAMP_A} for structure coupled with surgeon")
     damp_g: float | None = _opt(None, "relative damping of G: G + λ·mean(diag G)·I",
                                 shown=f"{DEFAULT_DAMP_G}; {PROPAGATED_DAMP_G} with propagate")
     batch_size: int = _opt(1, "calibration windows per forward/backward pass")
-    group_bytes: int | None = _opt(
-        None, "queued activation bytes per grouped factor accumulation (0: each tensor at once)",
-        shown="512 MiB on CUDA, 0 on the CPU",
-    )
     propagate: bool | None = _opt(
         None, "N:M: prune the last shot block by block, each block's A from the inputs of the blocks already pruned "
-        "(as SparseGPT; G from the shot's pass)", shown="on for N:M with surgeon, kobd or lobd (one Kronecker term)"
+        "(as SparseGPT; G from the shot's pass)", shown="on for N:M with surgeon, kobd or lobd"
     )
     curvature_split: str = _opt(
         "batches", "under torchrun: each rank runs a share of the calibration batches and the factors are summed onto "
@@ -129,22 +121,10 @@ class PruneConfig:
         1, "with offload: split the decoder blocks into N groups and run the curvature pass once per group, each "
         "accumulating only its group's factors before they move to host memory (N passes, 1/N of the factors)"
     )
-    kronecker_terms: int = _opt(
-        1, "Kronecker terms of the curvature: 1 (G ⊗ A, eq. 6) or 2 (nearest sum of two, power method, paper "
-        "appendix; unstructured/N:M surgeon with max-correlate 0; measured far worse on SmolLM2, bench/RESULTS.md)",
-        (1, 2),
-    )
-    power_iterations: int = _opt(
-        3, "kronecker-terms 2: power-method passes in the first shot (later shots: 1, warm-started)"
-    )
-    curvature_dtype: str | None = _opt(
-        None, "run the curvature pass's matrix products under autocast in this dtype", ("bfloat16", "float16"),
-        shown="the model's dtype",
-    )
     lora_steps: int = _opt(0, "interleaved LoRA steps between shots (0 = off; paper 3.6)")
     lora_rank: int = _opt(8, "rank of the interleaved LoRA adapters")
     lora_lr: float = _opt(1e-4, "learning rate of the interleaved LoRA adapters")
-    seed: int = _opt(0, "random seed (calibration sampling, sampled Fisher, LoRA)")
+    seed: int = _opt(0, "random seed (calibration sampling, LoRA)")
     backend: str = _opt(
         "auto", "kernels: auto (Triton on CUDA, the compiled op on the CPU when built, else PyTorch), or one of them",
         ("auto", "triton", "cpp", "torch"),
@@ -168,8 +148,7 @@ class PruneConfig:
         if self.shots is None:
             object.__setattr__(self, "shots", DEFAULT_SHOTS[self.structure] if nm is None else 1)
         if self.propagate is None:
-            object.__setattr__(self, "propagate", nm is not None and self.method in NEEDS_A
-                               and self.kronecker_terms == 1)
+            object.__setattr__(self, "propagate", nm is not None and self.method in NEEDS_A)
         if self.damp_g is None:
             object.__setattr__(self, "damp_g", PROPAGATED_DAMP_G if self.propagate else DEFAULT_DAMP_G)
         if self.damp_a is None:
@@ -198,28 +177,16 @@ class PruneConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name}={value}: must be >= 0")
-        if self.group_bytes is not None and self.group_bytes < 0:
-            raise ValueError(f"group_bytes={self.group_bytes}: must be >= 0")
-        if self.propagate and (self.nm is None or self.method not in NEEDS_A
-                               or self.kronecker_terms != 1):
-            raise ValueError("propagate prunes the last N:M shot of surgeon, kobd or lobd (one Kronecker term) block "
-                             "by block: use an N:M structure")
+        if self.propagate and (self.nm is None or self.method not in NEEDS_A):
+            raise ValueError("propagate prunes the last N:M shot of surgeon, kobd or lobd block by block: use an N:M "
+                             "structure")
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size}: must be at least 1")
-        if self.kronecker_terms not in (1, 2):
-            raise ValueError(f"kronecker_terms={self.kronecker_terms}: use 1 or 2")
-        if self.kronecker_terms == 2 and (self.structure in ("structured", "coupled") or self.method != "surgeon"
-                                          or self.max_correlate not in (0, None)):
-            raise ValueError("kronecker_terms=2 needs method surgeon, unstructured or N:M structure and "
-                             "max_correlate 0 "
-                             "(structured costs of a sum need an inverse per row; the chunked solves need G⁻¹ ⊗ A⁻¹)")
-        if self.power_iterations < 2:
-            raise ValueError(f"power_iterations={self.power_iterations}: at least 2 (term 2 starts on the second pass)")
         if self.cg_dtype not in (None, "bfloat16", "float16"):
             raise ValueError(f"cg_dtype={self.cg_dtype!r}: use bfloat16, float16, or None (the model's)")
-        if self.cg_dtype is not None and (self.kronecker_terms == 2 or self.max_correlate not in (0, None)):
+        if self.cg_dtype is not None and self.max_correlate not in (0, None):
             raise ValueError("cg_dtype sets the precision of the joint conjugate-gradient solve: it needs "
-                             "max_correlate 0 and one Kronecker term")
+                             "max_correlate 0")
         if self.block_groups < 1:
             raise ValueError(f"block_groups={self.block_groups}: must be at least 1")
         if self.block_groups > 1 and not self.offload:
@@ -228,15 +195,12 @@ class PruneConfig:
         if self.offload and self.structure not in ("structured", "coupled"):
             raise ValueError(f"offload holds the factors of a structured or coupled run, not {self.structure} (its "
                              "element costs are read again and again while the threshold is selected)")
-        if self.offload and (self.method not in NEEDS_A or self.kronecker_terms != 1):
-            raise ValueError(f"offload holds the Kronecker factors of surgeon, kobd or lobd with one term; method "
-                             f"{self.method} with kronecker_terms {self.kronecker_terms} has none to hold")
-        if self.activation_checkpointing and (self.method not in NEEDS_G or self.kronecker_terms != 1):
-            raise ValueError(f"activation_checkpointing recomputes the blocks in the backward pass of surgeon or kobd "
-                             f"with one Kronecker term; method {self.method} with kronecker_terms "
-                             f"{self.kronecker_terms} runs none")
-        if self.curvature_dtype not in (None, "bfloat16", "float16"):
-            raise ValueError(f"curvature_dtype={self.curvature_dtype!r}: use bfloat16, float16, or None (the model's)")
+        if self.offload and self.method not in NEEDS_A:
+            raise ValueError(f"offload holds the Kronecker factors of surgeon, kobd or lobd; method {self.method} "
+                             "has none to hold")
+        if self.activation_checkpointing and self.method not in NEEDS_G:
+            raise ValueError(f"activation_checkpointing recomputes the blocks in the backward pass of surgeon or kobd; "
+                             f"method {self.method} runs none")
 
     @property
     def leave_out_parts(self) -> tuple[str, ...]:

@@ -9,7 +9,6 @@ whose curvature diagonal is exactly zero is dead and costs 0 (`dead`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,12 +17,9 @@ from surgeon.damping import damped_diagonal, damping
 from surgeon.inverses import Index, KroneckerInverse
 from surgeon.layer import Layer, submatrix
 
-if TYPE_CHECKING:
-    from surgeon.kronecker_sum import KroneckerSum
 
-
-def element_costs(W: torch.Tensor, f: KroneckerInverse | KroneckerSum) -> torch.Tensor:
-    """L_rc = ½ W_rc² / [F⁻¹]_(rc),(rc) (eq. 7, elements); ½ W_rc² / ([G⁻¹]_rr [A⁻¹]_cc) for one Kronecker factor."""
+def element_costs(W: torch.Tensor, f: KroneckerInverse) -> torch.Tensor:
+    """L_rc = ½ W_rc² / ([G⁻¹]_rr [A⁻¹]_cc) (eq. 7, elements)."""
     return 0.5 * W.square() / f.element_diagonal()
 
 

@@ -20,8 +20,6 @@ Two ways to hold less during the pass (docs/DESIGN.md, "Memory design"): activat
 of the decoder blocks (`checkpoint_blocks`: a block keeps only its inputs and runs again in the
 backward pass, where the hooks skip it), and factors kept in host memory (`HostFactors`), filled by
 one pass per group of blocks.
-
-The paper's appendix alternative, a sum of two Kronecker factors, is `surgeon.kronecker_sum`.
 """
 
 from __future__ import annotations
@@ -64,8 +62,6 @@ class LayerFactors:
     G: PackedSymmetric | None
     row_quadratic: torch.Tensor | None = None
     col_quadratic: torch.Tensor | None = None
-    G2: PackedSymmetric | None = None  # second term of a sum G ⊗ A + G2 ⊗ A2 (`estimate_sum`)
-    A2: PackedSymmetric | None = None
 
 
 def _moved(entry: LayerFactors, device: torch.device | str, memo: dict[int, PackedSymmetric]) -> LayerFactors:
@@ -76,8 +72,7 @@ def _moved(entry: LayerFactors, device: torch.device | str, memo: dict[int, Pack
             memo[id(factor)] = factor.to(device)
         return memo[id(factor)]
 
-    G, A2, G2 = (None if factor is None else move(factor) for factor in (entry.G, entry.A2, entry.G2))
-    return dataclasses.replace(entry, A=move(entry.A), G=G, A2=A2, G2=G2)
+    return dataclasses.replace(entry, A=move(entry.A), G=None if entry.G is None else move(entry.G))
 
 
 class HostFactors:
@@ -137,7 +132,7 @@ def _layer_hooks(layers: list[tuple[str, nn.Linear]], before, after) -> Iterator
 
 def _check_finite(name: str, entry: LayerFactors) -> None:
     """Raise naming the layer and factor if any factor of `entry` holds a NaN or an infinity."""
-    for label in ("A", "G", "A2", "G2"):
+    for label in ("A", "G"):
         factor = getattr(entry, label)
         if factor is not None and not factor.isfinite():
             raise SurgeonError(f"non-finite curvature ({label}) in layer {name}: check the model dtype and data")
@@ -153,9 +148,8 @@ class _Collector:
     """
 
     def __init__(self, layers: list[tuple[str, nn.Linear]], tokens: int, need_g: bool, backend: str,
-                 group_bytes: int = 0, input_dtype: torch.dtype | None = None):
+                 group_bytes: int = 0):
         self.layers, self.need_g, self.backend, self.group_bytes = layers, need_g, backend, group_bytes
-        self.input_dtype = input_dtype  # under autocast: the dtype the layers' products read their inputs in
         self.scale = 1.0 / math.sqrt(tokens)
         self.factors: dict[str, LayerFactors] = {}
         self.owner: dict[str, str] = {}
@@ -187,7 +181,7 @@ class _Collector:
         for name, _, x, _, version in self._queue:
             if x._version != version:
                 raise SurgeonError(f"the input or output gradient of layer {name} was modified in place before its "
-                                   "curvature was accumulated; set group_bytes (--group-bytes) to 0 for this model")
+                                   "curvature was accumulated; pass group_bytes=0 to curvature.estimate for this model")
         _, outs, xs, biases, _ = zip(*self._queue)
         self._queue, self._queued_bytes = [], 0
         ops.kfac_accumulate_group(outs, xs, self.scale, biases, self.backend)
@@ -209,8 +203,7 @@ class _Collector:
                 self.factors[name] = LayerFactors(self.factors[self.owner[name]].A, None)
         self._last = (x, name)
         if self.owner[name] == name:
-            flat = x.detach().reshape(-1, x.shape[-1])
-            self._add(name, self.factors[name].A, flat if self.input_dtype is None else flat.to(self.input_dtype), bias)
+            self._add(name, self.factors[name].A, x.detach().reshape(-1, x.shape[-1]), bias)
         if not (self.need_g and x.requires_grad):
             return None
         alias = x.view_as(x)
@@ -278,29 +271,24 @@ def _frozen(model: nn.Module) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
-def _logit_gradient(logits: torch.Tensor, batch: torch.Tensor, fisher: str,
-                    generator: torch.Generator) -> torch.Tensor:
+def _logit_gradient(logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
     """∂/∂z of the summed next-token loss −Σ_n log softmax(z_n)[y_n]: softmax(z_n) − e_{y_n}, zero at the last
     position (it has no next token).
 
-    Labels y are the data's next tokens (empirical Fisher) or samples from softmax(z_n) (sampled
-    Fisher), drawn from the same probabilities. Written out rather than by autograd through
-    `F.cross_entropy`, whose log-softmax output, zero-filled NLL gradient and log-softmax backward
-    are three more [L, vocabulary] passes: the pass took 4.29–4.59 s per 512-token SmolLM2 window
-    on the 2-core CPU with them, 3.70–3.93 s without (bench/RESULTS.md).
+    Labels y are the data's next tokens: the empirical Fisher, as the paper uses (its "Block Fisher
+    Information Matrix"). Written out rather than by autograd through `F.cross_entropy`, whose
+    log-softmax output, zero-filled NLL gradient and log-softmax backward are three more [L, vocabulary]
+    passes: the pass took 4.29–4.59 s per 512-token SmolLM2 window on the 2-core CPU with them,
+    3.70–3.93 s without (bench/RESULTS.md).
     """
     probs = torch.softmax(logits.detach(), dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
-    if fisher == "empirical":
-        labels = batch[:, 1:]
-    else:
-        flat = probs[:, :-1].reshape(-1, probs.shape[-1])
-        labels = torch.multinomial(flat.cpu(), 1, generator=generator).reshape(batch[:, 1:].shape).to(batch.device)
+    labels = batch[:, 1:]
     probs[:, -1] = 0
     probs[:, :-1].scatter_add_(-1, labels.unsqueeze(-1), probs.new_full(labels.shape, -1.0).unsqueeze(-1))
     return probs.to(logits.dtype)
 
 
-def _backward(model: nn.Module, batch: torch.Tensor, fisher: str, generator: torch.Generator) -> None:
+def _backward(model: nn.Module, batch: torch.Tensor) -> None:
     """One forward and input-gradient backward pass of the loss summed over the batch's tokens.
 
     The gradient starts at the embeddings' output, made a leaf that requires grad by a hook inside
@@ -312,20 +300,18 @@ def _backward(model: nn.Module, batch: torch.Tensor, fisher: str, generator: tor
         logits = model(batch, use_cache=False).logits
     finally:
         handle.remove()
-    logits.backward(_logit_gradient(logits, batch, fisher, generator))
+    logits.backward(_logit_gradient(logits, batch))
 
 
 def _collect(
     layers: list[tuple[str, nn.Linear]], passes: Iterable[Callable[[], object]], tokens: int, need_g: bool,
-    backend: str, autocast: str | None, group_bytes: int | None, checkpoint_blocks: Sequence[nn.Module] = (),
+    backend: str, group_bytes: int | None, checkpoint_blocks: Sequence[nn.Module] = (),
 ) -> dict[str, LayerFactors]:
     """The factors (eq. 6) that the hooks on `layers` accumulate while each of `passes` runs, checked finite;
     `checkpoint_blocks` run under activation checkpointing."""
     device = layers[0][1].weight.device
-    low = None if autocast is None else getattr(torch, autocast)
-    collector = _Collector(layers, tokens, need_g, backend, _group_bytes(device, group_bytes), low)
-    with collector.hooks(), _checkpointed(checkpoint_blocks, collector.recompute), \
-            torch.autocast(device.type, dtype=low, enabled=low is not None):
+    collector = _Collector(layers, tokens, need_g, backend, _group_bytes(device, group_bytes))
+    with collector.hooks(), _checkpointed(checkpoint_blocks, collector.recompute):
         for run in passes:
             run()
             collector.flush()
@@ -349,12 +335,9 @@ def estimate(
     layers: list[tuple[str, nn.Linear]],
     windows: torch.Tensor,
     need_g: bool = True,
-    fisher: str = "empirical",
     batch_size: int = 1,
-    seed: int = 0,
     backend: str = "auto",
     desc: str = "curvature",
-    autocast: str | None = None,
     progress: bool = True,
     group_bytes: int | None = None,
     batches: Sequence[int] | None = None,
@@ -362,24 +345,19 @@ def estimate(
 ) -> dict[str, LayerFactors]:
     """Kronecker factors (A, and G when `need_g`) of `layers` over calibration `windows` [n, L] (eq. 6).
 
-    `autocast` ("bfloat16", "float16"): run the pass under `torch.autocast` in that dtype, the
-    layers' inputs cast to it for A as the layers' products see them (factors stay float32).
     `group_bytes`: queued bytes per grouped accumulation (None: `DEFAULT_GROUP_BYTES` of the device).
     `batches`: the indices of the batches of `batch_size` windows to run (None: all), each scaled as
-    part of all the windows, so that the factors of all shares sum to those of all the windows. A
-    sampled Fisher draws each batch's labels from its own generator, seeded with `seed`·65537 + index
-    (the CPU generator keeps 32 bits of a seed). `checkpoint_blocks`: modules (the decoder blocks) run
-    under activation checkpointing, the same factors for less activation memory and one more forward.
+    part of all the windows, so that the factors of all shares sum to those of all the windows.
+    `checkpoint_blocks`: modules (the decoder blocks) run under activation checkpointing, the same
+    factors for less activation memory and one more forward.
     """
     device = next(model.parameters()).device
     split = windows.to(device).split(batch_size)  # one copy: a copy from pageable memory waits for the device
     chosen = range(len(split)) if batches is None else batches
-    runs = ((split[i], torch.Generator().manual_seed(seed * 65_537 + i))
-            for i in tqdm(chosen, desc=desc, leave=False, disable=not progress))
-    passes = (functools.partial(_backward, model, batch, fisher, generator) if need_g
-              else functools.partial(_forward, model, batch) for batch, generator in runs)
+    passes = (functools.partial(_backward if need_g else _forward, model, split[i])
+              for i in tqdm(chosen, desc=desc, leave=False, disable=not progress))
     with _frozen(model):
-        factors = _collect(layers, passes, windows.numel(), need_g, backend, autocast, group_bytes,
+        factors = _collect(layers, passes, windows.numel(), need_g, backend, group_bytes,
                            checkpoint_blocks if need_g else ())
     for name, entry in factors.items():
         if need_g and entry.G is None:
@@ -391,7 +369,7 @@ def estimate(
 
 def estimate_inputs(
     layers: list[tuple[str, nn.Linear]], forwards: Iterable[Callable[[], object]], tokens: int,
-    backend: str = "auto", autocast: str | None = None, group_bytes: int | None = None,
+    backend: str = "auto", group_bytes: int | None = None,
 ) -> dict[str, LayerFactors]:
     """The input factors A of `layers` (eq. 6) over `tokens` tokens, from calling each of `forwards`.
 
@@ -399,4 +377,4 @@ def estimate_inputs(
     as SparseGPT and Wanda prune block by block); no gradients are computed.
     """
     with torch.no_grad():
-        return _collect(layers, forwards, tokens, False, backend, autocast, group_bytes)
+        return _collect(layers, forwards, tokens, False, backend, group_bytes)

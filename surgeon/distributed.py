@@ -175,8 +175,6 @@ class Ranks:
         seen: set[int] = set()
         for name in list(raw):
             entry, owner = raw[name], self.owners[name]
-            if entry.G2 is not None:
-                raise SurgeonError("a sum of two Kronecker factors (kronecker_terms=2) runs in one process")
             for tensor in (entry.A.tiles, None if entry.G is None else entry.G.tiles, entry.row_quadratic,
                            entry.col_quadratic):
                 if tensor is not None and id(tensor) not in seen:

@@ -185,7 +185,7 @@ def count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, dev
         "layer": 3 * largest * 4 + 2 * widest * widest * 4,  # W, update, mask in float32; one dense inverse
         "block_inputs": 2 * nsamples * seqlen * settings.hidden_size * itemsize,  # for block-by-block pruning
         "logits": tokens * settings.vocab_size * (2 * itemsize + 4),  # logits, float32 probabilities, their gradient
-        "queue": QUEUE_BYTES_CUDA if device == "cuda" and config.group_bytes is None else (config.group_bytes or 0),
+        "queue": QUEUE_BYTES_CUDA if device == "cuda" else 0,
         "hessians": sum(packed_bytes(m.in_features) * 2 for _, m in blocks[0]),
     }
     block_factors: list[int] = []  # the packed factors of each decoder block's layers
@@ -200,9 +200,8 @@ def count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, dev
             for name, m in block:
                 width = m.in_features + (m.bias is not None)
                 A = packed_bytes(width) if trace.owners[name] == name else 0
-                sizes.append((A + packed_bytes(m.out_features) * need_g) * config.kronecker_terms)
-                layer_factors = max(layer_factors, (packed_bytes(width) + packed_bytes(m.out_features) * need_g)
-                                    * config.kronecker_terms)
+                sizes.append(A + packed_bytes(m.out_features) * need_g)
+                layer_factors = max(layer_factors, packed_bytes(width) + packed_bytes(m.out_features) * need_g)
                 accumulation += (width ** 2 // 2 if trace.owners[name] == name else 0) + \
                     m.out_features ** 2 // 2 * need_g
             block_factors.append(sum(sizes))
@@ -263,9 +262,9 @@ def _projected_seconds(counts: dict[str, Any], config: PruneConfig, nsamples: in
     """Seconds per shot on one H100 from the measured Llama-2-7B rates: curvature scaled by parameters × tokens,
     the prune phase by parameters.
 
-    Only for LLM Surgeon with one Kronecker term, the runs those rates were measured on; empty otherwise.
+    Only for LLM Surgeon, the runs those rates were measured on; empty otherwise.
     """
-    if config.method != "surgeon" or config.kronecker_terms != 1:
+    if config.method != "surgeon":
         return {}
     kind = config.structure if config.nm is None else "N:M propagated" if config.propagate else "N:M"
     if kind not in H100_PRUNE_S:
@@ -320,8 +319,8 @@ def _variants(config: PruneConfig, counts: dict[str, Any], ranks: int, split: st
                                block_groups=1)
     if not counts["block_factor_bytes"]:
         return [base]
-    checkpointing = (False, True) if config.method in NEEDS_G and config.kronecker_terms == 1 else (False,)
-    offload = config.structure in ("structured", "coupled") and config.kronecker_terms == 1
+    checkpointing = (False, True) if config.method in NEEDS_G else (False,)
+    offload = config.structure in ("structured", "coupled")
     limit = groups_limit(counts["blocks"], ranks, split) if offload else 1
     variants = [dataclasses.replace(base, activation_checkpointing=ac, offload=off, block_groups=groups)
                 for ac in checkpointing for off in ((False, True) if offload else (False,))

@@ -1,8 +1,7 @@
 """Resumable runs: after every shot, an atomic checkpoint of all that the next shot reads (docs/DESIGN.md, "Resume").
 
-A shot reads the prunable layers' weights and masks, the shots so far and, for a sum of two
-Kronecker factors, the power method's warm start; calibration windows and per-shot seeds are
-derived from the configuration. The checkpoint holds exactly these, the torch RNG state, the
+A shot reads the prunable layers' weights and masks and the shots so far; calibration windows and
+per-shot seeds are derived from the configuration. The checkpoint holds exactly these, the torch RNG state, the
 results of the run measured before pruning (the dense perplexity cannot be re-measured from a
 pruned model) and the configuration with its hash. A continued run therefore ends with the model
 an uninterrupted run ends with (bit-identical on the CPU).
@@ -29,7 +28,6 @@ import torch
 
 from surgeon.errors import SurgeonError
 from surgeon.io import COMPLETE_MARKER, write_json
-from surgeon.kronecker_sum import PowerIterate
 from surgeon.layer import Layer
 from surgeon.report import ShotReport
 
@@ -93,8 +91,8 @@ class Checkpoint:
     every: int = 1
     state: dict[str, Any] | None = None
 
-    def restore(self, layers: list[Layer], power: dict[str, list[PowerIterate]]) -> tuple[list[ShotReport], float]:
-        """Load the saved weights, masks, warm start and RNG into place: the shots done and their seconds."""
+    def restore(self, layers: list[Layer]) -> tuple[list[ShotReport], float]:
+        """Load the saved weights, masks and RNG into place: the shots done and their seconds."""
         if self.state is None:
             return [], 0.0
         from safetensors.torch import load_file
@@ -104,11 +102,6 @@ class Checkpoint:
             layer.assign([tensors[f"{layer.name}.{part}"] for part in ("weight", "bias")[:len(layer.parameters())]])
             for part in ("mask", "rows", "cols"):
                 getattr(layer, part).copy_(tensors[f"{layer.name}.{part}"])
-        for name, sigmas in self.state["power"].items():
-            device = next(layer.module.weight.device for layer in layers if layer.name == name)
-            power[name] = [PowerIterate(tensors[f"power.{name}.{i}.G"].to(device),
-                                        tensors[f"power.{name}.{i}.A"].to(device), sigma)
-                           for i, sigma in enumerate(sigmas)]
         torch.set_rng_state(tensors["rng"])
         shots = [ShotReport(**shot) for shot in self.state["shots"]]
         logger.info("resuming %s after shot %d", self.folder, len(shots))
@@ -118,8 +111,7 @@ class Checkpoint:
         """Whether a checkpoint is written after `shot` (`last`: the run's final shot)."""
         return self.every != 0 and (shot % self.every == 0 or last)
 
-    def save(self, layers: list[Layer], power: dict[str, list[PowerIterate]], shots: list[ShotReport],
-             seconds: float, last: bool) -> None:
+    def save(self, layers: list[Layer], shots: list[ShotReport], seconds: float, last: bool) -> None:
         """Write the checkpoint after the newest of `shots` (every `every`-th shot, and the last)."""
         shot = shots[-1].shot
         if not self.due(shot, last):
@@ -132,9 +124,6 @@ class Checkpoint:
                 tensors[f"{layer.name}.{part}"] = tensor.detach()
             for part in ("mask", "rows", "cols"):
                 tensors[f"{layer.name}.{part}"] = getattr(layer, part)
-        for name, terms in power.items():
-            for i, term in enumerate(terms):
-                tensors[f"power.{name}.{i}.G"], tensors[f"power.{name}.{i}.A"] = term.G, term.A
         self.folder.mkdir(parents=True, exist_ok=True)
         name = TENSORS.format(shot)
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{name}.", suffix=".tmp")
@@ -148,7 +137,6 @@ class Checkpoint:
         write_json(self.folder / STATE, {
             "shot": shot, "tensors": name, "config_hash": config_hash(self.fingerprint), "config": self.fingerprint,
             "before": self.before, "shots": [dataclasses.asdict(s) for s in shots], "seconds": seconds,
-            "power": {layer: [term.sigma for term in terms] for layer, terms in power.items()},
         })
         self._remove_tensors(keep=name)
 

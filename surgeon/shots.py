@@ -19,7 +19,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
-from surgeon import baselines, channels, costs, curvature, inverses, kronecker_sum, solver, threshold, units, updates
+from surgeon import baselines, channels, costs, curvature, inverses, solver, threshold, units, updates
 from surgeon.block_inputs import BlockInputs
 from surgeon.config import NEEDS_A, NEEDS_G, PruneConfig
 from surgeon.damping import damp
@@ -197,7 +197,7 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
     updated layers are broadcast with their masks. Returns the seconds spent on costs, threshold and
     updates.
     """
-    plans: list[kronecker_sum.KroneckerSum | inverses.KroneckerInverse | None] = []
+    plans: list[inverses.KroneckerInverse | None] = []
     element_costs: list[Deferred] = []
     device = layers[0].mask.device
     sibling: inverses.Sibling | None = None
@@ -218,31 +218,23 @@ def _element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: Pru
     masks = (threshold.nm_selection(element_costs, *nm, target_zeros, config.backend, ranks.reduce()) if nm
              else threshold.smallest_k(element_costs, target_zeros, config.backend, ranks.reduce()))
     times.append(_clock(device))
-    dense = inverses.unpacked(kept if isinstance(kept, inverses.KroneckerInverse) else None for kept in plans)
-    for layer, kept, inverse, mask in zip(layers, plans, dense, masks):
+    for layer, inverse, mask in zip(layers, inverses.unpacked(plans), masks):
         if ranks.mine(layer.name):
-            _element_update(layer, mask(), kept if inverse is None else inverse, config)
+            _element_update(layer, mask(), inverse, config)
     ranks.broadcast_layers(layers, masks=True)
     times.append(_clock(device))
     return _phases(times)
 
 
-Plan = kronecker_sum.KroneckerSum | inverses.KroneckerInverse | None
-
-
 def _element_plan(layer: Layer, entry: curvature.LayerFactors | None, config: PruneConfig,
-                  sibling: inverses.Sibling | None) -> tuple[Plan, Callable[[], torch.Tensor], inverses.Sibling | None]:
+                  sibling: inverses.Sibling | None
+                  ) -> tuple[inverses.KroneckerInverse | None, Callable[[], torch.Tensor], inverses.Sibling | None]:
     """What one layer's element update keeps (its packed inverse, or nothing for the OBD baselines), its element
     costs (eq. 7, computed when called) and the sibling the next layer may share A⁻¹ with."""
     R, C = layer.module.out_features, layer.module.in_features
     strengths = config.strengths
-    kept: Plan = None
-    if config.method == "surgeon" and entry is not None and entry.G2 is not None:
-        assert entry.G is not None and entry.A2 is not None  # a sum's terms come together
-        kept = kronecker_sum.KroneckerSum.of(damp(entry.G.dense(), strengths[0]), damp(entry.A.dense(), strengths[1]),
-                                             entry.G2.dense(), entry.A2.dense(), config.backend)
-        weigh = functools.partial(costs.element_costs, f=kept)
-    elif config.method == "surgeon" and entry is not None:
+    kept: inverses.KroneckerInverse | None = None
+    if config.method == "surgeon" and entry is not None:
         f, kept = inverses.layer_inverse(entry, slice(None), slice(None), strengths, roots=False, sibling=sibling)
         sibling = (entry, slice(None), kept, f.A)
         weigh = functools.partial(costs.element_costs, f=kept)
@@ -253,14 +245,15 @@ def _element_plan(layer: Layer, entry: curvature.LayerFactors | None, config: Pr
     return kept, functools.partial(costs.layer_element_costs, layer, weigh, dead), sibling
 
 
-def _element_update(layer: Layer, mask: torch.Tensor, inverse: Plan, config: PruneConfig) -> None:
+def _element_update(layer: Layer, mask: torch.Tensor, inverse: inverses.KroneckerInverse | None,
+                    config: PruneConfig) -> None:
     """Add `mask` to the layer's pruned weights and apply the correlated update (eqs. 4-5) with `inverse` (dense)."""
     layer.mask = mask | layer.mask  # computed from the layer's costs before its mask and weights change
     W = layer.weight()
     if inverse is not None:
         pruned, original = layer.with_bias_col(layer.mask, False), W
         W = updates.finite_update(layer.name, inverse, lambda g: updates.unstructured(
-            original, g, pruned, config.max_correlate or None, config.chunk_semantics, config.cg_tol,
+            original, g, pruned, config.max_correlate or None, config.cg_tol,
             config.cg_max_iter, config.backend, None if config.cg_dtype is None else getattr(torch, config.cg_dtype)),
             max(config.strengths))
     layer.store(W)
@@ -283,7 +276,7 @@ def _propagated_shot(model: nn.Module, layers: list[Layer], raw: dict, calibrati
             entry = dataclasses.replace(raw.pop(layer.name), A=fresh.A)  # propagate: methods with a curvature pass
             kept, layer_costs, sibling = _element_plan(layer, entry, config, sibling)
             mask = ops.nm_select(layer_costs(), n, m, config.backend)[1]
-            inverse = next(inverses.unpacked([kept])) if isinstance(kept, inverses.KroneckerInverse) else kept
+            inverse = next(inverses.unpacked([kept]))
             _element_update(layer, mask, inverse, config)
 
 
@@ -306,8 +299,7 @@ def _pruned_block_by_block(model: nn.Module, layers: list[Layer], calibration: t
     inputs = BlockInputs(model, decoder_blocks(model), share, config.batch_size)
     for named in tqdm(prunable_layers(model, config.leave_out_parts), desc="blocks", leave=False,
                       disable=not progress):
-        factors = curvature.estimate_inputs(named, inputs.forwards(), calibration.numel(), config.backend,
-                                            config.curvature_dtype, config.group_bytes)
+        factors = curvature.estimate_inputs(named, inputs.forwards(), calibration.numel(), config.backend)
         if config.curvature_split == "batches":
             ranks.reduce_factors(factors)
         block = [by_name[name] for name, _ in named]
@@ -449,8 +441,8 @@ def _prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig,
         raise SurgeonError(f"{config.method} prunes N:M in one shot; use --shots 1")
     ranks = Ranks(group, [[name for name, _ in block] for block in blocks])
     check_block_groups(len(blocks), ranks.world, config)
-    if ranks.world > 1 and (config.kronecker_terms == 2 or config.lora_steps):
-        raise SurgeonError("kronecker_terms=2 and lora_steps run in one process; launch without torchrun")
+    if ranks.world > 1 and config.lora_steps:
+        raise SurgeonError("lora_steps run in one process; launch without torchrun")
     count = -(-calibration_ids.shape[0] // config.batch_size)
     batches = ranks.batches(count, even=any(sharded(module) for _, module in named)) \
         if config.curvature_split == "batches" else list(range(count))
@@ -464,8 +456,7 @@ def _prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig,
              if config.structure == "coupled" else None)
     device = next(model.parameters()).device
     report = PruneReport(config=dataclasses.asdict(config))
-    power_state: dict[str, list[kronecker_sum.PowerIterate]] = {}  # kronecker_terms=2: warm start across shots
-    done, elapsed = checkpoint.restore(layers, power_state) if checkpoint is not None else ([], 0.0)
+    done, elapsed = checkpoint.restore(layers) if checkpoint is not None else ([], 0.0)
     report.shots.extend(done)
     start = time.perf_counter() - elapsed
     last = config.shot_count
@@ -477,18 +468,12 @@ def _prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig,
         collective_seconds = ranks.seconds
         raw: dict[str, curvature.LayerFactors] = {}
         host = curvature.HostFactors(device) if config.offload else None
-        if config.kronecker_terms == 2:
-            raw = kronecker_sum.estimate_sum(model, named, calibration_ids, power_state,
-                                         config.power_iterations if shot == 1 else 1, fisher=config.fisher,
-                                         batch_size=config.batch_size, seed=config.seed + shot,
-                                         desc=f"shot {shot}/{last} · curvature", progress=progress)
-        elif config.method in NEEDS_A:
+        if config.method in NEEDS_A:
             for part, group_layers in enumerate(groups, 1):
                 factors = curvature.estimate(
-                    model, group_layers, calibration_ids, need_g=config.method in NEEDS_G, fisher=config.fisher,
-                    batch_size=config.batch_size, seed=config.seed + shot, backend=config.backend,
-                    autocast=config.curvature_dtype, progress=progress, group_bytes=config.group_bytes,
-                    batches=batches, checkpoint_blocks=checkpointed,
+                    model, group_layers, calibration_ids, need_g=config.method in NEEDS_G,
+                    batch_size=config.batch_size, backend=config.backend, progress=progress, batches=batches,
+                    checkpoint_blocks=checkpointed,
                     desc=f"shot {shot}/{last} · curvature" + (f" {part}/{len(groups)}" if len(groups) > 1 else ""))
                 if config.curvature_split == "batches":
                     ranks.reduce_factors(factors)
@@ -527,7 +512,7 @@ def _prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig,
         if checkpoint is not None and checkpoint.due(shot, shot == last):
             ranks.gather_layers(layers, onto=0)  # sharded weights, whole on the rank that writes
             if ranks.rank == 0:
-                checkpoint.save(layers, power_state, report.shots, time.perf_counter() - start, shot == last)
+                checkpoint.save(layers, report.shots, time.perf_counter() - start, shot == last)
             for layer in layers:
                 layer.held = None
     report.layers, report.removed, report.sparsity = removed_fractions([(layer.name, layer.mask) for layer in layers])

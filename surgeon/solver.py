@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import torch
 
 from surgeon import baselines, costs, threshold, updates
-from surgeon.config import ChunkSemantics
 from surgeon.damping import damp
 from surgeon.inverses import KroneckerInverse, spd_inverse
 
@@ -109,7 +108,6 @@ def unstructured_update(
     A: torch.Tensor,
     mask: torch.Tensor,
     max_correlate: int | None = None,
-    semantics: ChunkSemantics = "sequential",
     tol: float | None = None,
     max_iter: int | None = None,
 ) -> torch.Tensor:
@@ -118,12 +116,12 @@ def unstructured_update(
     mask is a boolean [R, C]. max_correlate None solves all pruned weights jointly, exactly with the
     default tol=None (a direct solve up to `updates.DIRECT_SOLVE_MAX` weights, else conjugate
     gradients to the dtype's precision), or by conjugate gradients to relative residual `tol` in at
-    most `max_iter` iterations; an integer solves chunks of at most that many weights (the reference
-    code's approximation), their semantics `sequential` or `independent`.
+    most `max_iter` iterations; an integer solves chunks of at most that many weights and sums their
+    independent updates (the paper's approximation, sec. 3.4).
     """
     _check_factors(W, G, A)
     _check_mask(W, mask)
-    return updates.unstructured(W, KroneckerInverse.of(G, A), mask, max_correlate, semantics, tol, max_iter)
+    return updates.unstructured(W, KroneckerInverse.of(G, A), mask, max_correlate, tol, max_iter)
 
 
 def quadratic_loss(delta: torch.Tensor, G: torch.Tensor, A: torch.Tensor) -> torch.Tensor:

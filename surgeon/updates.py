@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from surgeon.config import ChunkSemantics, Correlation
+from surgeon.config import Correlation
 from surgeon.damping import damp
 from surgeon.inverses import KroneckerInverse, eigen_solve, spd_inverse
 from surgeon.layer import put_submatrix, submatrix
 from surgeon_kernels import ops
-
-if TYPE_CHECKING:
-    from surgeon.kronecker_sum import KroneckerSum
 
 logger = logging.getLogger(__name__)
 
@@ -121,21 +117,21 @@ def cg_tolerance(dtype: torch.dtype) -> float:
 
 
 def joint_solve(
-    f: KroneckerInverse | KroneckerSum, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor,
+    f: KroneckerInverse, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor,
     shape: torch.Size | tuple[int, int], tol: float | None = None, max_iter: int | None = None,
     operator_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """u = M⁻¹ w for all K pruned weights at once, M = F⁻¹[S, S] (eqs. 4-5, one chunk).
 
-    tol=None asks for the exact solution: with a `KroneckerInverse` and K ≤ DIRECT_SOLVE_MAX,
+    tol=None asks for the exact solution: with K ≤ DIRECT_SOLVE_MAX,
     M = G⁻¹[r, r] ∘ A⁻¹[c, c] is formed and solved directly; otherwise conjugate gradients run to
     relative residual `cg_tolerance(dtype)`. Jacobi-preconditioned conjugate gradients never form M:
     M u = (F⁻¹ vec(V))[S] with V the scatter of u into an R×C matrix (G⁻¹ V A⁻¹: two GEMMs per
-    iteration; four for a `KroneckerSum`); they stop when ‖w − M u‖ ≤ tol·‖w‖ or after `max_iter`
-    iterations (None: max(K, CG_MIN_ITERATIONS)). `operator_dtype` (one Kronecker factor) runs the
+    iteration); they stop when ‖w − M u‖ ≤ tol·‖w‖ or after `max_iter`
+    iterations (None: max(K, CG_MIN_ITERATIONS)). `operator_dtype` runs the
     two products in that dtype, e.g. bfloat16, and the recurrences in w's.
     """
-    if tol is None and isinstance(f, KroneckerInverse) and 0 < w.numel() <= DIRECT_SOLVE_MAX:
+    if tol is None and 0 < w.numel() <= DIRECT_SOLVE_MAX:
         G_inv, A_inv = f.matrices()
         return torch.linalg.solve(submatrix(G_inv, r, r) * submatrix(A_inv, c, c), w)
     tol = cg_tolerance(w.dtype) if tol is None else tol
@@ -147,7 +143,6 @@ def joint_solve(
     V = torch.zeros(shape, dtype=w.dtype, device=w.device)
 
     if operator_dtype is not None:  # the products G⁻¹ V A⁻¹ in a lower precision, the recurrences in w's
-        assert isinstance(f, KroneckerInverse)
         G_low, A_low = (matrix.to(operator_dtype) for matrix in f.matrices())
 
         def apply(x: torch.Tensor) -> torch.Tensor:
@@ -177,10 +172,9 @@ def joint_solve(
 
 def unstructured(
     W: torch.Tensor,
-    f: KroneckerInverse | KroneckerSum,
+    f: KroneckerInverse,
     mask: torch.Tensor,
     max_correlate: int | None = None,
-    semantics: ChunkSemantics = "sequential",
     tol: float | None = None,
     max_iter: int | None = None,
     backend: str = "auto",
@@ -191,49 +185,30 @@ def unstructured(
     max_correlate=None: all pruned weights solved jointly (exact eqs. 4-5) by `joint_solve`, with
     relative residual `tol` in at most `max_iter` iterations (None: exact, see `joint_solve`), its
     products in `operator_dtype` when given.
-    Otherwise pruned weights are split into chunks of whole rows (at most `max_correlate` each). Each chunk
-    solves u = M⁻¹ w and scatters u into V; the update is ΔW = −G⁻¹ V A⁻¹.
-    independent: every chunk's w comes from the original W, so all chunks are solved in batches,
-    then one pair of GEMMs updates the layer.
-    sequential: chunk b's w includes the updates of chunks before it (the reference's
-    "addupdate"), kept as U = V A⁻¹ accumulated row-block by row-block, so the correction at
-    chunk b is (G⁻¹[rows_b, :] U)[entries] — O(R²C + RC²) per layer in all.
-    A `KroneckerSum` takes the joint solve only: ΔW = −F̃⁻¹ vec(V).
+    Otherwise pruned weights are split into chunks of whole rows (at most `max_correlate` each, the
+    paper's m, sec. 3.4) and the chunks' independent updates are summed, as the paper does: every
+    chunk's w comes from the original W, so all chunks are solved in batches, u = M⁻¹ w scattered
+    into V, and one pair of GEMMs updates the layer, ΔW = −G⁻¹ V A⁻¹.
     """
-    if semantics not in ("sequential", "independent"):
-        raise ValueError(f"semantics={semantics!r}: use 'sequential' or 'independent'")
     r, c = mask.nonzero(as_tuple=True)
     U = torch.zeros_like(W)
     if max_correlate is None:
         U[r, c] = joint_solve(f, r, c, W[r, c], W.shape, tol, max_iter, operator_dtype)
         delta = f.apply(U)
-    elif not isinstance(f, KroneckerInverse):
-        raise ValueError("a sum of Kronecker factors needs the joint solve (max_correlate=None)")
     else:
         G_inv, A_inv = f.matrices()
-        chunks = row_chunks(r, max_correlate)
-        if semantics == "independent":
-            U[r, c] = solve_chunks(f, r, c, W[r, c], chunks, backend=backend)
-            U = U @ A_inv
-        else:
-            for chunk in chunks:
-                rb, cb = r[chunk], c[chunk]
-                block_rows, local = torch.unique(rb, return_inverse=True)
-                w = W[rb, cb] - (G_inv[block_rows] @ U)[local, cb]
-                V = torch.zeros(block_rows.numel(), W.shape[1], dtype=W.dtype, device=W.device)
-                V[local, cb] = solve_chunks(f, rb, cb, w, [slice(0, rb.numel())], backend=backend)
-                U[block_rows] += V @ A_inv
-        delta = G_inv @ U
+        U[r, c] = solve_chunks(f, r, c, W[r, c], row_chunks(r, max_correlate), backend=backend)
+        delta = G_inv @ (U @ A_inv)
     out = W - delta
     out[mask] = 0
     return out
 
 
 RETRIES = 3
-Inverse = TypeVar("Inverse", KroneckerInverse, "KroneckerInverse | KroneckerSum")
 
 
-def finite_update(name: str, f: Inverse, update: Callable[[Inverse], torch.Tensor], strength: float) -> torch.Tensor:
+def finite_update(name: str, f: KroneckerInverse, update: Callable[[KroneckerInverse], torch.Tensor],
+                  strength: float) -> torch.Tensor:
     """`update(f)`, retried with 10× stronger damping (from `strength`, up to RETRIES times) while it is not finite.
 
     The stronger damping is added to G and A recovered from their inverses (the raw factors are
@@ -241,8 +216,6 @@ def finite_update(name: str, f: Inverse, update: Callable[[Inverse], torch.Tenso
     refuses it with an error naming the layer, so no NaN weight is ever written.
     """
     W = update(f)
-    if not isinstance(f, KroneckerInverse):
-        return W  # a sum has no single G⁻¹, A⁻¹ to re-damp: a non-finite result is refused by `Layer.store`
     for _ in range(RETRIES):
         if torch.isfinite(W).all():
             break

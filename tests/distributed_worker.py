@@ -30,7 +30,6 @@ CASES = {
     "llama-2:4": ("llama", dict(structure="2:4", **TIGHT)),
     "opt-2:4": ("opt", dict(structure="2:4", **TIGHT)),  # the last shot propagated block by block (the default)
     "llama-2:4-unpropagated": ("llama", dict(structure="2:4", propagate=False, **TIGHT)),
-    "llama-sampled-fisher": ("llama", dict(structure="structured", target_size=0.6, fisher="sampled")),
     "llama-coupled": ("llama", dict(structure="coupled", target_size=0.7)),
     "llama-coupled-offload": ("llama", dict(structure="coupled", target_size=0.7, activation_checkpointing=True,
                                             offload=True, block_groups=2)),
@@ -118,7 +117,7 @@ def tied_threshold(k: int) -> list[torch.Tensor]:
 def refusals() -> list[str]:
     """The errors of what a group cannot run."""
     errors = []
-    for settings, windows, fsdp in ((dict(kronecker_terms=2), WINDOWS, False), (dict(), WINDOWS[:1], False),
+    for settings, windows, fsdp in ((dict(lora_steps=2), WINDOWS, False), (dict(), WINDOWS[:1], False),
                                     (dict(), WINDOWS[:3], True)):
         try:
             prune(model_of("llama", fsdp), windows,

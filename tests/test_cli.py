@@ -212,8 +212,8 @@ def test_seqlen_longer_than_model_allows(tiny_model_dir):
 @pytest.mark.slow  # a subprocess: what the command prints is the point
 def test_help_documents_prune_options():
     result = run_cli("prune", "--help")
-    for option in ("--structure", "--target-size", "--shots", "--method", "--max-correlate", "--correlation",
-                   "--nsamples", "--seqlen", "--calibration", "--eval-windows", "--device", "--seed", "--output"):
+    for option in ("--structure", "--target-size", "--shots", "--method", "--max-correlate", "--config",
+                   "--nsamples", "--seqlen", "--calibration", "--eval-windows", "--device", "--output"):
         assert option in result.stdout
 
 
@@ -224,7 +224,46 @@ def test_prune_help_groups_every_option():
     prune = build_parser()._subparsers._group_actions[0].choices["prune"]  # type: ignore[union-attr]
     titles = {group.title: [action.dest for action in group._group_actions] for group in prune._action_groups}
     assert titles.pop("options") == ["help"] and titles.pop("positional arguments") == []
-    assert list(titles) == [*PRUNE_GROUPS, "advanced"]
+    assert list(titles) == list(PRUNE_GROUPS)
     for title, names in PRUNE_GROUPS.items():
-        assert sorted(titles[title]) == sorted(names), title
-    assert {"damp_g", "correlation", "kronecker_terms", "lora_steps"} <= set(titles["advanced"])
+        assert sorted(titles[title]) == sorted(names + ("config",) * (title == "the method")), title
+    assert sum(map(len, titles.values())) <= 35
+
+
+def test_config_file_sets_any_field_and_the_command_line_overrides_it(tmp_path):
+    """`--config` (JSON or YAML) sets fields shown as options and fields that are not; an option given wins."""
+    from surgeon.cli import _build, build_parser, read_settings
+    from surgeon.config import RunConfig
+
+    def built(*args: str) -> tuple[RunConfig, PruneConfig]:
+        argv = ["prune", "--output", "out", *args]
+        parsed = build_parser().parse_args(argv)
+        parsed = build_parser(read_settings(parsed.config)).parse_args(argv)
+        return _build(RunConfig, parsed), _build(PruneConfig, parsed)
+
+    (tmp_path / "a.yaml").write_text("structure: unstructured\nshots: 3\ncg-tol: 1.0e-5\ncorrelation: within\n"
+                                     "damp_g: 1\ntokenizer: tok\ncheckpoint_shots: 0\n")
+    run, config = built("--config", str(tmp_path / "a.yaml"), "--shots", "5")
+    assert (config.structure, config.shots, config.cg_tol, config.correlation, config.strengths[0]) == \
+        ("unstructured", 5, 1e-5, "within", 1.0)
+    assert (run.tokenizer, run.checkpoint_shots, run.output) == ("tok", 0, "out")
+    (tmp_path / "b.json").write_text(json.dumps({"propagate": False, "structure": "2:4"}))
+    assert built("--config", str(tmp_path / "b.json"))[1].propagate is False
+    assert built("--config", str(tmp_path / "b.json"), "--propagate")[1].propagate is True
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"shots": "4"}', "shots = '4' is not a valid int"),
+    ('{"shots": true}', "shots = True is not a valid int"),
+    ('{"correlation": "both"}', "correlation = 'both' is not a valid str (one of joint, within)"),
+    ('{"kronecker_terms": 2}', "'kronecker_terms' is not a setting of surgeon prune"),
+    ('{"output": "x"}', "'output' is not a setting of surgeon prune (give --output on the command line)"),
+    ("[1, 2]", "expected a mapping of setting names to values"),
+    ("{", "Expecting property name"),
+])
+def test_bad_config_file_is_one_line_naming_it(tmp_path, capsys, text, message):
+    (tmp_path / "settings.json").write_text(text)
+    assert main(["prune", "--config", str(tmp_path / "settings.json"), "--output", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"surgeon: error: --config {tmp_path / 'settings.json'}: ") and message in error
+    assert error.count("\n") == 1 and not (tmp_path / "out").exists()

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from surgeon import curvature, kronecker_sum
+from surgeon import curvature
 from surgeon.model import decoder_blocks, prunable_layers
 from tests._families import VOCAB, family_model
 from tests._helpers import per_token_inputs_and_gradients, tiny_model
@@ -135,54 +135,23 @@ def test_input_changed_in_place_before_a_grouped_launch_raises():
         curvature.estimate(model, named, torch.randint(0, 96, (1, 8)), need_g=False, group_bytes=1 << 40)
 
 
-def test_autocast_pass_accumulates_low_precision_inputs_close_to_float32(monkeypatch):
-    """`autocast="bfloat16"`: every tensor reaching the op is bfloat16, factors stay float32, and they are as
-    close to the float32 pass's as the PyTorch reference's bfloat16 pass."""
-    model = tiny_model("opt")
-    named = [pair for block in prunable_layers(model) for pair in block]
-    windows = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(3))
-    full = curvature.estimate(model, named, windows)
-    seen = []
-    group = curvature.ops.kfac_accumulate_group
-    monkeypatch.setattr(curvature.ops, "kfac_accumulate_group",
-                        lambda outs, xs, *a: seen.extend(x.dtype for x in xs) or group(outs, xs, *a))
-    low = curvature.estimate(model, named, windows, autocast="bfloat16")
-    assert set(seen) == {torch.bfloat16}
-    plain = curvature.estimate(model, named, windows, autocast="bfloat16", backend="torch")
-    assert all(p.dtype == torch.float32 for p in model.parameters())
-    for name in full:
-        for label in ("A", "G"):
-            a, b = getattr(full[name], label), getattr(low[name], label)
-            assert b.tiles.dtype == torch.float32
-            assert not torch.equal(a.dense(), b.dense())  # the inputs were rounded
-            assert_within_reference_error(b.dense(), a.dense(), getattr(plain[name], label).dense())
-
-
-@pytest.mark.parametrize("kind", ["kronecker", "sum"])
-def test_nan_curvature_is_refused_with_the_layer_named(kind):
+def test_nan_curvature_is_refused_with_the_layer_named():
     model = tiny_model("llama")
     named = [pair for block in prunable_layers(model) for pair in block]
     with torch.no_grad():
         model.model.layers[1].mlp.up_proj.weight[0, 0] = float("nan")
     windows = torch.randint(0, 96, (1, 8), generator=torch.Generator().manual_seed(0))
     with pytest.raises(curvature.SurgeonError, match=r"non-finite curvature \(\w+\) in layer model\.layers\.\d"):
-        if kind == "kronecker":
-            curvature.estimate(model, named, windows)
-        else:
-            kronecker_sum.estimate_sum(model, named, windows, {}, 2)
+        curvature.estimate(model, named, windows)
 
 
-@pytest.mark.parametrize("fisher", ["empirical", "sampled"])
-def test_logit_gradient_is_that_of_the_summed_next_token_loss(fisher):
-    """softmax − one-hot of the next tokens (or of samples from the model's own next-token
-    distribution), as autograd gives for the summed cross-entropy; the last position, which has no
-    next token, gets none."""
+def test_logit_gradient_is_that_of_the_summed_next_token_loss():
+    """softmax − one-hot of the next tokens, as autograd gives for the summed cross-entropy; the last
+    position, which has no next token, gets none."""
     batch = torch.randint(0, 8, (2, 6), generator=torch.Generator().manual_seed(1))
     logits = torch.randn(2, 6, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    if fisher == "sampled":
-        logits[..., 3] += 50.0  # the model is sure the next token is 3
-    grad = curvature._logit_gradient(logits, batch, fisher, torch.Generator().manual_seed(0))
-    labels = batch[:, 1:] if fisher == "empirical" else torch.full((2, 5), 3)
+    grad = curvature._logit_gradient(logits, batch)
+    labels = batch[:, 1:]
     z = logits.clone().requires_grad_(True)
     F.cross_entropy(z[:, :-1].reshape(-1, 8), labels.reshape(-1), reduction="sum").backward()
     assert grad.dtype == logits.dtype

@@ -38,7 +38,6 @@ def weights(model) -> dict[str, torch.Tensor]:
     ("opt", dict(structure="structured", target_size=0.6)),
     ("llama", dict(structure="unstructured", target_size=0.5)),
     ("llama", dict(structure="2:4")),
-    ("llama", dict(structure="unstructured", target_size=0.5, kronecker_terms=2)),
     ("llama", dict(structure="unstructured", target_size=0.5, lora_steps=2)),
 ])
 @pytest.mark.parametrize("stop_after", [1, 3])

@@ -96,13 +96,12 @@ def test_previously_pruned_rows_stay_zero(gen):
 
 
 @pytest.mark.parametrize("R,C", SHAPES + [pytest.param(4, 6, id="R4-C6")])
-@pytest.mark.parametrize("semantics", ["sequential", "independent"])
-def test_unstructured_one_chunk_equals_closed_form(R, C, semantics, gen):
+def test_unstructured_one_chunk_equals_closed_form(R, C, gen):
     W, G, A = problem(R, C, gen)
     mask = torch.rand(R, C, generator=gen) < 0.4
     mask[0, 0] = True
     expected, _ = closed_form(W, G, A, mask)
-    new = solver.unstructured_update(W, G, A, mask, int(mask.sum()), semantics)
+    new = solver.unstructured_update(W, G, A, mask, int(mask.sum()))
     torch.testing.assert_close(new, expected.masked_fill(mask, 0.0), **FLOAT64)
     assert (new[mask] == 0).all()
 
@@ -174,28 +173,24 @@ def test_joint_solve_stops_at_max_iter(gen):
     assert not torch.allclose(one_step, expected.masked_fill(mask, 0.0), **FLOAT32)
 
 
-def chunked_reference(W, G, A, mask, max_correlate, semantics):
-    """Chunked updates by the definition: explicit per-chunk closed form on the current W."""
+def chunked_reference(W, G, A, mask, max_correlate):
+    """Chunked updates by the definition: each chunk's closed form on the original W, the updates summed."""
     r, c = mask.nonzero(as_tuple=True)
-    current, total = W.clone(), torch.zeros_like(W)
+    total = torch.zeros_like(W)
     for chunk in updates.row_chunks(r, max_correlate):
         chunk_mask = torch.zeros_like(mask)
         chunk_mask[r[chunk], c[chunk]] = True
-        source = current if semantics == "sequential" else W
-        updated, _ = closed_form(source, G, A, chunk_mask)
-        delta = updated - source
-        total += delta
-        current = current + delta
+        updated, _ = closed_form(W, G, A, chunk_mask)
+        total += updated - W
     return (W + total).masked_fill(mask, 0.0)
 
 
 @pytest.mark.parametrize("max_correlate", [1, 3, 5, 7])
-@pytest.mark.parametrize("semantics", ["sequential", "independent"])
-def test_unstructured_chunks_match_definition(max_correlate, semantics, gen):
+def test_unstructured_chunks_match_definition(max_correlate, gen):
     W, G, A = problem(6, 5, gen)
     mask = torch.rand(6, 5, generator=gen) < 0.5
-    expected = chunked_reference(W, G, A, mask, max_correlate, semantics)
-    new = solver.unstructured_update(W, G, A, mask, max_correlate, semantics)
+    expected = chunked_reference(W, G, A, mask, max_correlate)
+    new = solver.unstructured_update(W, G, A, mask, max_correlate)
     torch.testing.assert_close(new, expected, **FLOAT64)
 
 
@@ -212,7 +207,7 @@ def test_float32_matches_float64(gen):
     mask = torch.rand(12, 10, generator=gen) < 0.5
     exact = solver.unstructured_update(W, G, A, mask, 8)
     approx = solver.unstructured_update(W.float(), G.float(), A.float(), mask, 8)
-    plain = chunked_reference(W.float(), G.float(), A.float(), mask, 8, "sequential")  # the definition, float32
+    plain = chunked_reference(W.float(), G.float(), A.float(), mask, 8)  # the definition, float32
     assert_within_reference_error(approx, exact, plain)
 
 

@@ -99,14 +99,16 @@ def test_missing_lm_eval_names_the_extra(monkeypatch):
 def test_eval_and_prune_commands_score_tasks(tiny_model_dir, task_dir, tmp_path):
     from surgeon.cli import main
 
-    common = ["--model", str(tiny_model_dir), "--seqlen", "64", "--eval-windows", "1", "--tasks", "sky_choice",
-              "--task-path", str(task_dir)]
-    assert main(["--quiet", "eval", *common, "--task-limit", "4", "--output", str(tmp_path / "eval.json")]) == 0
+    common = ["--model", str(tiny_model_dir), "--seqlen", "64", "--eval-windows", "1", "--tasks", "sky_choice"]
+    assert main(["--quiet", "eval", *common, "--task-path", str(task_dir), "--task-limit", "4",
+                 "--output", str(tmp_path / "eval.json")]) == 0
     scored = json.loads((tmp_path / "eval.json").read_text())["tasks"]["sky_choice"]
     assert scored["samples"] == 4 and 0 <= scored["acc"] <= 1
     out = tmp_path / "pruned"
+    (tmp_path / "tasks.yaml").write_text(f"task_path: {task_dir}\n")  # a setting of the --config file
     assert main(["--quiet", "prune", *common, "--structure", "unstructured", "--target-size", "0.5", "--shots", "1",
-                 "--nsamples", "2", "--calibration", "wikitext2-valid", "--output", str(out)]) == 0
+                 "--nsamples", "2", "--calibration", "wikitext2-valid", "--config", str(tmp_path / "tasks.yaml"),
+                 "--output", str(out)]) == 0
     tasks = json.loads((out / "report.json").read_text())["tasks"]
     assert set(tasks) == {"before", "after"}
     assert tasks["before"]["sky_choice"]["samples"] == tasks["after"]["sky_choice"]["samples"] == len(DOCS)
@@ -116,7 +118,8 @@ def test_bad_task_fails_before_the_model_loads(task_dir, tmp_path, capsys):
     from surgeon.cli import main
 
     out = tmp_path / "pruned"
-    code = main(["prune", "--model", str(tmp_path / "no-model"), "--tasks", "sky_missing", "--task-path",
-                 str(task_dir), "--output", str(out)])
+    (tmp_path / "tasks.json").write_text(json.dumps({"task_path": str(task_dir)}))
+    code = main(["prune", "--model", str(tmp_path / "no-model"), "--tasks", "sky_missing", "--config",
+                 str(tmp_path / "tasks.json"), "--output", str(out)])
     assert code == 2 and not out.exists()
     assert "cannot load the data of task sky_missing" in capsys.readouterr().err
