@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from surgeon import inverses
-from surgeon.damping import damp
+from surgeon.method import inverses
+from surgeon.method.damping import damp
 
 WAYS = {
     "row_blocks": inverses.lower_inverse_,

@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from surgeon import costs, updates
-from surgeon.damping import damp
-from surgeon.inverses import KroneckerInverse
+from surgeon.method import costs, updates
+from surgeon.method.damping import damp
+from surgeon.method.inverses import KroneckerInverse
 from surgeon_kernels import ops
 
 

@@ -29,6 +29,6 @@ def _rounded(outs, xs, scale, biases, backend="auto") -> None:
 
 if __name__ == "__main__":
     ops.kfac_accumulate_group = _rounded
-    from surgeon.cli import main
+    from surgeon.app.cli import main
 
     sys.exit(main(sys.argv[1:]))

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from bench.bench_kk_solve import _problem  # noqa: E402
-from surgeon import updates  # noqa: E402
+from surgeon.method import updates  # noqa: E402
 from surgeon_kernels import available_backends  # noqa: E402
 from surgeon_kernels.kk_solve import reference  # noqa: E402
 

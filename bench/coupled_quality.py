@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.generation_speed import decode_tokens_per_s  # noqa: E402
 from bench.quality import head_commit, smollm2_protocol  # noqa: E402
 from surgeon import PruneConfig, prune  # noqa: E402
-from surgeon.compact import compact_model  # noqa: E402
-from surgeon.evaluate import perplexity  # noqa: E402
+from surgeon.app.evaluate import perplexity  # noqa: E402
+from surgeon.export.compact import compact_model  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
 
 ROOT = Path(__file__).parent / "results" / "coupled"

@@ -3,7 +3,7 @@
     python bench/curvature_time.py --windows 4 --seqlen 512 --repeats 3 [--dtype float32 bfloat16]
 
 Loads the embedded SmolLM2-135M, takes calibration windows from the packaged WikiText-2 validation
-split, runs one warm-up window, then times `surgeon.curvature.estimate` over `--windows` windows once
+split, runs one warm-up window, then times `surgeon.pruning.curvature.estimate` over `--windows` windows once
 per repeat and dtype, interleaved (a shared machine's speed drifts: compare the best of several). A dtype
 other than the model's runs the pass on a copy of the model in that dtype (factors stay float32).
 """
@@ -20,9 +20,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from surgeon import curvature  # noqa: E402
-from surgeon.data import calibration_text, calibration_windows, tokenize  # noqa: E402
-from surgeon.model import DTYPES, load_model, prunable_layers  # noqa: E402
+from surgeon.app.data import calibration_text, calibration_windows, tokenize  # noqa: E402
+from surgeon.models.adapter import DTYPES, load_model, prunable_layers  # noqa: E402
+from surgeon.pruning import curvature  # noqa: E402
 
 
 def main() -> None:

@@ -35,8 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.quality import head_commit  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
-from surgeon.model import load_model, prunable_layers  # noqa: E402
-from surgeon.report import peak_memory_gb  # noqa: E402
+from surgeon.models.adapter import load_model, prunable_layers  # noqa: E402
+from surgeon.pruning.report import peak_memory_gb  # noqa: E402
 
 
 def _clock(device: torch.device) -> float:

@@ -41,10 +41,10 @@ from transformers import __version__ as transformers_version
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.quality import ROOT, head_commit, smollm2_protocol  # noqa: E402
-from surgeon.evaluate import perplexity  # noqa: E402
+from surgeon.app.evaluate import perplexity  # noqa: E402
 from surgeon.integrations.llmcompressor import SurgeonModifier, SurgeonSparseGPTModifier  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
-from surgeon.model import load_tokenizer, prunable_layers  # noqa: E402
+from surgeon.models.adapter import load_tokenizer, prunable_layers  # noqa: E402
 
 # row suffix -> (modifier, its settings beyond sparsity, mask structure and ignore)
 PEERS = {
@@ -106,8 +106,8 @@ def main() -> None:
                     config.update(update=recipe.update,
                                   iterations=recipe.iterations if recipe.update == "refine" else "-")
                 if modifier is SurgeonModifier:
-                    config.update(shots=recipe._config.shots, damp_g=recipe._config.damp_g,
-                                  damp_a=recipe._config.damp_a, propagate=recipe._config.propagate)
+                    resolved = recipe._config.resolved()
+                    config.update({key: resolved[key] for key in ("shots", "damp_g", "damp_a", "propagate")})
                 logging.info("%s: ppl %.3f (%.0f s)", name, result.ppl, seconds)
                 write_json(path, {"ppl": result.ppl, "seconds": seconds, "sparsity": zero_fraction(model),
                                   "config": config, "calib_windows": windows.shape[0],

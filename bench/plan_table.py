@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 from surgeon.config import PlanConfig, PruneConfig
-from surgeon.plan import make_plan
+from surgeon.scale.plan import make_plan
 
 ROOT = Path(__file__).resolve().parent
 MODELS = ("opt-125m", "opt-1.3b", "opt-2.7b", "opt-6.7b", "llama-2-7b", "llama-2-13b", "llama-2-70b")
@@ -43,7 +43,7 @@ def main() -> None:
                              "fits": plan["fits"], "strategy": chosen["name"],
                              "peak_gpu_bytes": chosen["peak_gpu_bytes"], "host_bytes": chosen["host_bytes"],
                              "launch": chosen["launch"],
-                             "seconds_per_shot": chosen["seconds_per_shot"], "shots": config.shots,
+                             "seconds_per_shot": chosen["seconds_per_shot"], "shots": config.shot_count,
                              "phases": plan["phases"]})
     commit = head_commit()
     path = ROOT / "results" / "plan" / f"plan-table@{commit}.json"

@@ -18,13 +18,14 @@ import torch
 
 sys.path.insert(0, str(Path.cwd()))
 
-from surgeon import channels, curvature  # noqa: E402
+from surgeon.app.data import calibration_text, calibration_windows, tokenize  # noqa: E402
 from surgeon.config import PruneConfig  # noqa: E402
-from surgeon.data import calibration_text, calibration_windows, tokenize  # noqa: E402
-from surgeon.distributed import Ranks  # noqa: E402
-from surgeon.layer import Layer  # noqa: E402
-from surgeon.model import load_model, prunable_layers  # noqa: E402
-from surgeon.shots import _structured_shot  # noqa: E402
+from surgeon.models import channels  # noqa: E402
+from surgeon.models.adapter import load_model, prunable_layers  # noqa: E402
+from surgeon.models.layer import Layer  # noqa: E402
+from surgeon.pruning import curvature
+from surgeon.pruning.structured import structured_shot  # noqa: E402
+from surgeon.scale.distributed import Ranks  # noqa: E402
 
 
 def main() -> None:
@@ -43,14 +44,14 @@ def main() -> None:
     ranks = Ranks(None, [[name for name, _ in named]])
     with torch.no_grad():
         if not args.profile:
-            phases, _ = _structured_shot(layers, raw, target_zeros, config, coupled, ranks)
+            phases, _ = structured_shot(layers, raw, target_zeros, config, coupled, ranks)
             print(" · ".join(f"{name} {seconds:.2f} s" for name, seconds in phases.items()),
                   f"· total {sum(phases.values()):.2f} s")
             return
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            _structured_shot(layers, raw, target_zeros, config, coupled, ranks)
+            structured_shot(layers, raw, target_zeros, config, coupled, ranks)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
 
 

@@ -34,10 +34,10 @@ from typing import Any
 import torch
 
 from surgeon import PruneConfig, prune
-from surgeon.data import calibration_text, calibration_windows, evaluation_text, tokenize
-from surgeon.evaluate import perplexity
+from surgeon.app.data import calibration_text, calibration_windows, evaluation_text, tokenize
+from surgeon.app.evaluate import perplexity
 from surgeon.io import write_json
-from surgeon.model import load_model
+from surgeon.models.adapter import load_model
 
 ROOT = Path(__file__).parent / "results" / "quality"
 STRUCTURED = ("magnitude", "lobd", "kobd", "surgeon-within", "surgeon")
@@ -64,7 +64,7 @@ def rows(shots_structured: int, shots_element: int) -> list[tuple[str, PruneConf
         out.append((f"{structure.replace(':', 'of')}-0.5-surgeon-4shots",
                     PruneConfig(structure=structure, shots=shots_element, propagate=False)))
     ablation = PruneConfig(structure="unstructured", target_size=0.5, shots=shots_element, max_correlate=64,
-                           damp_g=0.01, chunk_semantics="independent")
+                           damp_g=0.01)
     out.append(("unstructured-0.5-surgeon-m64", ablation))
     # the settings that reach the goals of bench/RESULTS.md's time-to-quality section
     out += [("structured-0.8-surgeon-lora20", PruneConfig(structure="structured", target_size=0.8,

@@ -53,7 +53,7 @@ KERNEL_CODE = {
     "global_threshold": ("surgeon_kernels/kth_smallest",),
     "kth_smallest": ("surgeon_kernels/kth_smallest",),
     "batched_eigh": ("surgeon_kernels/batched_eigh",),
-    "unstructured_update": ("surgeon/updates.py", "surgeon/inverses.py", "surgeon_kernels/kk_solve",
+    "unstructured_update": ("surgeon/method/updates.py", "surgeon/method/inverses.py", "surgeon_kernels/kk_solve",
                             "surgeon_kernels/kk_gather"),
 }
 
@@ -123,7 +123,8 @@ def method_label(config: dict[str, Any]) -> str:
         return f"surgeon/{config['correlation']}"
     label = method
     if method == "surgeon":
-        label = f"surgeon/m={config['max_correlate']} {config['chunk_semantics']}" if config["max_correlate"] \
+        semantics = config.get('chunk_semantics', 'independent')
+        label = f"surgeon/m={config['max_correlate']} {semantics}" if config["max_correlate"] \
             else "surgeon/all jointly (CG)"
     return label + (", last shot propagated" if config.get("propagate") else "")
 
@@ -295,7 +296,7 @@ def plan_section() -> list[str]:
            "none fits), host memory per GPU what offload keeps there; a run fits when the peak plus 12% headroom "
            "does. A strategy's name lists the memory options it needs (its `launch` in the JSON). Time per shot is "
            "projected from the Llama-2-7B rates measured on one H100 for each kind of run "
-           "(surgeon.plan.H100_PRUNE_S); moving factors to host memory and collectives are not counted.", "",
+           "(surgeon.scale.plan.H100_PRUNE_S); moving factors to host memory and collectives are not counted.", "",
            "| model | structure | GPUs | fits | strategy | peak GiB per GPU | host GiB per GPU | projected s per shot "
            "(curvature + prune) |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]

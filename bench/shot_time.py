@@ -28,9 +28,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from surgeon import PruneConfig, curvature, distributed, prune  # noqa: E402
+from surgeon import PruneConfig, prune  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
-from surgeon.model import DTYPES  # noqa: E402
+from surgeon.models.adapter import DTYPES  # noqa: E402
+from surgeon.pruning import curvature
+from surgeon.scale import distributed
 
 
 def build(config_path: Path, layers: int | None, dtype: torch.dtype, device: str):

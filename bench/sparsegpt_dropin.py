@@ -7,7 +7,7 @@
 For every linear layer of the chosen blocks of the dense SmolLM2-135M, H = (2/n) Σ x xᵀ is
 accumulated from the CPU protocol's calibration windows (8 × 512 tokens of WikiText-2 validation,
 seed 0) exactly as SparseGPT's `add_batch` does. On that H each method prunes the layer to
-unstructured 50% and 2:4: SparseGPT as published (`surgeon.baselines.sparsegpt` in float32, block
+unstructured 50% and 2:4: SparseGPT as published (`surgeon.method.baselines.sparsegpt` in float32, block
 size 128, percdamp 0.01) and the drop-in (`sparsegpt_solve`) in its refine mode for each
 `--iterations` and its exact mode for each `--exact-shots`. The error is ‖X(W − Ŵ)ᵀ‖² / n =
 ½ tr(ΔW H ΔWᵀ) with the undamped H; the times are each method's solve alone. Result:
@@ -32,10 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.quality import head_commit, smollm2_protocol  # noqa: E402
-from surgeon.baselines import sparsegpt  # noqa: E402
 from surgeon.integrations.sparsegpt import REFINE_ITERATIONS, SparseGPT, sparsegpt_solve  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
-from surgeon.model import prunable_layers  # noqa: E402
+from surgeon.method.baselines import sparsegpt  # noqa: E402
+from surgeon.models.adapter import prunable_layers  # noqa: E402
 
 STRUCTURES = {"unstructured-0.5": None, "2:4": (2, 4)}
 LLAMA2_7B_SHAPES = {"q_proj": (4096, 4096), "up_proj": (11008, 4096), "down_proj": (4096, 11008)}

@@ -20,21 +20,21 @@ _EXPORTS = {
     "PruneConfig": "surgeon.config",
     "RunConfig": "surgeon.config",
     "SurgeonError": "surgeon.errors",
-    "load_model": "surgeon.model",
-    "load_tokenizer": "surgeon.model",
-    "evaluation_text": "surgeon.data",
-    "calibration_text": "surgeon.data",
-    "tokenize": "surgeon.data",
-    "calibration_windows": "surgeon.data",
-    "prune": "surgeon.shots",
-    "PruneReport": "surgeon.report",
-    "ShotReport": "surgeon.report",
-    "perplexity": "surgeon.evaluate",
-    "EvalResult": "surgeon.evaluate",
+    "load_model": "surgeon.models.adapter",
+    "load_tokenizer": "surgeon.models.adapter",
+    "evaluation_text": "surgeon.app.data",
+    "calibration_text": "surgeon.app.data",
+    "tokenize": "surgeon.app.data",
+    "calibration_windows": "surgeon.app.data",
+    "prune": "surgeon.pruning.shots",
+    "PruneReport": "surgeon.pruning.report",
+    "ShotReport": "surgeon.pruning.report",
+    "perplexity": "surgeon.app.evaluate",
+    "EvalResult": "surgeon.app.evaluate",
     "save_model": "surgeon.io",
-    "load_compact": "surgeon.compact",
-    "solve": "surgeon.solver",
-    "Solution": "surgeon.solver",
+    "load_compact": "surgeon.export.compact",
+    "solve": "surgeon.method.solver",
+    "Solution": "surgeon.method.solver",
 }
 __all__ = [
     "EvalResult", "PruneConfig", "PruneReport", "RunConfig", "ShotReport", "Solution", "SurgeonError", "__version__",
@@ -43,16 +43,16 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from surgeon.compact import load_compact
+    from surgeon.app.data import calibration_text, calibration_windows, evaluation_text, tokenize
+    from surgeon.app.evaluate import EvalResult, perplexity
     from surgeon.config import PruneConfig, RunConfig
-    from surgeon.data import calibration_text, calibration_windows, evaluation_text, tokenize
     from surgeon.errors import SurgeonError
-    from surgeon.evaluate import EvalResult, perplexity
+    from surgeon.export.compact import load_compact
     from surgeon.io import save_model
-    from surgeon.model import load_model, load_tokenizer
-    from surgeon.report import PruneReport, ShotReport
-    from surgeon.shots import prune
-    from surgeon.solver import Solution, solve
+    from surgeon.method.solver import Solution, solve
+    from surgeon.models.adapter import load_model, load_tokenizer
+    from surgeon.pruning.report import PruneReport, ShotReport
+    from surgeon.pruning.shots import prune
 
 
 def __getattr__(name: str) -> Any:

@@ -2,6 +2,6 @@
 
 import sys
 
-from surgeon.cli import main
+from surgeon.app.cli import main
 
 sys.exit(main())

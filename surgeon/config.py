@@ -6,11 +6,10 @@ setting exists in exactly one place. Both validate themselves in `__post_init__`
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Literal
-
-from surgeon.tasks import task_names
 
 METHODS = ("surgeon", "magnitude", "lobd", "kobd", "sparsegpt", "sparsegpt-exact", "wanda")
 METHOD_HELP = (
@@ -26,6 +25,8 @@ DEFAULT_TARGET_SIZE = 0.8
 # shots by structure (N:M: 1): the least time within about 2% of the best perplexity measured on the
 # time-to-quality curve (docs/DESIGN.md, "Defaults")
 DEFAULT_SHOTS = {"structured": 4, "coupled": 4, "unstructured": 2}
+# The damping defaults, for every method and API (`solve`, the SparseGPT drop-in's `percdamp`, SparseGPT's own
+# 0.01 of mean(diag H)): λ_G and λ_A of `M + λ·mean(diag M)·I` (docs/DESIGN.md, "Damping").
 DEFAULT_DAMP_G, PROPAGATED_DAMP_G = 0.1, 1.0  # λ_G; N:M propagated measured best at 1 (bench/RESULTS.md)
 DEFAULT_DAMP_A, COUPLED_DAMP_A = 0.01, 0.3  # λ_A; coupled LLM Surgeon measured best at 0.3 (bench/RESULTS.md)
 # methods with one whole-model curvature pass per shot (and whose last N:M shot can run block by block)
@@ -35,6 +36,18 @@ NEEDS_G = ("surgeon", "kobd")  # those whose pass runs backward, for the output-
 MEMORY_OPTIONS = ("activation_checkpointing", "offload", "block_groups")
 Correlation = Literal["joint", "within"]
 _NM = re.compile(r"^(\d+):(\d+)$")
+
+
+DEFAULT_TASKS = (  # the zero-shot tasks of the paper's appendix
+    "boolq", "piqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
+
+
+def task_names(spec: str) -> tuple[str, ...]:
+    """`"piqa,arc_easy"` -> ("piqa", "arc_easy"); `"default"` -> `DEFAULT_TASKS`."""
+    names = tuple(name.strip() for name in spec.split(",") if name.strip())
+    if not names:
+        raise ValueError(f"tasks={spec!r}: name at least one lm-eval task, or default")
+    return DEFAULT_TASKS if names == ("default",) else names
 
 
 def parse_nm(structure: str) -> tuple[int, int] | None:
@@ -136,25 +149,10 @@ class PruneConfig:
             raise ValueError(f"structure={self.structure!r}: use structured, coupled, unstructured, or N:M such as 2:4")
         if nm is not None and not 0 < nm[0] < nm[1]:
             raise ValueError(f"structure={self.structure!r}: N:M needs 0 < N < M")
-        if nm is not None:
-            kept = nm[0] / nm[1]
-            if self.target_size is not None and abs(self.target_size - kept) > 1e-9:
-                raise ValueError(f"target_size={self.target_size}: structure {self.structure} keeps {kept:g} of the "
-                                 "weights; leave target_size out")
-            object.__setattr__(self, "target_size", kept)
-        elif self.target_size is None:
-            object.__setattr__(self, "target_size", DEFAULT_TARGET_SIZE)
-        assert self.target_size is not None
-        if self.shots is None:
-            object.__setattr__(self, "shots", DEFAULT_SHOTS[self.structure] if nm is None else 1)
-        if self.propagate is None:
-            object.__setattr__(self, "propagate", nm is not None and self.method in NEEDS_A)
-        if self.damp_g is None:
-            object.__setattr__(self, "damp_g", PROPAGATED_DAMP_G if self.propagate else DEFAULT_DAMP_G)
-        if self.damp_a is None:
-            object.__setattr__(self, "damp_a", COUPLED_DAMP_A if self.structure == "coupled"
-                               and self.method == "surgeon" else DEFAULT_DAMP_A)
-        if not 0.0 < self.target_size <= 1.0:
+        if nm is not None and self.target_size is not None and abs(self.target_size - nm[0] / nm[1]) > 1e-9:
+            raise ValueError(f"target_size={self.target_size}: structure {self.structure} keeps {nm[0] / nm[1]:g} of "
+                             "the weights; leave target_size out")
+        if self.target_size is not None and not 0.0 < self.target_size <= 1.0:
             raise ValueError(f"target_size={self.target_size}: must be in (0, 1]")
         if self.width_multiple < 1:
             raise ValueError(f"width_multiple={self.width_multiple}: must be at least 1")
@@ -162,8 +160,7 @@ class PruneConfig:
             raise ValueError("uniform, width_multiple and speed_context allocate coupled units: use structure coupled")
         if self.speed_context is not None and self.speed_context < 1:
             raise ValueError(f"speed_context={self.speed_context}: must be at least 1")
-        assert self.shots is not None and self.damp_g is not None
-        if self.shots < 1:
+        if self.shots is not None and self.shots < 1:
             raise ValueError(f"shots={self.shots}: must be at least 1")
         if self.method not in METHODS:
             raise ValueError(f"method={self.method!r}: choose one of {', '.join(METHODS)}")
@@ -208,16 +205,38 @@ class PruneConfig:
         return tuple(part.strip() for part in self.leave_out.split(",") if part.strip())
 
     @property
-    def strengths(self) -> tuple[float, float]:
-        """(λ_G, λ_A), the relative damping of G and A (docs/DESIGN.md: damping)."""
-        assert self.damp_g is not None and self.damp_a is not None  # resolved in __post_init__
-        return self.damp_g, self.damp_a
+    def target(self) -> float:
+        """α, the fraction of prunable weights kept at the end: `target_size`, N/M for N:M, else its default."""
+        nm = self.nm
+        return nm[0] / nm[1] if nm is not None else DEFAULT_TARGET_SIZE if self.target_size is None \
+            else self.target_size
 
     @property
     def shot_count(self) -> int:
-        """T, the number of shots (resolved from the structure when not given)."""
-        assert self.shots is not None  # resolved in __post_init__
-        return self.shots
+        """T, the number of shots: `shots`, else the structure's default (`DEFAULT_SHOTS`; N:M: 1)."""
+        if self.shots is not None:
+            return self.shots
+        return DEFAULT_SHOTS[self.structure] if self.nm is None else 1
+
+    @property
+    def propagates(self) -> bool:
+        """Whether the last N:M shot runs block by block: `propagate`, else on for N:M with a curvature pass."""
+        return self.propagate if self.propagate is not None else self.nm is not None and self.method in NEEDS_A
+
+    @property
+    def strengths(self) -> tuple[float, float]:
+        """(λ_G, λ_A), the relative damping of G and A: `damp_g`, `damp_a`, else their defaults (docs/DESIGN.md)."""
+        damp_g = self.damp_g if self.damp_g is not None else PROPAGATED_DAMP_G if self.propagates \
+            else DEFAULT_DAMP_G
+        damp_a = self.damp_a if self.damp_a is not None else COUPLED_DAMP_A \
+            if self.structure == "coupled" and self.method == "surgeon" else DEFAULT_DAMP_A
+        return damp_g, damp_a
+
+    def resolved(self) -> dict[str, object]:
+        """Every field, those left at None replaced by the value the run uses (what report.json records)."""
+        damp_g, damp_a = self.strengths
+        return {**dataclasses.asdict(self), "target_size": self.target, "shots": self.shot_count,
+                "propagate": self.propagates, "damp_g": damp_g, "damp_a": damp_a}
 
     @property
     def nm(self) -> tuple[int, int] | None:
@@ -226,8 +245,7 @@ class PruneConfig:
 
     def shot_target(self, shot: int) -> float:
         """α_t = 1 − t(1−α)/T, the fraction that stays after shot t (1-based; docs/DESIGN.md)."""
-        assert self.target_size is not None  # resolved in __post_init__
-        return 1.0 - shot * (1.0 - self.target_size) / self.shot_count
+        return 1.0 - shot * (1.0 - self.target) / self.shot_count
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ def gen() -> torch.Generator:
 @pytest.fixture(scope="session")
 def smollm2_tokenizer_dir(tmp_path_factory):
     """The SmolLM2 tokenizer (from the embedded GGUF file) saved as a directory, once per session."""
-    from surgeon.model import load_tokenizer
+    from surgeon.models.adapter import load_tokenizer
 
     path = tmp_path_factory.mktemp("smollm2-tokenizer")
     load_tokenizer("smollm2-135m").save_pretrained(path)

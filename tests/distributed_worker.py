@@ -14,10 +14,10 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from surgeon import PruneConfig, prune
-from surgeon.distributed import shard_model
 from surgeon.errors import SurgeonError
-from surgeon.resume import Checkpoint, read_state
-from surgeon.threshold import smallest_k
+from surgeon.method.threshold import smallest_k
+from surgeon.pruning.resume import Checkpoint, read_state
+from surgeon.scale.distributed import shard_model
 from tests._helpers import tiny_model
 
 WINDOWS = torch.randint(0, 96, (4, 24), generator=torch.Generator().manual_seed(0))
@@ -104,7 +104,8 @@ def resumed(folder: Path, fsdp: bool) -> dict[str, torch.Tensor]:
 
 def tied_threshold(k: int) -> list[torch.Tensor]:
     """`smallest_k` over `TIED` with each rank holding only its layers' costs."""
-    from surgeon.distributed import Elsewhere, Ranks
+    from surgeon.method.threshold import Elsewhere
+    from surgeon.scale.distributed import Ranks
 
     ranks = Ranks(dist.group.WORLD, [["a"], ["b"], ["c"]])
     costs = [c if ranks.mine(name) else Elsewhere(c.numel(), c.device) for c, name in zip(TIED, "abc")]

@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from surgeon import PruneConfig, prune, solver
+from surgeon import PruneConfig, prune
+from surgeon.method import solver
 from tests._helpers import random_spd, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,12 +26,12 @@ def calibration(n: int = 2, length: int = 16) -> torch.Tensor:
 
 
 def test_exports_what_the_readme_example_uses():
-    import surgeon.shots  # a submodule of the same name must not shadow the function
+    import surgeon.pruning.shots  # a submodule of the same name must not shadow the function
 
     for name in ("PruneConfig", "load_model", "tokenize", "calibration_text", "evaluation_text",
                  "calibration_windows", "prune", "perplexity", "save_model", "PruneReport", "SurgeonError"):
         assert name in surgeon.__all__ and callable(getattr(surgeon, name)), name
-    assert surgeon.prune is surgeon.shots.prune
+    assert surgeon.prune is surgeon.pruning.shots.prune
 
 
 @pytest.mark.parametrize("bad,error,message", [
@@ -52,9 +53,9 @@ def test_prune_names_a_bad_model_or_config():
 
 
 def test_nm_target_size_is_its_own_or_refused():
-    assert PruneConfig(structure="2:4").target_size == 0.5
-    assert PruneConfig(structure="2:4", target_size=0.5).target_size == 0.5
-    assert PruneConfig(structure="structured").target_size == 0.8
+    assert PruneConfig(structure="2:4").target == 0.5
+    assert PruneConfig(structure="2:4", target_size=0.5).target == 0.5
+    assert PruneConfig(structure="structured").target == 0.8
     with pytest.raises(ValueError, match="structure 3:4 keeps 0.75"):
         PruneConfig(structure="3:4", target_size=0.9)
 

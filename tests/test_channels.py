@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from surgeon import PruneConfig, channels, prune
-from surgeon.model import prunable_layers
+from surgeon import PruneConfig, prune
+from surgeon.models import channels
+from surgeon.models.adapter import prunable_layers
 from tests._families import FAMILIES, VOCAB, family_model
 from tests._helpers import tiny_model
 from tests._tolerances import assert_reaches_target

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from surgeon import PruneConfig
-from surgeon.cli import main
+from surgeon.app.cli import main
 from tests._helpers import one_error_line, run_cli
 from tests._tolerances import assert_reaches_target
 
@@ -168,12 +168,12 @@ def test_version_and_help_need_no_torch():
     from surgeon import __version__
 
     assert run_cli("--version").stdout.strip() == f"surgeon {__version__}"
-    probe = "import sys, surgeon.cli; surgeon.cli.build_parser(); print('torch' in sys.modules)"
+    probe = "import sys, surgeon.app.cli; surgeon.app.cli.build_parser(); print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "False"
 
 
 def test_help_explains_each_option_once():
-    from surgeon.cli import build_parser
+    from surgeon.app.cli import build_parser
 
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices  # the eval, prune and export parsers
@@ -190,15 +190,15 @@ def test_help_explains_each_option_once():
 
 
 def test_a_setting_resolved_by_structure_is_switched_either_way():
-    from surgeon.cli import _build, build_parser
+    from surgeon.app.cli import _build, build_parser
     from surgeon.errors import SurgeonError
 
     def config(*args: str) -> PruneConfig:
         return _build(PruneConfig, build_parser().parse_args(["prune", "--output", "out", *args]))
 
-    assert config("--structure", "2:4").propagate
-    assert not config("--structure", "2:4", "--no-propagate").propagate
-    assert not config("--structure", "unstructured").propagate
+    assert config("--structure", "2:4").propagates
+    assert not config("--structure", "2:4", "--no-propagate").propagates
+    assert not config("--structure", "unstructured").propagates
     with pytest.raises(SurgeonError, match="propagate prunes the last N:M shot"):
         config("--structure", "unstructured", "--propagate")
 
@@ -219,7 +219,7 @@ def test_help_documents_prune_options():
 
 def test_prune_help_groups_every_option():
     """`surgeon prune --help` lists each option under one of its groups, none left in the flat list."""
-    from surgeon.cli import PRUNE_GROUPS, build_parser
+    from surgeon.app.cli import PRUNE_GROUPS, build_parser
 
     prune = build_parser()._subparsers._group_actions[0].choices["prune"]  # type: ignore[union-attr]
     titles = {group.title: [action.dest for action in group._group_actions] for group in prune._action_groups}
@@ -232,7 +232,7 @@ def test_prune_help_groups_every_option():
 
 def test_config_file_sets_any_field_and_the_command_line_overrides_it(tmp_path):
     """`--config` (JSON or YAML) sets fields shown as options and fields that are not; an option given wins."""
-    from surgeon.cli import _build, build_parser, read_settings
+    from surgeon.app.cli import _build, build_parser, read_settings
     from surgeon.config import RunConfig
 
     def built(*args: str) -> tuple[RunConfig, PruneConfig]:
@@ -244,12 +244,12 @@ def test_config_file_sets_any_field_and_the_command_line_overrides_it(tmp_path):
     (tmp_path / "a.yaml").write_text("structure: unstructured\nshots: 3\ncg-tol: 1.0e-5\ncorrelation: within\n"
                                      "damp_g: 1\ntokenizer: tok\ncheckpoint_shots: 0\n")
     run, config = built("--config", str(tmp_path / "a.yaml"), "--shots", "5")
-    assert (config.structure, config.shots, config.cg_tol, config.correlation, config.strengths[0]) == \
+    assert (config.structure, config.shot_count, config.cg_tol, config.correlation, config.strengths[0]) == \
         ("unstructured", 5, 1e-5, "within", 1.0)
     assert (run.tokenizer, run.checkpoint_shots, run.output) == ("tok", 0, "out")
     (tmp_path / "b.json").write_text(json.dumps({"propagate": False, "structure": "2:4"}))
-    assert built("--config", str(tmp_path / "b.json"))[1].propagate is False
-    assert built("--config", str(tmp_path / "b.json"), "--propagate")[1].propagate is True
+    assert built("--config", str(tmp_path / "b.json"))[1].propagates is False
+    assert built("--config", str(tmp_path / "b.json"), "--propagate")[1].propagates is True
 
 
 @pytest.mark.parametrize("text, message", [

@@ -8,11 +8,11 @@ import shutil
 import pytest
 import torch
 
-from surgeon import compact_modeling
-from surgeon.cli import main
-from surgeon.compact import compact_model, live_units, load_compact
+from surgeon.app.cli import main
 from surgeon.errors import SurgeonError
-from surgeon.model import decoder_blocks, load_model
+from surgeon.export.compact import compact_model, live_units, load_compact
+from surgeon.models import compact_modeling
+from surgeon.models.adapter import decoder_blocks, load_model
 from tests._families import COMMON, VOCAB, family_model
 from tests._helpers import assert_same_logits, logits, one_error_line, run_cli
 

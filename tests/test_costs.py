@@ -1,12 +1,12 @@
-"""surgeon.costs: the numerators and costs of eq. 7."""
+"""surgeon.method.costs: the numerators and costs of eq. 7."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from surgeon import costs
-from surgeon.damping import damp
+from surgeon.method import costs
+from surgeon.method.damping import damp
 from tests._helpers import problem
 from tests._tolerances import FLOAT64
 

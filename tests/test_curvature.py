@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from surgeon import curvature
-from surgeon.model import decoder_blocks, prunable_layers
+from surgeon.method.factors import HostFactors
+from surgeon.models.adapter import decoder_blocks, prunable_layers
+from surgeon.pruning import curvature
 from tests._families import VOCAB, family_model
 from tests._helpers import per_token_inputs_and_gradients, tiny_model
 from tests._tolerances import FLOAT32, FLOAT64, assert_within_reference_error
@@ -45,7 +46,7 @@ def test_layers_reading_the_same_input_share_a():
 
 @pytest.mark.parametrize("family", ["llama", "opt", "gpt_neox", "gemma2", "phi3"])
 def test_block_inputs_give_each_blocks_factors_running_each_block_twice(family):
-    from surgeon.block_inputs import BlockInputs
+    from surgeon.pruning.block_inputs import BlockInputs
 
     model = family_model(family)
     blocks = decoder_blocks(model)
@@ -189,7 +190,7 @@ def test_host_factors_move_to_the_device_when_taken_and_siblings_share_one_a():
     model = tiny_model("llama")
     named = prunable_layers(model)[0]
     raw = curvature.estimate(model, named, torch.randint(0, 96, (1, 8)), progress=False)
-    host = curvature.HostFactors(torch.device("meta"))  # a device other than the host's, observable here
+    host = HostFactors(torch.device("meta"))  # a device other than the host's, observable here
     host.update(raw)
     assert all(host.entries[name].A.tiles.device.type == "cpu" for name, _ in named)
     prefix = "model.layers.0."

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from surgeon.data import calibration_text, calibration_windows, evaluation_text, tokenize
+from surgeon.app.data import calibration_text, calibration_windows, evaluation_text, tokenize
 from surgeon.errors import SurgeonError
 
 
@@ -48,7 +48,7 @@ def test_calibration_windows_are_seeded_windows_of_the_text():
 @pytest.fixture
 def unreachable_hub(monkeypatch):
     """A hub at a closed loopback port, asked afresh; hub client warnings recorded too."""
-    from surgeon import hub
+    from surgeon.models import hub
 
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

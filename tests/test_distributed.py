@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from surgeon import PruneConfig, prune
-from surgeon.report import PruneReport
-from surgeon.threshold import smallest_k
+from surgeon.method.threshold import smallest_k
+from surgeon.pruning.report import PruneReport
 from tests import distributed_worker
 from tests._helpers import one_error_line, run_cli, tiny_model
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from surgeon import evaluate
+from surgeon.app import evaluate
+from surgeon.app.evaluate import perplexity
 from surgeon.errors import SurgeonError
-from surgeon.evaluate import perplexity
 from tests._helpers import tiny_model
 from tests._tolerances import FLOAT32
 

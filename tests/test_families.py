@@ -8,8 +8,8 @@ import torch
 
 from surgeon import PruneConfig, prune, save_model
 from surgeon.errors import SurgeonError
-from surgeon.experts import experts_as_layers
-from surgeon.model import block_weights, decoder_blocks, prunable_layers, unprunable_weights
+from surgeon.models.adapter import block_weights, decoder_blocks, prunable_layers, unprunable_weights
+from surgeon.models.experts import experts_as_layers
 from tests._families import COMMON, FAMILIES, MOE_FAMILIES, VOCAB, family_model
 from tests._tolerances import FLOAT32, assert_reaches_target
 

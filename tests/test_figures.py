@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from surgeon.cli import main
-from surgeon.figures import KEPT, PPL, TIME, kept_by_type, mask_equivalence, time_stack
+from surgeon.app.cli import main
+from surgeon.app.figures import KEPT, PPL, TIME, kept_by_type, mask_equivalence, time_stack
 from tests._helpers import one_error_line, run_cli
 
 COMMON = ["--nsamples", "2", "--seqlen", "64", "--calibration", "wikitext2-valid", "--eval-windows", "1"]

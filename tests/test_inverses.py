@@ -1,13 +1,13 @@
-"""surgeon.inverses: inverses, inverse roots and F⁻¹ = G⁻¹ ⊗ A⁻¹ of the damped factors."""
+"""surgeon.method.inverses: inverses, inverse roots and F⁻¹ = G⁻¹ ⊗ A⁻¹ of the damped factors."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from surgeon import inverses
-from surgeon.curvature import LayerFactors
-from surgeon.inverses import KroneckerInverse
+from surgeon.method import inverses
+from surgeon.method.factors import LayerFactors
+from surgeon.method.inverses import KroneckerInverse
 from surgeon_kernels.ops import PackedSymmetric
 from tests._helpers import problem, random_spd
 from tests._tolerances import FLOAT64, FLOORED, assert_within_reference_error

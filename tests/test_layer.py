@@ -1,10 +1,10 @@
-"""surgeon.layer: reading and writing a layer's kept block."""
+"""surgeon.models.layer: reading and writing a layer's kept block."""
 
 from __future__ import annotations
 
 import torch
 
-from surgeon.layer import put_submatrix, submatrix
+from surgeon.method.submatrix import put_submatrix, submatrix
 
 
 def test_submatrix_and_put_submatrix_match_advanced_indexing(gen):

@@ -1,4 +1,5 @@
-"""The package's boundaries: the algorithm reaches kernels only through the dispatcher."""
+"""The package's boundaries: one subpackage per layer of the design, each importing only the layers below it,
+the method free of modules and frameworks, and the kernels reached only through their dispatcher."""
 
 from __future__ import annotations
 
@@ -6,6 +7,81 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "surgeon"
+# Bottom to top: a module may import its own layer and those before it. The base modules (errors, settings,
+# file helpers) sit below every layer; the facade `surgeon/__init__.py` and `__main__` above them all.
+LAYERS = ("base", "method", "models", "scale", "pruning", "export", "app", "integrations")
+BASE = ("errors", "config", "io")
+# What the method's mathematics must not know: modules, Hugging Face, the process group.
+NOT_IN_METHOD = ("torch.nn", "torch.distributed", "transformers", "tqdm")
+MAX_LINES = 450
+
+
+def modules() -> list[Path]:
+    return sorted(path for path in PACKAGE.rglob("*.py") if "data" not in path.relative_to(PACKAGE).parts[:1])
+
+
+def layer_of(module: str) -> str | None:
+    """The layer of a dotted `surgeon...` module name (None: the facade)."""
+    parts = module.split(".")[1:]
+    if not parts or parts[0] in ("__init__", "__main__"):
+        return None
+    return "base" if parts[0] in BASE else parts[0]
+
+
+def name_of(path: Path) -> str:
+    return ".".join(("surgeon", *path.relative_to(PACKAGE).with_suffix("").parts))
+
+
+def imports(path: Path) -> list[str]:
+    """Every module `path` imports, functions' imports included; `from surgeon.x import y` gives surgeon.x.y when
+    y is a module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.append(node.module)
+            found += [f"{node.module}.{alias.name}" for alias in node.names
+                      if (PACKAGE.parent / (node.module + "." + alias.name).replace(".", "/")).with_suffix(".py")
+                      .exists()]
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+    return found
+
+
+def test_every_module_sits_in_a_layer():
+    assert {path.parent.name for path in modules() if path.parent != PACKAGE} == set(LAYERS[1:])
+    assert sorted(path.stem for path in PACKAGE.glob("*.py")) == sorted((*BASE, "__init__", "__main__"))
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = []
+    for path in modules():
+        here = layer_of(name_of(path))
+        if here is None:
+            continue
+        for module in imports(path):
+            there = layer_of(module) if module.startswith("surgeon.") else None
+            if there is not None and LAYERS.index(there) > LAYERS.index(here):
+                upward.append(f"{name_of(path)} -> {module}")
+    assert upward == []
+
+
+def test_the_method_knows_no_modules_frameworks_or_ranks():
+    leaks = {name_of(path): found for path in (PACKAGE / "method").glob("*.py")
+             if (found := [m for m in imports(path) if m.startswith(NOT_IN_METHOD)])}
+    assert leaks == {}
+
+
+def test_no_module_is_longer_than_the_limit():
+    assert {name_of(path): n for path in modules() if (n := len(path.read_text().splitlines())) > MAX_LINES} == {}
+
+
+def test_the_check_sees_upward_and_function_level_imports(tmp_path):
+    """The checks above read what they claim to: an import inside a function, and `from package import module`."""
+    source = tmp_path / "probe.py"
+    source.write_text("def f():\n    from surgeon.app import cli\n    import torch.nn\n")
+    assert imports(source) == ["surgeon.app", "surgeon.app.cli", "torch.nn"]
+    assert layer_of("surgeon.app.cli") == "app" and layer_of("surgeon.config") == "base"
+    assert layer_of("surgeon") is None
 
 
 def kernel_imports(path: Path) -> list[str]:
@@ -23,7 +99,7 @@ def kernel_imports(path: Path) -> list[str]:
 
 
 def test_surgeon_reaches_kernels_only_through_ops():
-    offending = {path.name: imports for path in sorted(PACKAGE.glob("*.py"))
-                 if (imports := [m for m in kernel_imports(path) if m != "surgeon_kernels.ops"])}
+    offending = {name_of(path): found for path in modules()
+                 if (found := [m for m in kernel_imports(path) if m != "surgeon_kernels.ops"])}
     assert offending == {}
-    assert kernel_imports(PACKAGE / "updates.py") == ["surgeon_kernels.ops"]  # the check sees `from x import ops`
+    assert kernel_imports(PACKAGE / "method" / "updates.py") == ["surgeon_kernels.ops"]  # sees `from x import ops`

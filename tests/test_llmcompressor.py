@@ -20,7 +20,7 @@ from surgeon.integrations.llmcompressor import (  # noqa: E402
     SurgeonSparseGPTModifier,
     calibration_ids,
 )
-from surgeon.model import prunable_layers  # noqa: E402
+from surgeon.models.adapter import prunable_layers  # noqa: E402
 
 WINDOWS, SEQLEN = 4, 32
 ONESHOT = dict(num_calibration_samples=WINDOWS, max_seq_length=SEQLEN, shuffle_calibration_samples=False)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from surgeon.errors import SurgeonError
-from surgeon.model import _warn_untested, load_model, prunable_layers, resolve_source
+from surgeon.models.adapter import _warn_untested, load_model, prunable_layers, resolve_source
 from tests._helpers import tiny_model
 
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from surgeon import curvature
-from surgeon.cli import main
+from surgeon.app.cli import main
 from surgeon.config import PlanConfig, PruneConfig, parse_bytes
 from surgeon.errors import SurgeonError
-from surgeon.model import prunable_layers
-from surgeon.plan import GIB, H100_SOURCES, HEADROOM, count, fit_to_gpu, held, make_plan, meta_model, packed_bytes
+from surgeon.models.adapter import prunable_layers
+from surgeon.pruning import curvature
+from surgeon.scale.plan import GIB, H100_SOURCES, HEADROOM, count, fit_to_gpu, held, make_plan, meta_model, packed_bytes
 from tests._families import family_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,13 +96,13 @@ def test_a_run_takes_the_memory_options_it_needs_or_is_refused_before_its_weight
                                            r"--activation-checkpointing --offload --block-groups 32\), .* short by"):
         fit_to_gpu(model, "bfloat16", 128, 2048, STRUCTURED, 16 * GIB)  # the weights alone take 12.6 GiB
 
-    import surgeon.run
+    import surgeon.app.run
 
     def no_load(*args, **kwargs):
         raise AssertionError("the weights were loaded")
 
-    monkeypatch.setattr(surgeon.run, "gpu_memory", lambda device: 2**20)
-    monkeypatch.setattr(surgeon.run, "load_model", no_load)
+    monkeypatch.setattr(surgeon.app.run, "gpu_memory", lambda device: 2**20)
+    monkeypatch.setattr(surgeon.app.run, "load_model", no_load)
     code = main(["prune", "--model", "smollm2-135m", "--structure", "2:4", "--output", str(tmp_path / "out")])
     assert code == 2 and not (tmp_path / "out").exists()
 

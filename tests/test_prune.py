@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from surgeon import PruneConfig, prune
-from surgeon.damping import damp
 from surgeon.errors import SurgeonError
-from surgeon.model import prunable_layers
+from surgeon.method.damping import damp
+from surgeon.models.adapter import prunable_layers
 from tests._helpers import tiny_model
 from tests._tolerances import FLOAT32, assert_reaches_target, removed_by_rule
 
@@ -73,7 +73,8 @@ def test_pruned_weights_stay_zero_across_shots(structure):
 
 def test_surgeon_update_changes_kept_weights_and_beats_no_update():
     """On the shot's own (damped) curvature, the update lowers the quadratic loss of its mask below zeroing alone."""
-    from surgeon import curvature, solver
+    from surgeon.method import solver
+    from surgeon.pruning import curvature
 
     base = tiny_model("llama")
     before = weights(base)
@@ -154,7 +155,7 @@ def test_checkpointed_offloaded_block_groups_prune_as_the_plain_pass(arch, struc
 
 @pytest.mark.parametrize("offload", [False, True])
 def test_offload_sends_each_layers_roots_to_host_memory_and_back_for_its_update(monkeypatch, offload):
-    from surgeon import inverses
+    from surgeon.method import inverses
 
     moves = []
     move = inverses.KroneckerInverse.to
@@ -231,7 +232,7 @@ def test_backends_give_the_same_pruned_model(structure, max_correlate):
 @pytest.mark.parametrize("structure", ["unstructured", "2:4"])
 def test_sparsegpt_exact_keeps_sparsegpts_mask_and_lowers_its_error(structure):
     """In the first block (same inputs for both), the same mask and a lower output error ½ tr(ΔW A ΔWᵀ) per layer."""
-    from surgeon import curvature
+    from surgeon.pruning import curvature
 
     dense, ids = tiny_model("llama"), calibration()
     first = prunable_layers(dense)[0]
@@ -252,7 +253,7 @@ def test_sparsegpt_exact_keeps_sparsegpts_mask_and_lowers_its_error(structure):
 
 @pytest.mark.parametrize("method", ["sparsegpt", "sparsegpt-exact", "wanda"])
 def test_per_layer_methods_see_inputs_of_pruned_blocks(method, monkeypatch):
-    from surgeon import curvature
+    from surgeon.pruning import curvature
 
     model = tiny_model("llama")
     blocks = prunable_layers(model)
@@ -281,7 +282,7 @@ def test_per_layer_methods_see_inputs_of_pruned_blocks(method, monkeypatch):
 
 @pytest.mark.parametrize("structure", ["structured", "unstructured"])
 def test_non_finite_update_is_retried_with_more_damping(structure, monkeypatch, caplog):
-    from surgeon import updates
+    from surgeon.method import updates
 
     real, calls = getattr(updates, structure), []
 
@@ -299,7 +300,7 @@ def test_non_finite_update_is_retried_with_more_damping(structure, monkeypatch, 
 
 
 def test_update_that_stays_non_finite_is_refused(monkeypatch):
-    from surgeon import updates
+    from surgeon.method import updates
 
     monkeypatch.setattr(updates, "unstructured", lambda W, *a, **k: torch.full_like(W, float("nan")))
     model = tiny_model("llama")
@@ -332,7 +333,8 @@ def test_structures_with_zero_curvature_go_first(structure, method):
 def test_element_shot_removes_the_weights_of_least_cost(arch, method):
     """One unstructured shot removes the weights of least eq.-7 cost over the model, as computed here from
     the damped factors (the shot computes its costs when the threshold reads them)."""
-    from surgeon import curvature, solver
+    from surgeon.method import solver
+    from surgeon.pruning import curvature
 
     model = tiny_model(arch)
     config = PruneConfig(structure="unstructured", target_size=0.7, shots=1, method=method)
@@ -343,8 +345,8 @@ def test_element_shot_removes_the_weights_of_least_cost(arch, method):
         W = module.weight.detach().double()
         if module.bias is not None:
             W = torch.cat([W, module.bias.detach().double().unsqueeze(1)], 1)
-        G = damp(raw[name].G.dense().double(), config.damp_g)
-        A = damp(raw[name].A.dense().double(), config.damp_a)
+        G = damp(raw[name].G.dense().double(), config.strengths[0])
+        A = damp(raw[name].A.dense().double(), config.strengths[1])
         e = solver.element_costs(W, G, A) if method == "surgeon" else 0.5 * W.square() * torch.outer(G.diag(), A.diag())
         costs[name] = e[:, : module.in_features]
     flat = torch.cat([e.reshape(-1) for e in costs.values()])
@@ -358,8 +360,9 @@ def test_element_shot_removes_the_weights_of_least_cost(arch, method):
 @pytest.mark.parametrize("arch", ["llama", "opt"])
 def test_structured_costs_from_the_pass_equal_the_costs_from_the_factors(arch):
     """After a shot (rows and columns removed, OPT biases), the pass's numerators give eq. 7 (float32)."""
-    from surgeon import costs, curvature, inverses, solver
-    from surgeon.layer import submatrix
+    from surgeon.method import costs, inverses, solver
+    from surgeon.method.submatrix import submatrix
+    from surgeon.pruning import curvature
 
     model = tiny_model(arch)
     prune(model, calibration(), PruneConfig(structure="structured", target_size=0.75, shots=1), progress=False)
@@ -408,7 +411,7 @@ def test_conjugate_gradients_in_bfloat16_prune_to_the_target(arch):
 def test_the_propagated_last_nm_shot_prunes_later_blocks_on_pruned_inputs(arch):
     """Block 0's inputs are the embeddings, which no pruning changes: it prunes as in the unpropagated shot.
     Block 1's A comes from block 0 as pruned and updated: its weights differ. Every group keeps 2 of 4."""
-    config = PruneConfig(structure="2:4", shots=2, propagate=False)
+    config = PruneConfig(structure="2:4", shots=2, propagate=False, damp_g=0.1)  # λ_G given: the same in both
     plain, propagated = tiny_model(arch), tiny_model(arch)
     prune(plain, calibration(), config, progress=False)
     prune(propagated, calibration(), dataclasses.replace(config, propagate=True), progress=False)
@@ -423,16 +426,29 @@ def test_the_propagated_last_nm_shot_prunes_later_blocks_on_pruned_inputs(arch):
 def test_nm_defaults_to_one_propagated_shot_with_stronger_damping_of_g():
     """N:M's defaults are the measured best (bench/RESULTS.md); other structures keep theirs; given values stay."""
     nm = PruneConfig(structure="2:4")
-    assert (nm.shots, nm.propagate, nm.strengths) == (1, True, (1.0, 0.01))
-    assert PruneConfig(structure="4:8", method="kobd").propagate
+    assert (nm.shot_count, nm.propagates, nm.strengths) == (1, True, (1.0, 0.01))
+    assert PruneConfig(structure="4:8", method="kobd").propagates
     for structure, shots in (("unstructured", 2), ("structured", 4), ("coupled", 4)):  # the measured frontier
         config = PruneConfig(structure=structure)
-        assert (config.shots, config.propagate, config.strengths[0]) == (shots, False, 0.1)
+        assert (config.shot_count, config.propagates, config.strengths[0]) == (shots, False, 0.1)
     for config in (PruneConfig(structure="2:4", method="sparsegpt"), PruneConfig(structure="2:4", method="magnitude")):
-        assert config.shots == 1 and not config.propagate and config.strengths[0] == 0.1
+        assert config.shot_count == 1 and not config.propagates and config.strengths[0] == 0.1
     given = PruneConfig(structure="2:4", shots=4, propagate=False, damp_g=0.3)
-    assert (given.shots, given.propagate, given.strengths[0]) == (4, False, 0.3)
-    assert dataclasses.replace(given, propagate=True).strengths[0] == 0.3  # resolved once, then kept
+    assert (given.shot_count, given.propagates, given.strengths[0]) == (4, False, 0.3)
+    assert dataclasses.replace(given, propagate=True).strengths[0] == 0.3  # a given value stays given
+
+
+def test_replace_resolves_the_defaults_again():
+    """A field left at its default is resolved for the structure it ends with, so `replace` keeps working, and
+    `resolved()` shows every value the run uses."""
+    config = PruneConfig()
+    assert (config.target_size, config.shots, config.propagate, config.damp_g) == (None, None, None, None)
+    nm = dataclasses.replace(config, structure="2:4")  # no target_size of 0.8 carried over to refuse 2:4
+    assert (nm.target, nm.shot_count, nm.propagates, nm.strengths) == (0.5, 1, True, (1.0, 0.01))
+    back = dataclasses.replace(nm, structure="coupled")
+    assert (back.target, back.shot_count, back.propagates, back.strengths) == (0.8, 4, False, (0.1, 0.3))
+    assert {key: back.resolved()[key] for key in ("target_size", "shots", "propagate", "damp_g", "damp_a")} == \
+        {"target_size": 0.8, "shots": 4, "propagate": False, "damp_g": 0.1, "damp_a": 0.3}
 
 
 def test_coupled_surgeon_damps_a_more_by_default():

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from surgeon import PruneConfig, prune
-from surgeon.data import calibration_text, calibration_windows, evaluation_text, tokenize
-from surgeon.evaluate import perplexity
-from surgeon.model import load_model, prunable_layers
+from surgeon.app.data import calibration_text, calibration_windows, evaluation_text, tokenize
+from surgeon.app.evaluate import perplexity
+from surgeon.models.adapter import load_model, prunable_layers
 from tests._tolerances import assert_reaches_target
 
 pytestmark = pytest.mark.slow

@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 from surgeon import PruneConfig, prune
-from surgeon.cli import main
-from surgeon.resume import STATE, Checkpoint, read_state
+from surgeon.app.cli import main
+from surgeon.pruning.resume import STATE, Checkpoint, read_state
 from tests._helpers import one_error_line, run_cli, tiny_model
 
 pytestmark = pytest.mark.slow  # whole runs stopped and continued, some in subprocesses
@@ -124,9 +124,9 @@ def stopped_run(folder, fingerprint, config: PruneConfig) -> None:
 
 
 def test_resume_refuses_what_it_cannot_continue(tiny_model_dir, tmp_path):
-    from surgeon.cli import _build, build_parser
+    from surgeon.app.cli import _build, build_parser
+    from surgeon.app.run import run_fingerprint
     from surgeon.config import RunConfig
-    from surgeon.run import run_fingerprint
 
     options = [*PRUNE, "--model", str(tiny_model_dir)]
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import surgeon
-import surgeon.solver as solver
-from surgeon import baselines
+import surgeon.method.solver as solver
+from surgeon.method import baselines
 from tests._helpers import closed_form, problem
 from tests._tolerances import FLOAT64, SPARSEGPT_BLOCK, removed_by_rule
 

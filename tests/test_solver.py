@@ -1,12 +1,12 @@
-"""surgeon.solver and surgeon.updates against the closed form of eqs. 4-5 built with explicit kron(G, A)."""
+"""surgeon.method.solver and .updates against the closed form of eqs. 4-5 built with explicit kron(G, A)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from surgeon import solver, updates
-from surgeon.inverses import KroneckerInverse
+from surgeon.method import solver, updates
+from surgeon.method.inverses import KroneckerInverse
 from surgeon_kernels import available_backends
 from tests._helpers import SHAPES, closed_form, problem
 from tests._tolerances import FLOAT32, FLOAT64, assert_within_reference_error

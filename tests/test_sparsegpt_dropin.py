@@ -7,8 +7,8 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from surgeon.baselines import sparsegpt
 from surgeon.integrations.sparsegpt import SparseGPT
+from surgeon.method.baselines import sparsegpt
 from tests._tolerances import assert_within_reference_error, removed_by_rule
 
 R, C = 48, 256

@@ -10,8 +10,9 @@ import torch
 
 pytest.importorskip("lm_eval", reason="the tasks extra (lm-eval)")
 
+from surgeon.app.tasks import load_tasks, zero_shot  # noqa: E402
+from surgeon.config import DEFAULT_TASKS, task_names  # noqa: E402
 from surgeon.errors import SurgeonError  # noqa: E402
-from surgeon.tasks import DEFAULT_TASKS, load_tasks, task_names, zero_shot  # noqa: E402
 
 DOCS = [{"question": f"Question {i}: which colour is the sky over the {place}?", "choices": ["blue", "green", "red"],
          "answer": i % 3} for i, place in enumerate(["sea", "hills", "town", "fields", "forest", "river", "desert"])]
@@ -97,7 +98,7 @@ def test_missing_lm_eval_names_the_extra(monkeypatch):
 
 
 def test_eval_and_prune_commands_score_tasks(tiny_model_dir, task_dir, tmp_path):
-    from surgeon.cli import main
+    from surgeon.app.cli import main
 
     common = ["--model", str(tiny_model_dir), "--seqlen", "64", "--eval-windows", "1", "--tasks", "sky_choice"]
     assert main(["--quiet", "eval", *common, "--task-path", str(task_dir), "--task-limit", "4",
@@ -115,7 +116,7 @@ def test_eval_and_prune_commands_score_tasks(tiny_model_dir, task_dir, tmp_path)
 
 
 def test_bad_task_fails_before_the_model_loads(task_dir, tmp_path, capsys):
-    from surgeon.cli import main
+    from surgeon.app.cli import main
 
     out = tmp_path / "pruned"
     (tmp_path / "tasks.json").write_text(json.dumps({"task_path": str(task_dir)}))

@@ -7,8 +7,8 @@ import functools
 import pytest
 import torch
 
-from surgeon import threshold
 from surgeon.errors import SurgeonError
+from surgeon.method import threshold
 from surgeon_kernels import Deferred, available_backends, ops
 
 SHAPES = [(7, 5), (3, 11), (13, 4)]

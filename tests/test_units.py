@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from surgeon import PruneConfig, costs, prune
-from surgeon.compact import compact_model
+from surgeon import PruneConfig, prune
 from surgeon.errors import SurgeonError
-from surgeon.inverses import KroneckerInverse
-from surgeon.model import decoder_blocks, prunable_layers
-from surgeon.units import coupled_units, decode_macs
+from surgeon.export.compact import compact_model
+from surgeon.method import costs
+from surgeon.method.inverses import KroneckerInverse
+from surgeon.models.adapter import decoder_blocks, prunable_layers
+from surgeon.models.units import coupled_units, decode_macs
 from tests._families import VOCAB, family_model
 from tests._helpers import assert_same_logits, problem
 from tests._tolerances import FLOAT64, assert_reaches_target
@@ -39,7 +40,7 @@ def test_set_costs_equal_the_closed_form_for_rows_and_columns(size, gen):
         pruned[:, index * size:(index + 1) * size] = True
         torch.testing.assert_close(cost, closed_form_set_cost(W, G, A, pruned), **FLOAT64)
     if size == 1:  # a single row or column is eq. 7's own cost
-        from surgeon import solver
+        from surgeon.method import solver
 
         torch.testing.assert_close(rows, solver.row_costs(W, G, A), **FLOAT64)
         torch.testing.assert_close(cols, solver.col_costs(W, G, A), **FLOAT64)
@@ -97,7 +98,7 @@ def test_coupled_prune_removes_whole_units_to_the_target(family, method):
 
 def test_a_kv_head_without_query_heads_is_freed():
     """Every query head of KV head 0 removed: its k and v rows are read by nobody and leave as freed weights."""
-    from surgeon.units import masks_of
+    from surgeon.models.units import masks_of
 
     model = family_model("llama")
     names = [name for block in prunable_layers(model) for name, _ in block]
@@ -215,7 +216,7 @@ def test_units_are_priced_and_updated_by_their_consumer_columns(family):
 def test_column_sets_cost_their_kept_columns_jointly(gen):
     """A set of columns partly removed (a KV group after query-head rounds) costs the joint removal of the
     columns it keeps; a set removed whole costs −inf; the OBD price sums its kept columns' costs."""
-    from surgeon.shots import _column_set_costs
+    from surgeon.pruning.structured import _column_set_costs
 
     W, G, A = problem(6, 12, gen)
     real_c = torch.tensor([0, 1, 8, 9])  # sets of 4: set 0 keeps 2, set 1 is gone, set 2 keeps 2
@@ -240,7 +241,7 @@ def test_column_sets_cost_their_kept_columns_jointly(gen):
 def test_a_round_costs_only_the_live_kv_groups():
     """A KV group removed whole (its heads cost −inf) takes no part in the rounds of the others: the round
     of each live group's cheapest head costs their sum, not −inf."""
-    from surgeon.units import allocation
+    from surgeon.models.units import allocation
 
     model = family_model("llama")  # 2 KV heads of 2 query heads each
     names = [name for block in prunable_layers(model) for name, _ in block]
@@ -254,7 +255,7 @@ def test_a_round_costs_only_the_live_kv_groups():
 
 
 def test_a_kv_group_unit_owns_its_kv_rows_and_its_query_heads():
-    from surgeon.units import masks_of
+    from surgeon.models.units import masks_of
 
     model = family_model("llama")
     names = [name for block in prunable_layers(model) for name, _ in block]

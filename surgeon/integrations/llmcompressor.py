@@ -34,8 +34,8 @@ from pydantic import Field, PrivateAttr, model_validator
 
 from surgeon.config import PruneConfig
 from surgeon.integrations.sparsegpt import REFINE_ITERATIONS, Update, is_conv1d, sparsegpt_solve
-from surgeon.report import PruneReport
-from surgeon.shots import prune
+from surgeon.pruning.report import PruneReport
+from surgeon.pruning.shots import prune
 
 __all__ = ["SurgeonModifier", "SurgeonSparseGPTModifier", "calibration_ids"]
 
@@ -117,8 +117,8 @@ class SurgeonModifier(Modifier):
             raise ValueError("SurgeonModifier needs every weight in memory for its gradient pass; "
                              "load the model without disk or meta-device offloading")
         ids = calibration_ids(self._calibration)
-        logger.info(f"SurgeonModifier: {self._config.structure}, target size {self._config.target_size:.4f}, "
-                    f"{self._config.shots} shots on {ids.shape[0]} windows of {ids.shape[1]} tokens")
+        logger.info(f"SurgeonModifier: {self._config.structure}, target size {self._config.target:.4f}, "
+                    f"{self._config.shot_count} shots on {ids.shape[0]} windows of {ids.shape[1]} tokens")
         with torch.enable_grad():
             self._report = prune(model, ids.to(next(model.parameters()).device), self._config)
         logger.info(f"SurgeonModifier: sparsity {self._report.sparsity:.4f} in {self._report.seconds:.1f} s")

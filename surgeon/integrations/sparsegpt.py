@@ -13,9 +13,9 @@ and prune::
 
 The mask is chosen by SparseGPT's own column sweep, exactly as many weights per block of columns.
 By default (`update="refine"`) a few conjugate-gradient steps then move every row's kept weights
-from the sweep's one-directional updates toward the exact solution (`surgeon.solver.refine_rows`):
+from the sweep's one-directional updates toward the exact solution (`surgeon.method.solver.refine_rows`):
 a lower layer output error for the same H, at little more than SparseGPT's time. `update="exact"`
-solves each row exactly (`surgeon.solver.solve` with G = I): the lowest error, at several times
+solves each row exactly (`surgeon.method.solver.solve` with G = I): the lowest error, at several times
 the time.
 """
 
@@ -27,7 +27,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from surgeon.solver import REFINE_ITERATIONS, Solution, refine, solve
+from surgeon.config import DEFAULT_DAMP_A
+from surgeon.method.solver import REFINE_ITERATIONS, Solution, refine, solve
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ def sparsegpt_solve(W: torch.Tensor, H: torch.Tensor, sparsity: float, prunen: i
                     iterations: int = REFINE_ITERATIONS) -> Solution:
     """One layer pruned with SparseGPT's arguments: `prunen` of every `prunem` weights removed (0, 0: `sparsity`).
 
-    update "refine": `surgeon.solver.refine`, SparseGPT's sweep then `iterations` conjugate-gradient
+    update "refine": `surgeon.method.solver.refine`, SparseGPT's sweep then `iterations` conjugate-gradient
     steps toward the exact row update; "exact": `surgeon.solve`, every row's kept weights solved
     exactly after each of `shots` sweeps of growing sparsity.
     """
@@ -100,7 +101,7 @@ class SparseGPT:
         prunen: int = 0,
         prunem: int = 0,
         blocksize: int = 128,
-        percdamp: float = 0.01,
+        percdamp: float = DEFAULT_DAMP_A,
         *,
         prune_n: int | None = None,
         prune_m: int | None = None,

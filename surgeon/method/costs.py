@@ -8,14 +8,14 @@ whose curvature diagonal is exactly zero is dead and costs 0 (`dead`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
-from surgeon.curvature import LayerFactors
-from surgeon.damping import damped_diagonal, damping
-from surgeon.inverses import Index, KroneckerInverse
-from surgeon.layer import Layer, submatrix
+from surgeon.method.damping import damped_diagonal, damping
+from surgeon.method.factors import LayerFactors
+from surgeon.method.inverses import Index, KroneckerInverse
+from surgeon.method.submatrix import submatrix
 
 
 def element_costs(W: torch.Tensor, f: KroneckerInverse) -> torch.Tensor:
@@ -33,7 +33,7 @@ def damped_quadratic(raw: torch.Tensor, W: torch.Tensor, diagonal: torch.Tensor,
     """wᵀ (M + δI) w = wᵀ M w + δ‖w‖² for each row (dim=1) or column (dim=0) w of W, given `raw` = wᵀ M w.
 
     δ = `damping(diagonal, strength)` with `diagonal` = diag M: the damped numerators of eq. 7
-    from undamped ones (`curvature.LayerFactors.row_quadratic`, `col_quadratic`).
+    from undamped ones (`LayerFactors.row_quadratic`, `col_quadratic`).
     """
     return raw + damping(diagonal, strength) * W.square().sum(dim)
 
@@ -83,15 +83,6 @@ def dead(entry: LayerFactors, rows: Index, cols: Index, R: int) -> tuple[torch.T
     if entry.G is None:
         return torch.zeros(R, dtype=torch.bool, device=dead_cols.device)[rows], dead_cols
     return entry.G.diagonal()[rows] == 0, dead_cols
-
-
-def layer_element_costs(layer: Layer, weigh: Callable[[torch.Tensor], torch.Tensor],
-                        dead_structures: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-    """Element costs `weigh(W)` of the layer's weights as they are now: dead ones 0, pruned ones −inf."""
-    e = weigh(layer.weight())[:, : layer.module.in_features]
-    if dead_structures is not None:
-        e = e.masked_fill(dead_structures[0].unsqueeze(1) | dead_structures[1].unsqueeze(0), 0)
-    return e.masked_fill(layer.mask, float("-inf"))
 
 
 def set_costs(W: torch.Tensor, root: torch.Tensor, M: torch.Tensor, size: int) -> torch.Tensor:

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from surgeon.errors import SurgeonError
-from surgeon.model import attention_layout
+from surgeon.models.adapter import attention_layout
 
 Axis = Literal["rows", "cols"]
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "smollm", "opt")

@@ -1,8 +1,8 @@
 """Zero-shot task accuracy through lm-evaluation-harness (optional extra `tasks`).
 
 The loaded model is wrapped in lm-eval's `HFLM(pretrained=model, tokenizer=…)` and scored with
-`simple_evaluate`, so the numbers are lm-eval's own. `DEFAULT_TASKS` are the zero-shot tasks of
-the paper's appendix.
+`simple_evaluate`, so the numbers are lm-eval's own. `config.DEFAULT_TASKS` are the zero-shot tasks
+of the paper's appendix.
 """
 
 from __future__ import annotations
@@ -13,20 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from surgeon.errors import SurgeonError, first_line
 
-if TYPE_CHECKING:  # `surgeon --help` reads DEFAULT_TASKS without importing torch
+if TYPE_CHECKING:  # importing this module does not load torch
     import torch
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TASKS = ("boolq", "piqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
-
-
-def task_names(spec: str) -> tuple[str, ...]:
-    """`"piqa,arc_easy"` -> ("piqa", "arc_easy"); `"default"` -> `DEFAULT_TASKS`."""
-    names = tuple(name.strip() for name in spec.split(",") if name.strip())
-    if not names:
-        raise ValueError(f"tasks={spec!r}: name at least one lm-eval task, or default")
-    return DEFAULT_TASKS if names == ("default",) else names
 
 
 def load_tasks(tasks: Sequence[str], task_path: str | None = None) -> Any:

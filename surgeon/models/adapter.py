@@ -6,7 +6,7 @@ head are never touched. Decoder blocks are discovered by structure (the `nn.Modu
 `KNOWN_FAMILIES` and serves as the fallback for other causal LMs. Every other weight matrix in the
 blocks (a Mixture-of-Experts model's fused 3-D expert weights, say) is either left out by name
 (`leave_out`; the routers by default) or makes the run refuse (`check_prunable`): no weight is
-skipped silently. Fused experts of the layout `surgeon.experts` knows are split into layers while a
+skipped silently. Fused experts of the layout `surgeon.models.experts` knows are split into layers while a
 run prunes.
 """
 
@@ -25,9 +25,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from surgeon import hub
 from surgeon.errors import SurgeonError, first_line
-from surgeon.experts import ExpertLayers, is_fused_experts
+from surgeon.models import hub
+from surgeon.models.experts import ExpertLayers, is_fused_experts
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def causal_lm_class(path: str) -> Any:
     (`compact_modeling`, no remote code needed), else `AutoModelForCausalLM`."""
     from transformers import AutoModelForCausalLM
 
-    from surgeon import compact_modeling
+    from surgeon.models import compact_modeling
 
     config = Path(path) / "config.json"
     family = json.loads(config.read_text()).get("model_type", "") if config.is_file() else ""

@@ -99,11 +99,11 @@ def _build(cls: type, args: argparse.Namespace, only: Sequence[str] | None = Non
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     run = _build(RunConfig, args, EVAL_FIELDS)
-    from surgeon.data import evaluation_text, tokenize
-    from surgeon.evaluate import perplexity
+    from surgeon.app.data import evaluation_text, tokenize
+    from surgeon.app.evaluate import perplexity
+    from surgeon.app.tasks import load_tasks, zero_shot
     from surgeon.io import check_writable_file, write_json
-    from surgeon.model import load_model
-    from surgeon.tasks import load_tasks, zero_shot
+    from surgeon.models.adapter import load_model
 
     if run.output:
         check_writable_file(run.output)  # before the slow model load
@@ -129,8 +129,8 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     config = _build(PruneConfig, args)
     import torch.distributed as dist
 
-    from surgeon import distributed
-    from surgeon.run import run_prune
+    from surgeon.app.run import run_prune
+    from surgeon.scale import distributed
 
     if not distributed.launched():
         report = run_prune(run, config, progress=not args.quiet)
@@ -152,7 +152,7 @@ def _cmd_prune(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     config = _build(ExportConfig, args)
-    from surgeon.run import run_export
+    from surgeon.app.run import run_export
 
     report = run_export(config)
     export = report["export"]
@@ -163,7 +163,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     config = _build(ReportConfig, args)
-    from surgeon.figures import write_report
+    from surgeon.app.figures import write_report
 
     written = write_report(config)
     equivalence = written["mask_equivalence"]
@@ -176,7 +176,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     plan = _build(PlanConfig, args)
     config = _build(PruneConfig, args)
     from surgeon.io import check_writable_file, write_json
-    from surgeon.plan import GIB, make_plan
+    from surgeon.scale.plan import GIB, make_plan
 
     if plan.output:
         check_writable_file(plan.output)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 
-from surgeon.model import attention_layout
+from surgeon.models.adapter import attention_layout
 
 # Per family: the channels' (producer layers, consumer layer) inside a decoder block, MLP then attention.
 # Families with fused projections (phi3's gate_up_proj and qkv_proj, gpt_neox's query_key_value) have

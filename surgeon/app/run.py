@@ -13,18 +13,19 @@ import torch
 import torch.distributed as dist
 
 from surgeon import __version__
+from surgeon.app.data import calibration_text, calibration_windows, evaluation_text, tokenize
+from surgeon.app.evaluate import perplexity
+from surgeon.app.tasks import load_tasks, zero_shot
 from surgeon.config import MEMORY_OPTIONS, ExportConfig, PruneConfig, RunConfig
-from surgeon.data import calibration_text, calibration_windows, evaluation_text, tokenize
-from surgeon.distributed import local_device, shard_model, whole_state_dict
 from surgeon.errors import SurgeonError, first_line
-from surgeon.evaluate import perplexity
 from surgeon.io import OutputDirectory, read_run, write_checkpoint
-from surgeon.model import check_prunable, decoder_blocks, load_model, max_seqlen
-from surgeon.plan import fit_to_gpu, meta_model
-from surgeon.report import ShotReport
-from surgeon.resume import Checkpoint, has_state, read_state
-from surgeon.shots import check_block_groups, prune
-from surgeon.tasks import load_tasks, zero_shot
+from surgeon.models.adapter import check_prunable, decoder_blocks, load_model, max_seqlen
+from surgeon.pruning.report import ShotReport
+from surgeon.pruning.resume import Checkpoint, has_state, read_state
+from surgeon.pruning.shots import prune
+from surgeon.scale.block_groups import check_block_groups
+from surgeon.scale.distributed import local_device, shard_model, whole_state_dict
+from surgeon.scale.plan import fit_to_gpu, meta_model
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +36,9 @@ def run_prune(run: RunConfig, config: PruneConfig, progress: bool = True,
 
     The output folder is checked and staged first, so a folder that cannot be written, or one that
     holds other files (without `run.overwrite`), fails before any work. After every
-    `run.checkpoint_shots`-th shot a checkpoint is written into the folder (`surgeon.resume`);
+    `run.checkpoint_shots`-th shot a checkpoint is written into the folder (`surgeon.pruning.resume`);
     `run.resume` continues from it. report.json, which marks a finished run, is written last.
-    With a process `group` (torchrun) every rank prunes its share (`surgeon.distributed`); rank 0
+    With a process `group` (torchrun) every rank prunes its share (`surgeon.scale.distributed`); rank 0
     alone evaluates and writes, and the other ranks return None.
     """
     if run.output is None:
@@ -81,7 +82,7 @@ def run_fingerprint(run: RunConfig, config: PruneConfig) -> dict[str, Any]:
     for want of memory continues with them."""
     own = {key: value for key, value in dataclasses.asdict(run).items()
            if key not in ("output", "overwrite", "resume", "checkpoint_shots")}
-    prune = {key: value for key, value in dataclasses.asdict(config).items() if key not in MEMORY_OPTIONS}
+    prune = {key: value for key, value in config.resolved().items() if key not in MEMORY_OPTIONS}
     return {"surgeon": __version__, "prune": prune, "run": own}
 
 
@@ -175,8 +176,8 @@ def run_export(config: ExportConfig) -> dict:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from surgeon import compact_modeling
-    from surgeon.compact import compact_model, same_logits
+    from surgeon.export.compact import compact_model, same_logits
+    from surgeon.models import compact_modeling
 
     source = Path(config.run)
     report = read_run(source)

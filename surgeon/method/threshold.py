@@ -12,16 +12,27 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from surgeon.distributed import Elsewhere
 from surgeon.errors import SurgeonError
 from surgeon_kernels import ops
 from surgeon_kernels.ops import Deferred, Lazy, Reduce, materialise
 
 
+class Elsewhere(Deferred):
+    """A tensor that another rank holds (e.g. the element costs of a layer it owns): its size is known here,
+    its values are not (calling it raises)."""
+
+    def __init__(self, numel: int, device: torch.device):
+        super().__init__(numel, device, self._missing)
+
+    @staticmethod
+    def _missing() -> torch.Tensor:
+        raise RuntimeError("this tensor is held by another rank")
+
+
 def _select(costs: Sequence[Lazy], k: int, backend: str, reduce: Reduce | None = None) -> tuple[float, list[int]]:
     """τ, the k-th smallest of all costs, and how many costs equal to τ each tensor takes (in order, until k).
 
-    Split over ranks (`surgeon.distributed`), `costs` lists every layer's, those of layers owned by other
+    Split over ranks (`surgeon.scale.distributed`), `costs` lists every layer's, those of layers owned by other
     ranks as `Elsewhere`; `reduce` sums the selection's histograms and the counts at τ over the ranks, so
     every rank finds the same τ and the same ties.
     """
@@ -116,7 +127,7 @@ def structured_selection(
     Structures are taken cheapest first over all layers; a row of a layer with q removed
     columns newly removes C − q weights (and vice versa), so removing p rows and q columns of an
     R×C layer zeroes RC − (R−p)(C−q). `extend` adds what a choice removes along with it (dead
-    channels, `surgeon.channels`), counted too. Returns the chosen structures (without the extension).
+    channels, `surgeon.models.channels`), counted too. Returns the chosen structures (without the extension).
     """
     def zeros(masks: list[torch.Tensor]) -> int:
         rows, cols = masks[0::2], masks[1::2]

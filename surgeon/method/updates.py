@@ -13,9 +13,9 @@ from collections.abc import Callable
 import torch
 
 from surgeon.config import Correlation
-from surgeon.damping import damp
-from surgeon.inverses import KroneckerInverse, eigen_solve, spd_inverse
-from surgeon.layer import put_submatrix, submatrix
+from surgeon.method.damping import damp
+from surgeon.method.inverses import KroneckerInverse, eigen_solve, spd_inverse
+from surgeon.method.submatrix import put_submatrix, submatrix
 from surgeon_kernels import ops
 
 logger = logging.getLogger(__name__)

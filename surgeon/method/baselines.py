@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from surgeon.damping import damp
+from surgeon.config import DEFAULT_DAMP_A
+from surgeon.method.damping import damp
 from surgeon_kernels import ops
 
 
@@ -35,7 +36,7 @@ def sparsegpt(
     previous: torch.Tensor,
     nm: tuple[int, int] | None = None,
     blocksize: int = 128,
-    percdamp: float = 0.01,
+    percdamp: float = DEFAULT_DAMP_A,
     dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """SparseGPT's lazy-batch OBS pruning of one layer with Hessian H = XᵀX: (new W, mask).

@@ -28,8 +28,8 @@ import torch
 
 from surgeon.errors import SurgeonError
 from surgeon.io import COMPLETE_MARKER, write_json
-from surgeon.layer import Layer
-from surgeon.report import ShotReport
+from surgeon.models.layer import Layer
+from surgeon.pruning.report import ShotReport
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from surgeon.errors import SurgeonError
 from surgeon.io import COMPLETE_MARKER, OutputDirectory, read_run
 
 KEPT, PPL, TIME = "kept-by-layer.png", "perplexity-per-shot.png", "time-per-phase.png"
-PRUNE_PARTS = ("costs", "threshold", "update")  # timed inside a shot's "prune" phase (surgeon.shots)
+PRUNE_PARTS = ("costs", "threshold", "update")  # timed inside a shot's "prune" phase (surgeon.pruning.shots)
 
 
 def load_run(folder: str | Path) -> dict[str, Any]:

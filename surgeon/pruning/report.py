@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import resource
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -18,7 +19,7 @@ class ShotReport:
 
     target_size: fraction of prunable weights to keep after it (α_t); sparsity: fraction removed
     after it; freed: weights removed this shot only because the chosen structures left them dead
-    (channel ends, `surgeon.channels`), included in `sparsity`; seconds: per phase; peak_memory_gb:
+    (channel ends, `surgeon.models.channels`), included in `sparsity`; seconds: per phase; peak_memory_gb:
     peak GPU allocation on CUDA, else the process's peak resident memory, in GiB; ppl: perplexity
     after the shot when the run evaluates every shot (`--eval-every-shot`), else None.
     """
@@ -86,3 +87,15 @@ def _zeros(weight: torch.Tensor) -> int:
 def zero_fraction(layers: list[tuple[str, nn.Linear]]) -> float:
     """Fraction of zero weights over all `layers` (biases not counted)."""
     return sum(_zeros(m.weight) for _, m in layers) / sum(m.weight.numel() for _, m in layers)
+
+
+def clock(device: torch.device) -> float:
+    """`time.perf_counter()` after the device's queued work has finished (GPU work is asynchronous)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def phases(times: list[float]) -> dict[str, float]:
+    """Seconds of costs, threshold and updates from the four clock readings around them."""
+    return {name: end - start for name, start, end in zip(("costs", "threshold", "update"), times, times[1:])}

@@ -35,11 +35,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from surgeon.curvature import LayerFactors
 from surgeon.errors import SurgeonError
-from surgeon.layer import Layer
-from surgeon.model import decoder_blocks
-from surgeon_kernels.ops import Deferred
+from surgeon.method.factors import LayerFactors
+from surgeon.models.adapter import decoder_blocks
+from surgeon.models.layer import Layer
 
 
 def launched() -> bool:
@@ -94,18 +93,6 @@ def whole_state_dict(model: nn.Module) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-class Elsewhere(Deferred):
-    """A tensor that another rank holds (e.g. the element costs of a layer it owns): its size is known here,
-    its values are not (calling it raises)."""
-
-    def __init__(self, numel: int, device: torch.device):
-        super().__init__(numel, device, self._missing)
-
-    @staticmethod
-    def _missing() -> torch.Tensor:
-        raise RuntimeError("this tensor is held by another rank")
 
 
 class Ranks:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from surgeon.curvature import LayerFactors
-from surgeon.damping import damp
-from surgeon.layer import submatrix
+from surgeon.method.damping import damp
+from surgeon.method.factors import LayerFactors
+from surgeon.method.submatrix import submatrix
 from surgeon_kernels import ops
 from surgeon_kernels.ops import PackedSymmetric
 

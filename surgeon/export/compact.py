@@ -33,10 +33,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from surgeon import compact_modeling
-from surgeon.channels import maps_zero_to_zero
 from surgeon.errors import SurgeonError
-from surgeon.model import attention_layout, causal_lm_class, decoder_blocks
+from surgeon.models import compact_modeling
+from surgeon.models.adapter import attention_layout, causal_lm_class, decoder_blocks
+from surgeon.models.channels import maps_zero_to_zero
 
 GATED = ("llama", "mistral", "qwen2", "qwen3", "smollm")  # gate/up/down MLP and q/k/v/o attention with head_dim
 FAMILIES = (*GATED, "opt")

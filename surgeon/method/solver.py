@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
-from surgeon import baselines, costs, threshold, updates
-from surgeon.damping import damp
-from surgeon.inverses import KroneckerInverse, spd_inverse
+from surgeon.config import DEFAULT_DAMP_A, DEFAULT_DAMP_G
+from surgeon.method import baselines, costs, threshold, updates
+from surgeon.method.damping import damp
+from surgeon.method.inverses import KroneckerInverse, spd_inverse
 
 REFINE_ITERATIONS = 8  # `refine`'s conjugate-gradient steps: 1.4-1.5x the sweep's time (bench/RESULTS.md)
 
@@ -171,8 +172,8 @@ def solve(
     rows: torch.Tensor | Sequence[int] | None = None,
     cols: torch.Tensor | Sequence[int] | None = None,
     shots: int = 1,
-    damp_a: float = 0.01,
-    damp_g: float = 0.1,
+    damp_a: float = DEFAULT_DAMP_A,
+    damp_g: float = DEFAULT_DAMP_G,
     blocksize: int = 128,
 ) -> Solution:
     """Prune one layer to a target with the exact correlated update (eqs. 4-5, sec. 3.4): a `Solution`.
@@ -240,7 +241,7 @@ def refine(
     sparsity: float | None = None,
     nm: tuple[int, int] | None = None,
     iterations: int = REFINE_ITERATIONS,
-    damp_a: float = 0.01,
+    damp_a: float = DEFAULT_DAMP_A,
     blocksize: int = 128,
 ) -> Solution:
     """SparseGPT's sweep for the mask and its updates, then `iterations` steps toward the exact row update.

@@ -16,7 +16,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from surgeon.errors import SurgeonError
-from surgeon.model import max_seqlen
+from surgeon.models.adapter import max_seqlen
 
 # Positions per cross-entropy call: its float32 log-softmax temporary is NLL_CHUNK × vocabulary, not
 # seqlen × vocabulary (SmolLM2 at 2048 tokens: 100 MB instead of 400 MB; bench/RESULTS.md).

@@ -35,12 +35,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from surgeon import hub
 from surgeon.config import NEEDS_A, NEEDS_G, PlanConfig, PruneConfig, parse_bytes
 from surgeon.errors import SurgeonError, first_line
-from surgeon.experts import is_fused_experts
-from surgeon.model import DTYPES, check_prunable, decoder_blocks, prunable_layers, resolve_source
-from surgeon.shots import check_block_groups, group_edges, groups_limit
+from surgeon.models import hub
+from surgeon.models.adapter import DTYPES, check_prunable, decoder_blocks, prunable_layers, resolve_source
+from surgeon.models.experts import is_fused_experts
+from surgeon.scale.block_groups import check_block_groups, group_edges, groups_limit
 
 logger = logging.getLogger(__name__)
 
@@ -251,7 +251,7 @@ def held(counts: dict[str, Any], config: PruneConfig, ranks: int = 1, fsdp: bool
             "prune": {"weights": weights, "inverses": 4 * counts["layer_factor_bytes"] if config.offload
                       else sum(factors[b] for b in owned), "layer": parts["layer"]},
         }
-        if config.propagate:  # N:M's last shot runs block by block on every window's block inputs
+        if config.propagates:  # N:M's last shot runs block by block on every window's block inputs
             phases["prune"]["block_inputs"] = parts["block_inputs"]
     if fsdp:
         phases["prune"]["own_layers"] = math.ceil(counts["prunable_bytes"] * len(owned) / blocks)
@@ -266,7 +266,7 @@ def _projected_seconds(counts: dict[str, Any], config: PruneConfig, nsamples: in
     """
     if config.method != "surgeon":
         return {}
-    kind = config.structure if config.nm is None else "N:M propagated" if config.propagate else "N:M"
+    kind = config.structure if config.nm is None else "N:M propagated" if config.propagates else "N:M"
     if kind not in H100_PRUNE_S:
         return {}
     size = counts["prunable_parameters"] / H100_PARAMETERS
@@ -383,7 +383,7 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
     return {
         "model": plan.model, "dtype": plan.dtype, "nsamples": plan.nsamples, "seqlen": plan.seqlen,
         "gpus": plan.gpus, "gpu_memory_bytes": budget, "config": {"structure": config.structure,
-                                                                   "method": config.method, "shots": config.shots,
+                                                                   "method": config.method, "shots": config.shot_count,
                                                                    "batch_size": config.batch_size},
         "parameters": counts["parameters"], "prunable_parameters": counts["prunable_parameters"],
         "phases": phases, "peak_phase": peak_phase, "peak_gpu_bytes": peak, "fits": chosen is not None,

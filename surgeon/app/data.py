@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 
-from surgeon import hub
 from surgeon.errors import SurgeonError, first_line
+from surgeon.models import hub
 
 logger = logging.getLogger(__name__)
 
-PACKAGED = Path(__file__).parent / "data" / "wikitext-2"
+PACKAGED = Path(__file__).parents[1] / "data" / "wikitext-2"
 HUB_SETS = ("wikitext2", "c4", "ptb")
 
 

@@ -1,0 +1,184 @@
+"""Element shots: unstructured and N:M weights priced by eq. 7 and removed with the correlated update
+(eqs. 4-5), globally thresholded or, for N:M's propagated last shot, block by block; and the per-layer
+baselines (SparseGPT, Wanda), which prune block by block on the inputs of the blocks already pruned."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from surgeon.config import PruneConfig
+from surgeon.method import baselines, costs, inverses, solver, threshold, updates
+from surgeon.method.factors import LayerFactors
+from surgeon.method.threshold import Elsewhere
+from surgeon.models.adapter import decoder_blocks, prunable_layers
+from surgeon.models.layer import Layer
+from surgeon.pruning import curvature
+from surgeon.pruning.block_inputs import BlockInputs
+from surgeon.pruning.report import clock, phases
+from surgeon.scale.distributed import Ranks
+from surgeon_kernels import ops
+from surgeon_kernels.ops import Deferred
+
+
+def element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig,
+                  ranks: Ranks) -> dict[str, float]:
+    """Elements (unstructured or N:M): costs, global threshold, correlated update (eqs. 4-5).
+
+    Costs are not held: each layer keeps what they are computed from (its packed inverse, whose
+    diagonals are all eq. 7 reads, or the diagonal curvature), and the threshold recomputes them when
+    it reads them (`Deferred`). They read the layer's weights and mask as they are, so each layer's
+    mask is made before its update. Split over `ranks`, each holds only its own layers' costs
+    (`Elsewhere` for the others'), the threshold is selected over all of them together, and the
+    updated layers are broadcast with their masks. Returns the seconds spent on costs, threshold and
+    updates.
+    """
+    plans: list[inverses.KroneckerInverse | None] = []
+    element_costs: list[Deferred] = []
+    device = layers[0].mask.device
+    sibling: inverses.Sibling | None = None
+    times = [clock(device)]
+    ranks.gather_layers(layers)
+    for layer in layers:
+        R, C = layer.module.out_features, layer.module.in_features
+        if not ranks.mine(layer.name):
+            plans.append(None)
+            element_costs.append(Elsewhere(R * C, device))
+            continue
+        kept, layer_costs, sibling = _element_plan(layer, raw.pop(layer.name, None), config, sibling)
+        plans.append(kept)  # the raw factor is freed after its last layer
+        element_costs.append(Deferred(R * C, layer.mask.device, layer_costs))
+    del sibling
+    times.append(clock(device))
+    nm = config.nm
+    masks = (threshold.nm_selection(element_costs, *nm, target_zeros, config.backend, ranks.reduce()) if nm
+             else threshold.smallest_k(element_costs, target_zeros, config.backend, ranks.reduce()))
+    times.append(clock(device))
+    for layer, inverse, mask in zip(layers, inverses.unpacked(plans), masks):
+        if ranks.mine(layer.name):
+            _element_update(layer, mask(), inverse, config)
+    ranks.broadcast_layers(layers, masks=True)
+    times.append(clock(device))
+    return phases(times)
+
+
+def _element_plan(layer: Layer, entry: LayerFactors | None, config: PruneConfig,
+                  sibling: inverses.Sibling | None
+                  ) -> tuple[inverses.KroneckerInverse | None, Callable[[], torch.Tensor], inverses.Sibling | None]:
+    """What one layer's element update keeps (its packed inverse, or nothing for the OBD baselines), its element
+    costs (eq. 7, computed when called) and the sibling the next layer may share A⁻¹ with."""
+    R, C = layer.module.out_features, layer.module.in_features
+    strengths = config.strengths
+    kept: inverses.KroneckerInverse | None = None
+    if config.method == "surgeon" and entry is not None:
+        f, kept = inverses.layer_inverse(entry, slice(None), slice(None), strengths, roots=False, sibling=sibling)
+        sibling = (entry, slice(None), kept, f.A)
+        weigh = functools.partial(costs.element_costs, f=kept)
+    else:
+        g, a = costs.diagonal_curvature(entry, (R, C + layer.bias), layer.mask.device, strengths)
+        weigh = functools.partial(costs.diagonal_costs, g=g, a=a)
+    dead = costs.dead(entry, slice(None), slice(0, C), R) if entry is not None else None
+    return kept, functools.partial(_layer_element_costs, layer, weigh, dead), sibling
+
+
+def _element_update(layer: Layer, mask: torch.Tensor, inverse: inverses.KroneckerInverse | None,
+                    config: PruneConfig) -> None:
+    """Add `mask` to the layer's pruned weights and apply the correlated update (eqs. 4-5) with `inverse` (dense)."""
+    layer.mask = mask | layer.mask  # computed from the layer's costs before its mask and weights change
+    W = layer.weight()
+    if inverse is not None:
+        pruned, original = layer.with_bias_col(layer.mask, False), W
+        W = updates.finite_update(layer.name, inverse, lambda g: updates.unstructured(
+            original, g, pruned, config.max_correlate or None, config.cg_tol,
+            config.cg_max_iter, config.backend, None if config.cg_dtype is None else getattr(torch, config.cg_dtype)),
+            max(config.strengths))
+    layer.store(W)
+
+
+def _layer_element_costs(layer: Layer, weigh: Callable[[torch.Tensor], torch.Tensor],
+                         dead_structures: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """Element costs `weigh(W)` of the layer's weights as they are now: dead ones 0, pruned ones −inf."""
+    e = weigh(layer.weight())[:, : layer.module.in_features]
+    if dead_structures is not None:
+        e = e.masked_fill(dead_structures[0].unsqueeze(1) | dead_structures[1].unsqueeze(0), 0)
+    return e.masked_fill(layer.mask, float("-inf"))
+
+
+def propagated_shot(model: nn.Module, layers: list[Layer], raw: dict, calibration: torch.Tensor,
+                     config: PruneConfig, ranks: Ranks, progress: bool) -> None:
+    """The N:M shot that prunes every group left, block by block (`PruneConfig.propagate`).
+
+    Every group goes, so each layer's mask is its own N of every M (no global threshold, sec. 3.3);
+    each block's A is estimated again from the inputs the blocks before it give, already pruned and
+    updated in this shot (as SparseGPT prunes), G is the shot's (docs/DESIGN.md). Over `ranks`, the
+    block's owner, which holds its G, prunes it (`_pruned_block_by_block`).
+    """
+    assert config.nm is not None  # PruneConfig allows propagate only with an N:M structure
+    n, m = config.nm
+    for block in _pruned_block_by_block(model, layers, calibration, config, ranks, progress):
+        sibling: inverses.Sibling | None = None
+        for layer, fresh in block:
+            entry = dataclasses.replace(raw.pop(layer.name), A=fresh.A)  # propagate: methods with a curvature pass
+            kept, layer_costs, sibling = _element_plan(layer, entry, config, sibling)
+            mask = ops.nm_select(layer_costs(), n, m, config.backend)[1]
+            inverse = next(inverses.unpacked([kept]))
+            _element_update(layer, mask, inverse, config)
+
+
+def _pruned_block_by_block(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, config: PruneConfig,
+                           ranks: Ranks, progress: bool) -> Iterator[list[tuple[Layer, LayerFactors]]]:
+    """Per decoder block, this rank's layers of it with their input factors, for the caller to prune in place.
+
+    Each block's inputs come from the blocks before it, already pruned: the block runs once to
+    estimate its layers' input factors and once, pruned, to give the next block's inputs
+    (`BlockInputs`). Split over `ranks` by batches, each runs its share of the batches and a block's
+    factors are summed onto its owner; by blocks, each runs every batch and the owner keeps its
+    block's factors. The block's layers are gathered whole before it is yielded and broadcast from
+    their owners after.
+    """
+    by_name = {layer.name: layer for layer in layers}
+    share = calibration
+    if config.curvature_split == "batches":
+        batches = calibration.split(config.batch_size)
+        share = torch.cat([batches[i] for i in ranks.batches(len(batches))])
+    inputs = BlockInputs(model, decoder_blocks(model), share, config.batch_size)
+    for named in tqdm(prunable_layers(model, config.leave_out_parts), desc="blocks", leave=False,
+                      disable=not progress):
+        factors = curvature.estimate_inputs(named, inputs.forwards(), calibration.numel(), config.backend)
+        if config.curvature_split == "batches":
+            ranks.reduce_factors(factors)
+        block = [by_name[name] for name, _ in named]
+        ranks.gather_layers(block)
+        yield [(layer, factors[layer.name]) for layer in block if ranks.mine(layer.name)]
+        ranks.broadcast_layers(block, masks=True)
+        inputs.advance()
+
+
+def per_layer_shot(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, target_size: float,
+                    config: PruneConfig, ranks: Ranks, progress: bool) -> None:
+    """SparseGPT or Wanda: each layer pruned to the same sparsity with its own algorithm, block by block on the
+    inputs of the blocks already pruned, as published (`_pruned_block_by_block`)."""
+    for block in _pruned_block_by_block(model, layers, calibration, config, ranks, progress):
+        for layer, factors in block:
+            _prune_one_layer(layer, factors.A.dense(), target_size, config)
+
+
+def _prune_one_layer(layer: Layer, A: torch.Tensor, target_size: float, config: PruneConfig) -> None:
+    """SparseGPT (as published, or its mask with the exact update) or Wanda on one layer, given its input factor A."""
+    W, C = layer.weight(), layer.module.in_features
+    A = A[:C, :C]
+    if config.method == "wanda":
+        layer.mask = layer.mask | baselines.per_row_mask(
+            baselines.wanda_scores(W[:, :C], A.diagonal()), 1 - target_size, layer.mask, config.nm)
+    else:
+        pruned, mask = baselines.sparsegpt(W[:, :C], A, 1 - target_size, layer.mask, config.nm)
+        layer.mask = mask | layer.mask
+        if config.method == "sparsegpt-exact":  # the row-wise exact minimiser for the same mask (docs/DESIGN.md)
+            pruned = solver.solve(W[:, :C], A, mask=layer.mask).weight
+        W[:, :C] = pruned
+    layer.store(W)

@@ -1,0 +1,232 @@
+"""The multi-shot LLM Surgeon loop (paper Algorithm 1) and the baselines in the same loop.
+
+Each shot t: estimate curvature on the current (pruned) model, compute costs, choose what to
+remove with one global threshold for the shot's target size α_t, apply the (correlated) update,
+keep every pruned weight exactly zero, and optionally run interleaved LoRA corrections.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+from tqdm.auto import tqdm
+
+from surgeon.config import NEEDS_A, NEEDS_G, PruneConfig
+from surgeon.errors import SurgeonError
+from surgeon.method.factors import HostFactors, LayerFactors
+from surgeon.models import channels, units
+from surgeon.models.adapter import block_weights, check_prunable, decoder_blocks, max_seqlen, prunable_layers
+from surgeon.models.experts import experts_as_layers, is_fused_experts
+from surgeon.models.layer import Layer
+from surgeon.pruning import curvature
+from surgeon.pruning.elements import element_shot, per_layer_shot, propagated_shot
+from surgeon.pruning.report import PruneReport, ShotReport, clock, peak_memory_gb, removed_fractions, zero_fraction
+from surgeon.pruning.resume import Checkpoint
+from surgeon.pruning.structured import structured_shot
+from surgeon.scale.block_groups import check_block_groups, group_edges
+from surgeon.scale.distributed import Ranks, sharded
+
+logger = logging.getLogger(__name__)
+
+PER_LAYER = ("sparsegpt", "sparsegpt-exact", "wanda")  # estimate each block's inputs themselves, block by block
+
+
+def _block_groups(blocks: list[list[tuple[str, nn.Linear]]], count: int) -> list[list[tuple[str, nn.Linear]]]:
+    """The layers of `blocks` in `count` groups (`group_edges`), for one curvature pass each
+    (`PruneConfig.block_groups`)."""
+    edges = group_edges(len(blocks), count)
+    return [[pair for block in blocks[start:end] for pair in block] for start, end in zip(edges, edges[1:])]
+
+
+def _check_inputs(model: nn.Module, calibration_ids: torch.Tensor) -> None:
+    """Refuse a model or calibration batch that `prune` cannot use, naming the argument."""
+    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+        raise TypeError(f"model must be a transformers causal LM (e.g. from surgeon.load_model or "
+                        f"AutoModelForCausalLM.from_pretrained), not {type(model).__name__}")
+    if not isinstance(calibration_ids, torch.Tensor):
+        raise TypeError(f"calibration_ids must be a torch.LongTensor [n, seqlen] of token ids (see "
+                        f"surgeon.calibration_windows), not {type(calibration_ids).__name__}")
+    if calibration_ids.dim() != 2 or calibration_ids.shape[0] < 1 or calibration_ids.shape[1] < 2:
+        raise ValueError(f"calibration_ids must have shape [n, seqlen] with n >= 1 and seqlen >= 2, not "
+                         f"{list(calibration_ids.shape)} (a single sequence [seqlen] is ids.unsqueeze(0))")
+    if calibration_ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"calibration_ids must hold integer token ids (torch.long), not {calibration_ids.dtype}")
+    vocab = getattr(model.config, "vocab_size", None)
+    if vocab is not None and (int(calibration_ids.min()) < 0 or int(calibration_ids.max()) >= vocab):
+        raise ValueError(f"calibration_ids holds ids outside the model's vocabulary [0, {vocab})")
+    limit = max_seqlen(model)
+    if limit is not None and calibration_ids.shape[1] > limit:
+        raise ValueError(f"calibration_ids has seqlen {calibration_ids.shape[1]}, longer than the model allows "
+                         f"({limit})")
+
+
+def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, progress: bool = True,
+          after_shot: Callable[[ShotReport], None] | None = None, checkpoint: Checkpoint | None = None,
+          group: dist.ProcessGroup | None = None) -> PruneReport:
+    """Prune `model` in place to `config.target` in `config.shot_count` shots (Algorithm 1).
+
+    model: a transformers causal LM whose decoder blocks hold `nn.Linear` layers (embeddings and
+        the LM head are never pruned); any dtype and device, its weights change in place.
+    calibration_ids: `torch.LongTensor [n, seqlen]`, n windows of token ids (`calibration_windows`).
+    config: what to prune and how (`PruneConfig`). progress: draw progress bars (False: silent).
+    after_shot: called with each shot's `ShotReport` once the shot is done (e.g. to evaluate it).
+    checkpoint: a `surgeon.pruning.resume.Checkpoint` written after the shots (and `after_shot`); one holding a
+        saved state continues that run after its last saved shot. Split over ranks, only rank 0 writes it.
+    group: a torch.distributed process group whose ranks all call `prune` with the same model and
+        arguments and share the work (`surgeon.scale.distributed`); each ends with the same pruned model.
+    Returns a `PruneReport`: `sparsity` (fraction of zero prunable weights), `layers` (that fraction
+    per layer, by qualified name), `shots` (per shot: target size, sparsity reached, seconds per
+    phase, peak memory in GiB), `config` and `seconds`.
+    """
+    if not isinstance(config, PruneConfig):
+        raise TypeError(f"config must be a surgeon.PruneConfig, not {type(config).__name__}")
+    _check_inputs(model, calibration_ids)
+    check_prunable(model, config.leave_out_parts)
+    experts = [module for module in decoder_blocks(model).modules() if is_fused_experts(module)]
+    if any(isinstance(module.gate_up_proj, DTensor) for module in experts):
+        raise SurgeonError("Mixture-of-Experts experts are pruned with their weights whole: launch without --fsdp")
+    with experts_as_layers(decoder_blocks(model)):
+        return _prune(model, calibration_ids, config, progress, after_shot, checkpoint, group)
+
+
+def _prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, progress: bool,
+           after_shot: Callable[[ShotReport], None] | None, checkpoint: Checkpoint | None,
+           group: dist.ProcessGroup | None) -> PruneReport:
+    """`prune` once its inputs are checked and any fused experts are layers (`experts.experts_as_layers`)."""
+    run = _resolve(model, calibration_ids, config, group)
+    layers, ranks = run.layers, run.ranks
+    total = sum(layer.module.weight.numel() for layer in layers)
+    device = next(model.parameters()).device
+    report = PruneReport(config=config.resolved())
+    done, elapsed = checkpoint.restore(layers) if checkpoint is not None else ([], 0.0)
+    report.shots.extend(done)
+    start = time.perf_counter() - elapsed
+    last = config.shot_count
+    for shot in tqdm(range(len(done) + 1, last + 1), desc="shots", initial=len(done), total=last,
+                     disable=not progress):
+        target_size = config.shot_target(shot)
+        t0 = clock(device)
+        collective_seconds = ranks.seconds
+        raw = _curvature(model, calibration_ids, config, run, f"shot {shot}/{last} · curvature", progress)
+        t1 = clock(device)
+        with torch.no_grad():
+            phases, freed = _remove(model, calibration_ids, config, run, raw, shot, target_size,
+                                    round((1.0 - target_size) * total), progress)
+        t2 = clock(device)
+        seconds = {"curvature": t1 - t0, "prune": t2 - t1, **phases}
+        if ranks.world > 1:
+            seconds["collectives"] = ranks.seconds - collective_seconds
+        if config.lora_steps:
+            from surgeon.pruning.lora import lora_correction
+
+            lora_correction(model, layers, calibration_ids, config)
+            seconds["lora"] = time.perf_counter() - t2
+        _, _, sparsity = removed_fractions([(layer.name, layer.mask) for layer in layers])
+        shot_report = ShotReport(shot, target_size, sparsity, freed, seconds, peak_memory_gb(device))
+        report.shots.append(shot_report)
+        logger.info("shot %d/%d · target size %.3f · sparsity %.4f · %s · peak %.2f GB", shot, last,
+                    target_size, sparsity, " · ".join(f"{k} {v:.2f}s" for k, v in seconds.items()),
+                    shot_report.peak_memory_gb)
+        if after_shot is not None:
+            after_shot(shot_report)
+        if checkpoint is not None and checkpoint.due(shot, shot == last):
+            ranks.gather_layers(layers, onto=0)  # sharded weights, whole on the rank that writes
+            if ranks.rank == 0:
+                checkpoint.save(layers, report.shots, time.perf_counter() - start, shot == last)
+            for layer in layers:
+                layer.held = None
+    report.layers, report.removed, report.sparsity = removed_fractions([(layer.name, layer.mask) for layer in layers])
+    report.zero_fraction = zero_fraction([(layer.name, layer.module) for layer in layers])
+    report.block_sparsity = report.removed / sum(param.numel() for _, param in block_weights(model))
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+@dataclass
+class _Run:
+    """A run's settings resolved against the model and the ranks: what every shot reads."""
+
+    layers: list[Layer]
+    ranks: Ranks
+    batches: list[int]  # the calibration batches this rank's curvature passes run
+    groups: list[list[tuple[str, nn.Linear]]]  # the layers each curvature pass hooks, one pass per block group
+    checkpointed: list[nn.Module]  # the decoder blocks run under activation checkpointing
+    coupled: list[channels.Coupling]
+    kinds: list[units.UnitKind] | None  # structure coupled: the unit kinds
+
+
+def _resolve(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig,
+             group: dist.ProcessGroup | None) -> _Run:
+    """The layers `config` prunes, the ranks that share them, and the passes each shot runs; what the model or
+    the number of ranks cannot run is refused here, before the first shot."""
+    blocks = prunable_layers(model, config.leave_out_parts)
+    named = [pair for block in blocks for pair in block]
+    if not named:
+        raise SurgeonError(f"leave_out {config.leave_out!r} leaves no layer of the decoder blocks to prune")
+    layers = []
+    for name, module in named:
+        C = module.in_features
+        if config.nm and C % config.nm[1]:
+            raise SurgeonError(f"{config.structure}: M={config.nm[1]} does not divide the {C} columns of {name}")
+        layers.append(Layer.unpruned(name, module))
+    if config.method in PER_LAYER and config.nm and config.shot_count != 1:
+        raise SurgeonError(f"{config.method} prunes N:M in one shot; use --shots 1")
+    ranks = Ranks(group, [[name for name, _ in block] for block in blocks])
+    check_block_groups(len(blocks), ranks.world, config)
+    if ranks.world > 1 and config.lora_steps:
+        raise SurgeonError("lora_steps run in one process; launch without torchrun")
+    count = -(-calibration_ids.shape[0] // config.batch_size)
+    batches = ranks.batches(count, even=any(sharded(module) for _, module in named)) \
+        if config.curvature_split == "batches" else list(range(count))
+    hooked = [[(name, module) for name, module in block if config.curvature_split == "batches" or ranks.mine(name)]
+              for block in blocks]
+    names = [name for name, _ in named]
+    return _Run(layers, ranks, batches, _block_groups([block for block in hooked if block], config.block_groups),
+                list(decoder_blocks(model)) if config.activation_checkpointing else [],
+                channels.couplings(model, names),
+                units.coupled_units(model, names, config.width_multiple) if config.structure == "coupled" else None)
+
+
+def _curvature(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, run: _Run, desc: str,
+               progress: bool) -> dict[str, LayerFactors] | HostFactors:
+    """The shot's Kronecker factors (eq. 6), one pass per block group, summed onto each layer's owner; in host
+    memory with `offload`; none for the methods without a curvature pass."""
+    device = next(model.parameters()).device
+    raw: dict[str, LayerFactors] | HostFactors = HostFactors(device) if config.offload else {}
+    if config.method not in NEEDS_A:
+        return raw
+    for part, group_layers in enumerate(run.groups, 1):
+        factors = curvature.estimate(
+            model, group_layers, calibration_ids, need_g=config.method in NEEDS_G, batch_size=config.batch_size,
+            backend=config.backend, progress=progress, batches=run.batches, checkpoint_blocks=run.checkpointed,
+            desc=desc + (f" {part}/{len(run.groups)}" if len(run.groups) > 1 else ""))
+        if config.curvature_split == "batches":
+            run.ranks.reduce_factors(factors)
+        raw.update(factors)
+        del factors
+    return raw
+
+
+def _remove(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, run: _Run,
+            raw: dict[str, LayerFactors] | HostFactors, shot: int, target_size: float, target_zeros: int,
+            progress: bool) -> tuple[dict[str, float], int]:
+    """The shot's costs, threshold and updates, by the structure and method; the seconds of each phase where
+    they are apart, and the dead weights freed."""
+    layers, ranks = run.layers, run.ranks
+    if config.method in PER_LAYER:  # "prune" time includes their input estimation
+        per_layer_shot(model, layers, calibration_ids, target_size, config, ranks, progress)
+        return {}, 0
+    if config.structure in ("structured", "coupled"):
+        return structured_shot(layers, raw, target_zeros, config, run.coupled, ranks, run.kinds)
+    assert isinstance(raw, dict)  # offload is for structured and coupled runs (PruneConfig)
+    if config.propagates and shot == config.shot_count:
+        propagated_shot(model, layers, raw, calibration_ids, config, ranks, progress)
+        return {}, 0
+    return element_shot(layers, raw, target_zeros, config, ranks), 0
