@@ -54,7 +54,7 @@ bench: $(STAMP)
 	$(BIN)/python -m pytest bench -q -o python_files='bench_*.py' --benchmark-only --benchmark-json=bench/results/micro-cpu.json
 
 quality: $(STAMP)
-	$(BIN)/python bench/quality.py
+	$(BIN)/python bench/quality/table.py
 
 results: $(STAMP)
 	$(BIN)/python bench/results_md.py

@@ -1,6 +1,9 @@
-"""Write bench/RESULTS.md, and the README's results table, from the JSON files under bench/results/.
+"""Fill the generated tables of bench/RESULTS.md, and the README's results table, from bench/results/.
 
-    python bench/results_md.py            # rewrite both (`make results`)
+RESULTS.md is written by hand; each table stands between `<!-- generated: NAME -->` and
+`<!-- end: NAME -->`, and this script rewrites only what is between them.
+
+    python bench/results_md.py            # fill both (`make results`)
     python bench/results_md.py --check    # exit 1 if the README's table differs from the quality runs
 
 Every figure names the commit it was measured at (the `@<commit>` of its file name, or the commit
@@ -110,7 +113,7 @@ def quality_runs() -> tuple[str, dict[str, dict[str, Any]]]:
     order = commit_order()
     denses = [p for p in (RESULTS / "quality").glob("dense@*.json") if commit_of(p) in order]
     if not denses:
-        raise SystemExit("no bench/results/quality/dense@<commit>.json: run `python bench/quality.py`")
+        raise SystemExit("no bench/results/quality/dense@<commit>.json: run `python bench/quality/table.py`")
     count = {commit_of(p): len(list((RESULTS / "quality").glob(f"*@{commit_of(p)}.json"))) for p in denses}
     commit = min(count, key=lambda c: (-count[c], order[c]))  # the most rows; among equals the newest
     runs = {p.stem.rsplit("@", 1)[0]: load(p) for p in sorted((RESULTS / "quality").glob(f"*@{commit}.json"))}
@@ -210,50 +213,37 @@ def gpu_time_section() -> list[str]:
     return out
 
 
-# Settings a time-to-quality point may change beyond the table's columns, with their usual values.
-LEVERS = {"nm_costs": "elements", "cg_preconditioner": "jacobi", "cg_dtype": None, "max_correlate": 0}
-
-
 def time_to_quality_section(runs: dict[str, dict[str, Any]], commit: str) -> list[str]:
-    paths = sorted((RESULTS / "ttq").glob("*.json"))
-    if not paths:
-        return ["Not yet measured (`python bench/time_to_quality.py`)."]
-    out = ["`python bench/time_to_quality.py`: LLM Surgeon on the quality table's protocol, one setting changed per "
-           "point from a fixed reference (4 shots, conjugate gradients to 1e-4 or 40 iterations, λ_G = 0.1, nothing "
-           "propagated), each run alone on the 2 cores; the quality table's own rows come first. Seconds are the "
-           "pruning's wall time. The curves: [docs/figures/time-to-quality.png](../docs/figures/time-to-quality.png) "
-           "(`python bench/time_to_quality.py --figure`). The CLI's defaults are the rows `structured-0.8-surgeon` "
-           "(4 shots), `unstructured-0.5-shots2-defaults` (2 shots) and the N:M rows `2of4-0.5-surgeon` and "
-           "`4of8-0.5-surgeon` (docs/DESIGN.md, \"Shots by default\").", "",
-           "| point | commit | shots | CG tolerance | CG iterations | damping G | propagated | LoRA steps | other "
-           "| perplexity | seconds |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    reference = [(name, runs[name], commit) for name in (
-        "unstructured-0.5-surgeon", "unstructured-0.5-surgeon-shots2", "2of4-0.5-surgeon", "2of4-0.5-surgeon-4shots",
-        "4of8-0.5-surgeon", "structured-0.8-surgeon", "structured-0.8-surgeon-lora20") if name in runs]
-    for name, run, at in reference + [(p.stem.rsplit("@", 1)[0], load(p), commit_of(p)) for p in paths]:
+    """The time-to-quality curve of each structure at the quality table's commit: its LLM Surgeon rows and the
+    points of `bench/quality/time_to_quality.py` saved at that commit."""
+    reference = [(name, runs[name]) for name in (
+        "structured-0.8-surgeon", "structured-0.8-surgeon-lora20", "unstructured-0.5-surgeon",
+        "unstructured-0.5-surgeon-shots2", "2of4-0.5-surgeon", "2of4-0.5-surgeon-4shots", "4of8-0.5-surgeon",
+        "4of8-0.5-surgeon-4shots") if name in runs]
+    points = [(p.stem.rsplit("@", 1)[0], load(p)) for p in sorted((RESULTS / "ttq").glob(f"*@{commit}.json"))]
+    out = [f"All rows at {mark(commit, PRUNING)}.", "",
+           "| point | structure | shots | CG tolerance | damping G | propagated | LoRA steps | perplexity | seconds |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, run in sorted(reference + points, key=lambda item: (item[0].split("-")[0], item[1]["seconds"])):
         config = run["config"]
-        other = [f"{key} {config[key]}" for key, usual in LEVERS.items() if config.get(key, usual) != usual]
-        if run.get("calib_windows", 8) != 8:
-            other.append(f"{run['calib_windows']} calibration windows")
-        out.append(f"| {name} | {mark(at, PRUNING)} | {config['shots']} | {config['cg_tol']:g} | "
-                   f"{config['cg_max_iter']} | "
+        out.append(f"| {name} | {config['structure']} | {config['shots']} | {config['cg_tol']:g} | "
                    f"{config['damp_g']:g} | {'yes' if config.get('propagate') else 'no'} | {config['lora_steps']} | "
-                   f"{', '.join(other) or '-'} | {run['ppl']:.3f} | {run['seconds']:.0f} |")
-    peers = [newest(sorted((RESULTS / "quality").glob(f"{structure}-0.5-llmc-sparsegpt@*.json")))
-             for structure in ("unstructured", "2of4", "4of8")]
-    out += ["", "The peer on the same protocol, llm-compressor's SparseGPTModifier (`bench/peers.py`): " + ", ".join(
-        f"{path.stem.rsplit('@', 1)[0]} {load(path)['ppl']:.3f} in {load(path)['seconds']:.0f} s "
-        f"({mark(commit_of(path), PRUNING)})" for path in peers if path is not None) + "."]
+                   f"{run['ppl']:.3f} | {run['seconds']:.0f} |")
+    peers = [(name, run) for name, run in runs.items() if name.endswith("-llmc-sparsegpt")]
+    if peers:
+        shown = ", ".join(f"{name} {run['ppl']:.3f} in {run['seconds']:.0f} s" for name, run in peers)
+        out += ["", f"The peer on the same protocol and commit, llm-compressor's SparseGPTModifier "
+                f"(`bench/quality/peers.py`): {shown}."]
     return out
 
 
 def ranks_section() -> list[str]:
     paths = sorted((RESULTS / "cpu").glob("ranks-smollm2-*.json"))
     if not paths:
-        return ["Not yet measured (`python bench/distributed_time.py`)."]
-    out = ["`python bench/distributed_time.py`: the CPU protocol (SmolLM2-135M, 8 × 512 calibration tokens, 4 shots) "
-           "through `surgeon prune`, in one process with both cores and under `torchrun --nproc-per-node 2` with one "
-           "thread per rank (gloo). \"prune s\" is the shots' curvature and prune phases; evaluation is not "
+        return ["Not yet measured (`python bench/timing/distributed_time.py`)."]
+    out = ["`python bench/timing/distributed_time.py`: the CPU protocol (SmolLM2-135M, 8 × 512 calibration tokens, "
+           "4 shots) through `surgeon prune`, in one process with both cores and under `torchrun --nproc-per-node 2` "
+           "with one thread per rank (gloo). \"prune s\" is the shots' curvature and prune phases; evaluation is not "
            "counted.", "",
            "| structure | commit | ranks | split | prune s | in collectives s | perplexity | command |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -270,9 +260,9 @@ def ranks_section() -> list[str]:
 def memory_options_section() -> list[str]:
     path = newest(sorted((RESULTS / "cpu").glob("memory-options-smollm2@*.json")))
     if path is None:
-        return ["Not yet measured (`python bench/memory_options.py`)."]
+        return ["Not yet measured (`python bench/timing/memory_options.py`)."]
     result = load(path)
-    out = [f"`python bench/memory_options.py` at {mark(commit_of(path), PRUNING)} "
+    out = [f"`python bench/timing/memory_options.py` at {mark(commit_of(path), PRUNING)} "
            f"([{path.name}](results/cpu/{path.name}), {result['machine']}): SmolLM2-135M structured to 80% in one "
            "shot, one calibration batch of 8 × 512 tokens, each option set in its own process. Peak is the "
            "process's resident memory; on the CPU host and device memory are one, so offload and block groups "
@@ -288,9 +278,9 @@ def memory_options_section() -> list[str]:
 def plan_section() -> list[str]:
     path = newest(sorted((RESULTS / "plan").glob("plan-table@*.json")))
     if path is None:
-        return ["Not yet counted (`python bench/plan_table.py`)."]
+        return ["Not yet counted (`python bench/timing/plan_table.py`)."]
     result = load(path)
-    out = [f"`python bench/plan_table.py` at {mark(commit_of(path))} ([{path.name}](results/plan/{path.name})): "
+    out = [f"`python bench/timing/plan_table.py` at {mark(commit_of(path))} ([{path.name}](results/plan/{path.name})): "
            "`surgeon plan` for each shape in bfloat16, 128 × 2048 calibration tokens, 80 GB GPUs, counted from the "
            "configuration (docs/DESIGN.md, \"Planning\"). Peak is per GPU for the strategy chosen (the lowest where "
            "none fits), host memory per GPU what offload keeps there; a run fits when the peak plus 12% headroom "
@@ -312,7 +302,7 @@ def plan_section() -> list[str]:
 def generation_section() -> list[str]:
     paths = sorted((RESULTS / "cpu").glob("generation-*.json")) + sorted((RESULTS / "gpu").glob("generation-*.json"))
     if not paths:
-        return ["Not yet measured (`python bench/generation_speed.py MODEL …`)."]
+        return ["Not yet measured (`python bench/timing/generation_speed.py MODEL …`)."]
     out = ["| model | machine | commit | parameters | prunable zeros | safetensors MB | prefill tokens/s | "
            "decode tokens/s (context) | KV cache | rounds | peak GiB |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -333,7 +323,7 @@ def generation_section() -> list[str]:
 def coupled_section() -> list[str]:
     paths = sorted((RESULTS / "coupled").glob("*.json"))
     if not paths:
-        return ["Not yet measured (`python bench/coupled_quality.py`)."]
+        return ["Not yet measured (`python bench/quality/coupled.py`)."]
     out = ["| row | commit | ppl | parameters (of dense) | format | decode tokens/s (batch 1, 2048 context) | "
            "prune s |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for path in paths:
@@ -347,7 +337,7 @@ def coupled_section() -> list[str]:
 def dropin_section() -> list[str]:
     path = newest(sorted((RESULTS / "cpu").glob("sparsegpt-dropin@*.json")))
     if path is None:
-        return ["Not yet measured (`python bench/sparsegpt_dropin.py`)."]
+        return ["Not yet measured (`python bench/quality/sparsegpt_dropin.py`)."]
     run = load(path)
     out = [f"{run['layers']} linear layers of SmolLM2-135M (blocks {', '.join(map(str, run['blocks']))}), H from "
            "the CPU protocol's calibration windows; each method prunes the same layer on the same H. Ratio: the "
@@ -367,7 +357,7 @@ def dropin_section() -> list[str]:
 
 def dropin_oneshot_rows() -> list[str]:
     """The drop-in's modifier against llm-compressor's SparseGPTModifier in one `oneshot` each, at the newest commit
-    where both ran (`bench/peers.py`)."""
+    where both ran (`bench/quality/peers.py`)."""
     quality = RESULTS / "quality"
     commits = {commit_of(p) for p in quality.glob("*-llmc-surgeon-sparsegpt@*.json")}
     commits = {c for c in commits if list(quality.glob(f"*-llmc-sparsegpt@{c}.json"))}
@@ -375,8 +365,8 @@ def dropin_oneshot_rows() -> list[str]:
     newest_commit = min(commits, key=lambda c: order.get(c, len(order)), default=None)
     if newest_commit is None:
         return []
-    out = ["", "Inside llm-compressor's `oneshot` (`bench/peers.py`: the quality table's protocol, SmolLM2-135M, 8 × "
-           f"512 calibration tokens, perplexity on 8 test windows of 2048), {mark(newest_commit)}: "
+    out = ["", "Inside llm-compressor's `oneshot` (`bench/quality/peers.py`: the quality table's protocol, "
+           f"SmolLM2-135M, 8 × 512 calibration tokens, perplexity on 8 test windows of 2048), {mark(newest_commit)}: "
            "`SurgeonSparseGPTModifier` with its defaults against `SparseGPTModifier`; seconds are whole `oneshot` "
            "calls, run in turn on the same machine. The exact mode's rows (`-exact`) are the newest measured.", "",
            "| structure | modifier | ppl | seconds | time against SparseGPTModifier |",
@@ -443,129 +433,52 @@ def kernel_section() -> list[str]:
     return out
 
 
-# ---------------------------------------------------------------- findings
-
-
-def findings(kind: str) -> list[str]:
-    out = []
-    for path in sorted((RESULTS / "findings").glob("*.json")):
-        item = load(path)
-        if item.get("kind") != kind:
-            continue
-        where = f" ([{path.stem}](results/findings/{path.name})"
-        where += f", `{item['commit']}`)" if item.get("commit") else ")"
-        out.append(f"- {item['title']}{where}")
-    return out
-
-
-def not_measured() -> list[str]:
-    path = RESULTS / "findings" / "_not-yet-measured.json"
-    return [f"- {line}" for line in load(path)["items"]] if path.exists() else []
-
-
-# ---------------------------------------------------------------- assembly
+# ---------------------------------------------------------------- blocks
 
 
 def machines(runs: dict[str, dict[str, Any]]) -> list[str]:
-    cpu = RESULTS / "micro-cpu.json"
-    brand = ""
-    if cpu.exists():
-        info = load(cpu)["machine_info"]
-        brand = f"{info['cpu']['brand_raw']}, {info['cpu']['count']} cores, Python {info['python_version']}; "
-    lines = [f"- CPU: {brand}{runs['dense'].get('machine', 'unknown')} (quality and time rows)."]
+    """The machines every result names, described once: the one CPU kind, and each GPU with its torch."""
+    lines = [f"- CPU: 2-core x86_64, torch 2.13.0+cpu: every CPU row (the quality table's: "
+             f"{runs['dense'].get('machine', 'unknown')})."]
     devices = sorted({f"{load(p)['device']}, torch {load(p).get('torch', '?')}"
                       for p in (RESULTS / "gpu").glob("shot-*.json")})
     lines += [f"- GPU: {device}." for device in devices]
     return lines
 
 
-def results_md() -> str:
+def quality_block(commit: str, runs: dict[str, dict[str, Any]]) -> list[str]:
+    return [f"All rows at {mark(commit, PRUNING)}.", "", quality_table(runs)]
+
+
+def blocks() -> dict[str, list[str]]:
+    """The generated blocks of RESULTS.md by name: each replaces what stands between its markers."""
     commit, runs = quality_runs()
-    sections = [
-        "# Results",
-        "",
-        "Generated by `python bench/results_md.py` (`make results`) from the JSON under `bench/results/`; "
-        "do not edit by hand. The design behind these numbers: `docs/DESIGN.md`.",
-        "",
-        "## Machines",
-        "",
-        *machines(runs),
-        "",
-        "## Quality: SmolLM2-135M, every method at one commit",
-        "",
-        f"All rows at {mark(commit, PRUNING)}, `python bench/quality.py`: 8 calibration windows of 512 tokens from "
-        "the WikiText-2 validation split (seed 0), 4 shots for structured and unstructured rows (SparseGPT and "
-        "Wanda: 1, as published), N:M in one shot (its default; `-4shots`: the paper's schedule), perplexity on the "
-        "first 8 windows of 2048 tokens of the WikiText-2 test split. Rows `llmc-*` ran in llm-compressor's "
-        "`oneshot` on the same windows and evaluation (`bench/peers.py`, in the llm-compressor environment): its "
-        "own SparseGPTModifier and WandaPruningModifier (surgeon's own modifiers inside `oneshot`, rows "
-        "`llmc-surgeon*`, are in bench/results/quality at earlier commits). \"kept\" is the target "
-        "size (fraction of prunable weights kept); \"sparsity\" the fraction removed. Seconds are the pruning's "
-        "wall time (for `llmc-*` the whole `oneshot` call), indicative only: the 2 cores were shared with other "
-        "jobs during parts of the run (uncontended per-shot time: next section).",
-        "",
-        quality_table(runs),
-        "",
-        "### Time to quality",
-        "",
-        *time_to_quality_section(runs, commit),
-        "",
-        "## Time and memory",
-        "",
-        "### CPU, per shot",
-        "",
-        *cpu_time_section(),
-        "",
-        "### GPU, Llama-2-7B and OPT shapes with random weights (`bench/shot_time.py`)",
-        "",
-        *gpu_time_section(),
-        "",
-        "### One process against torchrun ranks, CPU",
-        "",
-        *ranks_section(),
-        "",
-        "### Activation checkpointing, offload and block groups, CPU",
-        "",
-        *memory_options_section(),
-        "",
-        "### Memory plan for the paper's shapes (`bench/plan_table.py`)",
-        "",
-        *plan_section(),
-        "",
-        "### Generation speed of the pruned models (`bench/generation_speed.py`)",
-        "",
-        *generation_section(),
-        "",
-        "## Structured pruning at equal size: rows/columns and coupled units (`bench/coupled_quality.py`)",
-        "",
-        *coupled_section(),
-        "",
-        "## SparseGPT drop-in: layer output error on the same H (`bench/sparsegpt_dropin.py`)",
-        "",
-        *dropin_section(),
-        "",
-        "## Kernels",
-        "",
-        "CPU rows: `make bench` (pytest-benchmark, median and interquartile range). GPU rows: "
-        "`python bench/gpu_kernels.py` (`triton.testing.do_bench`, median and 20th–80th percentiles). "
-        "The ceiling is the measured GEMM rate (compute-bound ops) or copy bandwidth (memory-bound ops).",
-        "",
-        *kernel_section(),
-        "",
-        "## Design decisions and their evidence",
-        "",
-        *findings("decision"),
-        "",
-        "## Tried and not adopted",
-        "",
-        *findings("not-adopted"),
-        "",
-        "## Not yet measured",
-        "",
-        *not_measured(),
-        "",
-    ]
-    return "\n".join(sections)
+    return {
+        "machines": machines(runs),
+        "quality": quality_block(commit, runs),
+        "time-to-quality": time_to_quality_section(runs, commit),
+        "cpu-time": cpu_time_section(),
+        "gpu-time": gpu_time_section(),
+        "ranks": ranks_section(),
+        "memory-options": memory_options_section(),
+        "plan": plan_section(),
+        "generation": generation_section(),
+        "coupled": coupled_section(),
+        "drop-in": dropin_section(),
+        "kernels": kernel_section(),
+    }
+
+
+def filled(text: str, generated: dict[str, list[str]]) -> str:
+    """`text` with each `<!-- generated: NAME -->` … `<!-- end: NAME -->` block holding `generated[NAME]`."""
+    for name, lines in generated.items():
+        start, end = f"<!-- generated: {name} -->", f"<!-- end: {name} -->"
+        pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
+        if not pattern.search(text):
+            raise SystemExit(f"bench/RESULTS.md has no {start} … {end} block")
+        block = "\n".join([start, *lines, end])
+        text = pattern.sub(lambda _, block=block: block, text)
+    return text
 
 
 def readme_with_headline(readme: str, runs: dict[str, dict[str, Any]], commit: str) -> str:
@@ -592,7 +505,8 @@ def main() -> int:
             return 1
         return 0
     readme_path.write_text(updated)
-    (ROOT / "bench" / "RESULTS.md").write_text(results_md())
+    results = ROOT / "bench" / "RESULTS.md"
+    results.write_text(filled(results.read_text(), blocks()))
     return 0
 
 

@@ -43,10 +43,10 @@ JACOBI_WIDTHS = range(33, 65)
 # kk_solve's Triton path is its PyTorch path with that gather.
 AUTO_TORCH_ON_CUDA = ("kk_gather", "kk_solve")
 # Triton kernels that have run on GPU hardware, with the commit of that run (the CUDA kernel tests and
-# microbenchmarks of bench/measure_gpu.sh, bench/results/gpu/*@<commit>). Their @triton.jit functions
+# microbenchmarks of bench/timing/measure_gpu.sh, bench/results/gpu/*@<commit>). Their @triton.jit functions
 # must be unchanged since: a change to one takes it out of this table until it has run again. Every
 # other Triton kernel, such as batched_eigh's Jacobi solver (its CUDA test missed the accuracy policy;
-# changed since), runs only with backend="triton" until bench/measure_gpu.sh has run it.
+# changed since), runs only with backend="triton" until bench/timing/measure_gpu.sh has run it.
 RUN_ON_CUDA = {"kfac_accumulate": "6f3412a", "nm_select": "6f3412a", "kth_smallest": "6f3412a", "kk_gather": "6f3412a"}
 
 

@@ -78,7 +78,7 @@ class PackedSymmetric:
         """The padded nb·t square with the stored tiles in place; below the diagonal, their transposes
         (`mirror`) or zeros (diagonal tiles cut to their upper triangle). One copy per tile row:
         advanced-index scatters of all tiles measured 1.4-3.6× slower at n = 1536 on the CPU, no faster
-        at 576 (bench/bench_symmetric.py)."""
+        at 576 (bench/kernels/bench_symmetric.py)."""
         nb, t = self.blocks, self.tile
         full = self.tiles.new_empty(nb * t, nb * t)
         for i, first, count in self._tile_rows():

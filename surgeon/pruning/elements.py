@@ -27,7 +27,7 @@ from surgeon_kernels.ops import Deferred
 
 
 def element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig,
-                  ranks: Ranks) -> dict[str, float]:
+                 ranks: Ranks) -> dict[str, float]:
     """Elements (unstructured or N:M): costs, global threshold, correlated update (eqs. 4-5).
 
     Costs are not held: each layer keeps what they are computed from (its packed inverse, whose
@@ -110,7 +110,7 @@ def _layer_element_costs(layer: Layer, weigh: Callable[[torch.Tensor], torch.Ten
 
 
 def propagated_shot(model: nn.Module, layers: list[Layer], raw: dict, calibration: torch.Tensor,
-                     config: PruneConfig, ranks: Ranks, progress: bool) -> None:
+                    config: PruneConfig, ranks: Ranks, progress: bool) -> None:
     """The N:M shot that prunes every group left, block by block (`PruneConfig.propagate`).
 
     Every group goes, so each layer's mask is its own N of every M (no global threshold, sec. 3.3);
@@ -160,7 +160,7 @@ def _pruned_block_by_block(model: nn.Module, layers: list[Layer], calibration: t
 
 
 def per_layer_shot(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, target_size: float,
-                    config: PruneConfig, ranks: Ranks, progress: bool) -> None:
+                   config: PruneConfig, ranks: Ranks, progress: bool) -> None:
     """SparseGPT or Wanda: each layer pruned to the same sparsity with its own algorithm, block by block on the
     inputs of the blocks already pruned, as published (`_pruned_block_by_block`)."""
     for block in _pruned_block_by_block(model, layers, calibration, config, ranks, progress):

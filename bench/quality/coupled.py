@@ -1,0 +1,95 @@
+"""Structured pruning at equal size on SmolLM2-135M: rows/columns against coupled units, one command.
+
+Protocol: the quality table's (bench/quality/table.py: 8 calibration windows of 512 tokens of the packaged
+WikiText-2 validation split, seed 0, 4 shots, perplexity on the first 8 windows of 2048 test
+tokens), at 90, 80 and 70% of the prunable weights kept. Rows: the paper's rows and columns
+(exported compactly: what its dead channels free), coupled LLM Surgeon with global allocation,
+`--uniform`, `--width-multiple 64`, `--width-multiple 256` exported in DeciLM's schema, and
+`--speed-context 512`, `768` and `2048` (units ranked by cost per multiply-accumulate saved at that context;
+the decode speed is measured at 2048), and λ_A = 0.01 and 1 around coupled LLM Surgeon's default 0.3; coupled
+magnitude and K-OBD. Each pruned model is exported compactly
+(`--uniform` in the standard format, `-decilm` in DeciLM's, the others heterogeneous) and its
+parameters counted, embeddings included; its decode speed is measured at batch 1 after a 2048-token
+prompt (`generation_speed.py`).
+
+Each run is saved as bench/results/coupled/<row>@<commit>.json and skipped when that file exists.
+
+    python bench/quality/coupled.py                   # every row (several hours on 2 cores)
+    python bench/quality/coupled.py --only 0.8        # rows whose id contains this text
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.quality.table import head_commit, smollm2_protocol  # noqa: E402
+from bench.timing.generation_speed import decode_tokens_per_s  # noqa: E402
+from surgeon import PruneConfig, prune  # noqa: E402
+from surgeon.app.evaluate import perplexity  # noqa: E402
+from surgeon.export.compact import compact_model  # noqa: E402
+from surgeon.io import write_json  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1] / "results" / "coupled"
+# row id -> (PruneConfig settings, compact format)
+VARIANTS = {
+    "rows-columns": (dict(structure="structured"), "heterogeneous"),
+    "coupled": (dict(structure="coupled"), "heterogeneous"),
+    "coupled-uniform": (dict(structure="coupled", uniform=True), "standard"),
+    "coupled-multiple64": (dict(structure="coupled", width_multiple=64), "heterogeneous"),
+    "coupled-magnitude": (dict(structure="coupled", method="magnitude"), "heterogeneous"),
+    "coupled-kobd": (dict(structure="coupled", method="kobd"), "heterogeneous"),
+    "coupled-multiple256-decilm": (dict(structure="coupled", width_multiple=256), "decilm"),
+    "coupled-speed512": (dict(structure="coupled", speed_context=512), "heterogeneous"),
+    "coupled-speed768": (dict(structure="coupled", speed_context=768), "heterogeneous"),
+    "coupled-speed2048": (dict(structure="coupled", speed_context=2048), "heterogeneous"),
+    # λ_A around coupled LLM Surgeon's default (0.3): the paper's 0.01 and 1
+    "coupled-damp-a-0.01": (dict(structure="coupled", damp_a=0.01), "heterogeneous"),
+    "coupled-damp-a-1": (dict(structure="coupled", damp_a=1.0), "heterogeneous"),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="")
+    parser.add_argument("--shots", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=16)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    ROOT.mkdir(parents=True, exist_ok=True)
+    model, dense_state, test_ids, windows = smollm2_protocol()
+    commit = head_commit()
+    machine = f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}"
+    dense_parameters = sum(p.numel() for p in model.parameters())
+    for size in (0.9, 0.8, 0.7):
+        for variant, (settings, format) in VARIANTS.items():
+            name = f"{variant}-{size}"
+            path = ROOT / f"{name}@{commit}.json"
+            if path.exists() or args.only not in name:
+                continue
+            model.load_state_dict(dense_state)
+            start = time.perf_counter()
+            report = prune(model, windows, PruneConfig(**settings, target_size=size, shots=args.shots), progress=False)
+            seconds = time.perf_counter() - start
+            ppl = perplexity(model, test_ids, 2048, 8, progress=False).ppl
+            compact = compact_model(model, format)
+            with torch.inference_mode():
+                decode = decode_tokens_per_s(compact, 1, 2048, args.new_tokens, torch.device("cpu"), 3)
+            parameters = sum(p.numel() for p in compact.parameters())
+            logging.info("%s: ppl %.3f, %.1f M parameters (%.3f), decode %.1f tokens/s, %.0f s", name, ppl,
+                         parameters / 1e6, parameters / dense_parameters, decode, seconds)
+            write_json(path, {"row": name, "ppl": ppl, "parameters": parameters, "dense_parameters": dense_parameters,
+                              "format": format, "decode_tokens_per_s": decode, "seconds": seconds,
+                              "machine": machine, "commit": commit, **report.to_dict()})
+
+
+if __name__ == "__main__":
+    main()

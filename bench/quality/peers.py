@@ -1,0 +1,119 @@
+"""Peers on the quality table's protocol: llm-compressor's SparseGPTModifier and WandaPruningModifier.
+
+Beside them run surgeon's own modifiers inside the same llm-compressor `oneshot`:
+`SurgeonSparseGPTModifier` (SparseGPT's mask in llm-compressor's sequential pipeline, then its default
+conjugate-gradient refinement, or with `-exact` the exact per-row solve) and
+`SurgeonModifier` (LLM Surgeon with the table's shots: 4 unstructured, N:M's default of one shot
+propagated block by block; it should reproduce bench/quality/table.py's surgeon rows).
+Same model (SmolLM2-135M, float32), the same calibration windows as `bench/quality/table.py` (passed to
+`oneshot` as a dataset, in order), the same evaluation. Peer settings: block size 128, dampening
+fraction 0.01, the sequential pipeline with pruned activations propagated block by block,
+`lm_head` ignored. Times are whole `oneshot` calls.
+
+Runs in the llm-compressor environment (llm-compressor 0.14 pins transformers 5.15-5.17), created by
+one command, `make install-llmcompressor`:
+
+    .venv-llmcompressor/bin/python bench/quality/peers.py [--only 2of4]   # --only: a regular expression
+
+Each run is bench/results/quality/<row>@<commit>.json beside bench/quality/table.py's rows and skipped when
+that file exists; `make results` puts them into RESULTS' quality table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import platform
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from llmcompressor import __version__ as llmcompressor_version
+from llmcompressor import oneshot
+from llmcompressor.modifiers.pruning import SparseGPTModifier, WandaPruningModifier
+from transformers import AutoModelForCausalLM
+from transformers import __version__ as transformers_version
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.quality.table import ROOT, head_commit, smollm2_protocol  # noqa: E402
+from surgeon.app.evaluate import perplexity  # noqa: E402
+from surgeon.integrations.llmcompressor import SurgeonModifier, SurgeonSparseGPTModifier  # noqa: E402
+from surgeon.io import write_json  # noqa: E402
+from surgeon.models.adapter import load_tokenizer, prunable_layers  # noqa: E402
+
+# row suffix -> (modifier, its settings beyond sparsity, mask structure and ignore)
+PEERS = {
+    "llmc-sparsegpt": (SparseGPTModifier, {"block_size": 128, "dampening_frac": 0.01}),
+    "llmc-wanda": (WandaPruningModifier, {}),
+    "llmc-surgeon-sparsegpt": (SurgeonSparseGPTModifier, {"block_size": 128, "dampening_frac": 0.01}),
+    "llmc-surgeon-sparsegpt-exact": (SurgeonSparseGPTModifier, {"block_size": 128, "dampening_frac": 0.01,
+                                                                "update": "exact"}),
+    "llmc-surgeon": (SurgeonModifier, {}),
+}
+
+
+def zero_fraction(model: torch.nn.Module) -> float:
+    """Fraction of exact zeros over the prunable layers (the quality table's sparsity)."""
+    weights = [module.weight for block in prunable_layers(model) for _, module in block]
+    return sum(int((w == 0).sum()) for w in weights) / sum(w.numel() for w in weights)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--eval-windows", type=int, default=8)
+    parser.add_argument("--only", default="", help="run only the rows whose name this regular expression finds")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    ROOT.mkdir(parents=True, exist_ok=True)
+    model, _, test_ids, windows = smollm2_protocol()
+    commit = head_commit()
+    machine = (f"{platform.machine()} {torch.get_num_threads()} threads, Python {platform.python_version()}, "
+               f"torch {torch.__version__}, transformers {transformers_version}, "
+               f"llm-compressor {llmcompressor_version}")
+    ones = torch.ones_like(windows)
+    calibration = Dataset.from_dict({"input_ids": windows.tolist(), "attention_mask": ones.tolist()})
+    with tempfile.TemporaryDirectory() as folder:  # oneshot reads the model's config from its name_or_path
+        model.save_pretrained(folder)
+        load_tokenizer("smollm2-135m").save_pretrained(folder)
+        del model
+        for structure in ("unstructured", "2:4", "4:8"):
+            for suffix, (modifier, settings) in PEERS.items():
+                name = f"{structure.replace(':', 'of')}-0.5-{suffix}"
+                path = ROOT / f"{name}@{commit}.json"
+                if path.exists() or not re.search(args.only, name):
+                    continue
+                model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+                if modifier is SurgeonModifier:  # prunes the decoder blocks' linear layers, never the LM head
+                    nm = ":" in structure
+                    recipe = modifier(sparsity=None if nm else 0.5, structure=structure, shots=None if nm else 4)
+                else:
+                    recipe = modifier(sparsity=0.5, mask_structure=structure if ":" in structure else "0:0",
+                                      ignore=["re:.*lm_head"], **settings)
+                start = time.perf_counter()
+                oneshot(model=model, dataset=calibration, recipe=[recipe], num_calibration_samples=len(windows),
+                        max_seq_length=windows.shape[1], shuffle_calibration_samples=False, pipeline="sequential")
+                seconds = time.perf_counter() - start
+                result = perplexity(model, test_ids, 2048, args.eval_windows, progress=False)
+                config = {"structure": structure, "target_size": 0.5, "method": f"llm-compressor {modifier.__name__}",
+                          "shots": 1, "damp_g": "-",
+                          "damp_a": settings.get("dampening_frac", "-")}
+                if modifier is SurgeonSparseGPTModifier:
+                    config.update(update=recipe.update,
+                                  iterations=recipe.iterations if recipe.update == "refine" else "-")
+                if modifier is SurgeonModifier:
+                    resolved = recipe._config.resolved()
+                    config.update({key: resolved[key] for key in ("shots", "damp_g", "damp_a", "propagate")})
+                logging.info("%s: ppl %.3f (%.0f s)", name, result.ppl, seconds)
+                write_json(path, {"ppl": result.ppl, "seconds": seconds, "sparsity": zero_fraction(model),
+                                  "config": config, "calib_windows": windows.shape[0],
+                                  "calib_seqlen": windows.shape[1], "eval_windows": args.eval_windows,
+                                  "eval_seqlen": 2048, "machine": machine, "commit": commit})
+
+
+if __name__ == "__main__":
+    main()

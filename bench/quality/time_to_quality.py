@@ -1,0 +1,90 @@
+"""The time-to-quality curves behind the CLI's default number of shots: perplexity against pruning seconds.
+
+    python bench/quality/time_to_quality.py [--only unstructured]
+
+The protocol of bench/quality/table.py (8 × 512 calibration tokens, perplexity on 8 test windows of 2048
+tokens) and the CLI's defaults but the shots: structured 80% in 1, 2 and 8 shots, unstructured 50% in
+1 and 3 (the quality table holds 4 shots of both, 2 of unstructured, and N:M's one propagated shot and
+4 shots). Each point is saved as bench/results/ttq/<point>@<commit>.json and skipped when that file
+exists; `make results` puts the curves into RESULTS.md, `python bench/quality/time_to_quality.py --figure`
+draws them into docs/figures/time-to-quality.png. Run it alone: the seconds are wall time.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.quality.table import measure, protocol_of, protocol_parser, smollm2_protocol  # noqa: E402
+from surgeon import PruneConfig  # noqa: E402
+from surgeon.io import write_json  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1] / "results" / "ttq"
+POINTS = {f"{structure}-{size}-shots{shots}": PruneConfig(structure=structure, target_size=size, shots=shots)
+          for structure, size, counts in (("structured", 0.8, (1, 2, 8)), ("unstructured", 0.5, (1, 3)))
+          for shots in counts}
+
+
+FIGURE = Path(__file__).resolve().parents[2] / "docs" / "figures" / "time-to-quality.png"
+
+
+def draw(path: Path = FIGURE) -> None:
+    """Perplexity against pruning seconds, one panel per structure: the saved points and the quality table's
+    LLM Surgeon rows (bench/results) within 1.6× the panel's best, the peer's SparseGPT for reference."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bench.results_md import load, quality_runs
+
+    commit, runs = quality_runs()
+    points = [(p.stem.rsplit("@", 1)[0], load(p)) for p in sorted(ROOT.glob(f"*@{commit}.json"))]
+    table = [(name, run) for name, run in runs.items() if "-surgeon" in name and "llmc" not in name]
+    peers = {name.split("-0.5")[0]: run for name, run in runs.items() if name.endswith("-llmc-sparsegpt")}
+    panels = (("unstructured-0.5", "unstructured 50%"), ("2of4-0.5", "2:4"), ("4of8-0.5", "4:8"),
+              ("structured-0.8", "structured 80%"))
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
+    for axis, (prefix, title) in zip(axes, panels):
+        best = min(run["ppl"] for name, run in points + table if name.startswith(prefix))
+        for label, runs, marker in (("time-to-quality points", points, "o"), (f"quality table @{commit}", table, "s")):
+            chosen = [(name, run) for name, run in runs if name.startswith(prefix) and run["ppl"] <= 1.6 * best]
+            axis.scatter([run["seconds"] for _, run in chosen], [run["ppl"] for _, run in chosen], marker=marker,
+                         label=label)
+            for name, run in chosen:
+                axis.annotate(name[len(prefix) + 1:] or "default", (run["seconds"], run["ppl"]), fontsize=6)
+        peer = peers.get(prefix.split("-")[0])
+        if peer is not None:
+            axis.scatter([peer["seconds"]], [peer["ppl"]], marker="x", color="black", label="llm-compressor SparseGPT")
+        axis.set(title=title, xlabel="pruning seconds (2 CPU cores)", ylabel="perplexity (WikiText-2)")
+    axes[0].legend(fontsize=7)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = protocol_parser(__doc__)
+    parser.add_argument("--figure", action="store_true", help=f"only draw the saved points into {FIGURE.name}")
+    args = parser.parse_args()
+    if args.figure:
+        draw()
+        return
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    model, dense_state, test_ids, protocol_windows = smollm2_protocol(args.calib_windows, args.calib_seqlen)
+    ROOT.mkdir(parents=True, exist_ok=True)
+    for name, config in POINTS.items():
+        protocol = protocol_of(args)
+        path = ROOT / f"{name}@{protocol['commit']}.json"
+        if path.exists() or args.only not in name:
+            continue
+        result = measure(model, dense_state, protocol_windows, test_ids, config, args.eval_windows)
+        logging.info("%s: ppl %.3f (%.0f s)", name, result["ppl"], result["seconds"])
+        write_json(path, {**result, **protocol})
+
+
+if __name__ == "__main__":
+    main()

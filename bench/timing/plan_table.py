@@ -1,0 +1,57 @@
+"""`surgeon plan` for the paper's model shapes: per-GPU peak, chosen strategy and projected time per shot.
+
+    python bench/timing/plan_table.py
+
+Counts OPT-125m … Llama-2-70B (bench/configs) in bfloat16, 128 × 2048 calibration tokens, structured
+(batch 2; Llama-2-70B batch 1) and unstructured 50%, on 1, 2 and 8 GPUs of 80 GB, from the
+configuration alone (no weights). Writes bench/results/plan/plan-table@<commit>.json;
+`python bench/results_md.py` puts the table into RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from surgeon.config import PlanConfig, PruneConfig
+from surgeon.scale.plan import make_plan
+
+ROOT = Path(__file__).resolve().parents[1]  # bench/
+MODELS = ("opt-125m", "opt-1.3b", "opt-2.7b", "opt-6.7b", "llama-2-7b", "llama-2-13b", "llama-2-70b")
+STRUCTURES = {"structured": PruneConfig(structure="structured", shots=40),
+              "unstructured": PruneConfig(structure="unstructured", target_size=0.5, shots=5)}
+
+
+def head_commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True,
+                          cwd=ROOT).stdout.strip()
+
+
+def main() -> None:
+    rows = []
+    for model in MODELS:
+        for structure, config in STRUCTURES.items():
+            batch = 1 if model == "llama-2-70b" else 2
+            config = PruneConfig(**{**config.__dict__, "batch_size": batch})
+            for gpus in (1, 2, 8):
+                plan = make_plan(PlanConfig(model=str(ROOT / "configs" / f"{model}.json"), dtype="bfloat16",
+                                            nsamples=128, seqlen=2048, gpu_memory="80GB", gpus=gpus), config)
+                lowest = min(plan["strategies"], key=lambda s: s["peak_gpu_bytes"])
+                chosen = next((s for s in plan["strategies"] if s["name"] == plan["strategy"]), lowest)
+                rows.append({"model": model, "structure": structure, "gpus": gpus, "batch_size": batch,
+                             "fits": plan["fits"], "strategy": chosen["name"],
+                             "peak_gpu_bytes": chosen["peak_gpu_bytes"], "host_bytes": chosen["host_bytes"],
+                             "launch": chosen["launch"],
+                             "seconds_per_shot": chosen["seconds_per_shot"], "shots": config.shot_count,
+                             "phases": plan["phases"]})
+    commit = head_commit()
+    path = ROOT / "results" / "plan" / f"plan-table@{commit}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"commit": commit, "machine": "counted from the configuration (no device)",
+                                "command": "python bench/timing/plan_table.py", "rows": rows}, indent=1) + "\n")
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
