@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 CODE = ("surgeon", "surgeon_kernels", "csrc")
 # What a pruning run executes: the code less what only writes, plans or draws its results afterwards.
-PRUNING = (*CODE, *(f":(exclude)surgeon/{name}.py" for name in ("compact", "compact_modeling", "plan", "figures")))
+PRUNING = (*CODE, *(f":(exclude)surgeon/{name}.py" for name in ("export/compact", "models/compact_modeling",
+                                                                  "scale/plan", "app/figures")))
 HEADLINE_START, HEADLINE_END = "<!-- results-table:start -->", "<!-- results-table:end -->"
 # The README's headline rows: (quality row prefix, label).
 HEADLINE = (("structured-0.8", "structured 80%"), ("unstructured-0.5", "unstructured 50%"), ("2of4-0.5", "2:4"))
