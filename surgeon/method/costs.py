@@ -14,8 +14,8 @@ import torch
 
 from surgeon.method.damping import damped_diagonal, damping
 from surgeon.method.factors import LayerFactors
-from surgeon.method.inverses import Index, KroneckerInverse
-from surgeon.method.submatrix import submatrix
+from surgeon.method.inverses import KroneckerInverse
+from surgeon.method.submatrix import Index, submatrix
 
 
 def element_costs(W: torch.Tensor, f: KroneckerInverse) -> torch.Tensor:

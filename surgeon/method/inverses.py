@@ -16,7 +16,7 @@ import torch
 
 from surgeon.method.damping import damp
 from surgeon.method.factors import LayerFactors
-from surgeon.method.submatrix import submatrix
+from surgeon.method.submatrix import Index, submatrix
 from surgeon_kernels import ops
 from surgeon_kernels.ops import PackedSymmetric
 
@@ -205,7 +205,6 @@ def unpacked(kept: Iterable[KroneckerInverse | None],
         yield (inverse if device is None else inverse.to(device, A=last[1])).dense(A=last[1])
 
 
-Index = torch.Tensor | slice
 Sibling = tuple[LayerFactors, Index, KroneckerInverse, torch.Tensor | PackedSymmetric]
 
 

@@ -105,7 +105,8 @@ def _costs(layers: list[Layer], raw: dict | HostFactors, config: PruneConfig, ra
                 set_cost[index, size] = torch.zeros(C // size, device=device)
             continue
         entry = raw.pop(layer.name, None)  # frees each raw factor after its last layer
-        rows, cols, joint, kept, sibling = _layer_costs(layer, entry, config, sibling, sets=bool(sizes))
+        rows, cols, joint, kept, sibling = _layer_costs(layer, (keep_r, keep_c, real_c), entry, config, sibling,
+                                                        sets=bool(sizes))
         for size in sizes:  # a consumer of several columns per unit (o: head_dim per head, more per KV group)
             set_cost[index, size] = _column_set_costs(cols, real_c, size, joint)
         if config.offload and kept is not None:  # siblings' shared A⁻¹ goes to host memory once
@@ -124,15 +125,16 @@ def _costs(layers: list[Layer], raw: dict | HostFactors, config: PruneConfig, ra
     return plans, row_costs, col_costs, set_cost
 
 
-def _layer_costs(layer: Layer, entry: LayerFactors | None, config: PruneConfig, sibling: inverses.Sibling | None,
-                 sets: bool) -> tuple[torch.Tensor, torch.Tensor, Callable[[int], torch.Tensor] | None,
-                                      inverses.KroneckerInverse | None, inverses.Sibling | None]:
+def _layer_costs(layer: Layer, kept_indices: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                 entry: LayerFactors | None, config: PruneConfig, sibling: inverses.Sibling | None, sets: bool,
+                 ) -> tuple[torch.Tensor, torch.Tensor, Callable[[int], torch.Tensor] | None,
+                            inverses.KroneckerInverse | None, inverses.Sibling | None]:
     """One layer's row and column costs (eq. 7: LLM Surgeon from F⁻¹, the OBD baselines from a diagonal; dead
     structures 0, removed ones −inf), with `sets` the joint cost of its column sets of m kept columns (LLM
     Surgeon; else None: their columns' costs are summed), the packed inverse roots its update keeps, and the
-    sibling the next layer may share A⁻¹ with."""
+    sibling the next layer may share A⁻¹ with; `kept_indices` are the layer's `Layer.kept()`."""
     R, C = layer.module.out_features, layer.module.in_features
-    keep_r, keep_c, real_c = layer.kept()
+    keep_r, keep_c, real_c = kept_indices
     strengths = config.strengths
     W = layer.weight()
     rows = torch.full((R,), float("-inf"), device=W.device)
