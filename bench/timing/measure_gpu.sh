@@ -40,7 +40,7 @@ if [ "${1:-}" = --quick ]; then
   quick 80 structured structured 32 --shots 1 --target-size 0.8
   quick 130 2of4 2:4 32
   quick 115 unstructured unstructured 32 --shots 1 --target-size 0.5
-  timeout 45 python3 bench/quality/sparsegpt_dropin.py --shapes llama2-7b --layers q_proj --device cuda --shots 1 \
+  timeout 45 python3 bench/quality/sparsegpt_dropin.py --shapes llama2-7b --layers q_proj --device cuda --exact-shots 1 \
     --output "$OUT/dropin.json" > "$OUT/dropin.log" 2>&1
   echo "dropin rc=$?"; tail -6 "$OUT/dropin.log"
   exit 0
