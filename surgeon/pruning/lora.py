@@ -23,10 +23,12 @@ def lora_correction(model: nn.Module, layers: list, calibration: torch.Tensor, c
     lora = LoraConfig(r=config.lora_rank, lora_alpha=2 * config.lora_rank, lora_dropout=0.0,
                       target_modules=[layer.name for layer in layers])
     flags = [(p, p.requires_grad) for p in model.parameters()]
-    peft_model = get_peft_model(model, lora)
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(config.seed)  # the adapters' initial values, from the run's seed, not the global state
+        peft_model = get_peft_model(model, lora)
     params = [p for p in peft_model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lora_lr, weight_decay=0.0)
-    device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(config.seed)
     loss = torch.tensor(float("nan"))
     was_training = model.training
