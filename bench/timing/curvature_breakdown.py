@@ -29,10 +29,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.timing.shot_time import build  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
 from surgeon.models.adapter import DTYPES, prunable_layers  # noqa: E402
 from surgeon.pruning import curvature  # noqa: E402
-from bench.timing.shot_time import build  # noqa: E402
 
 
 def _synchronize(device: torch.device) -> None:
