@@ -32,8 +32,7 @@ def _input_factors(model, layers, windows: torch.Tensor) -> dict[str, torch.Tens
     """The dense A = Σ [x, 1][x, 1]ᵀ / √N of every layer over `windows`, one window at a time."""
     forwards = [lambda w=w: model(w.unsqueeze(0)) for w in windows]
     factors = curvature.estimate_inputs(layers, forwards, windows.numel())
-    owner = {name: factor.A for name, factor in factors.items()}
-    return {name: owner[name].dense() for name in owner}
+    return {name: factor.A.dense() for name, factor in factors.items()}
 
 
 def _relative_error(dense: torch.Tensor, pruned: torch.Tensor, A: torch.Tensor) -> float:
