@@ -29,10 +29,10 @@ from surgeon.pruning import curvature  # noqa: E402
 
 
 def _input_factors(model, layers, windows: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The dense A = Σ [x, 1][x, 1]ᵀ / √N of every layer over `windows`, one window at a time."""
+    """The dense A = Σ [x, 1][x, 1]ᵀ / √N of every layer over `windows` (one window at a time), in float64."""
     forwards = [lambda w=w: model(w.unsqueeze(0)) for w in windows]
     factors = curvature.estimate_inputs(layers, forwards, windows.numel())
-    return {name: factor.A.dense() for name, factor in factors.items()}
+    return {name: factor.A.dense().double() for name, factor in factors.items()}
 
 
 def _relative_error(dense: torch.Tensor, pruned: torch.Tensor, A: torch.Tensor) -> float:
@@ -79,7 +79,7 @@ def main() -> None:
         modules = dict(pruned.named_modules())
         for name in dense:
             W = _with_bias(modules[name])
-            rows[name][label] = {split: _relative_error(dense[name], W, A[name].double())
+            rows[name][label] = {split: _relative_error(dense[name], W, A[name])
                                  for split, A in factors.items()}
         del pruned
     result = dict(model=args.model, command=" ".join(sys.argv), calibration_tokens=calibration.numel(),

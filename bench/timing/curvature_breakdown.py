@@ -18,7 +18,6 @@ import argparse
 import collections
 import json
 import sys
-import time
 import traceback
 import warnings
 from contextlib import contextmanager
@@ -33,19 +32,14 @@ from bench.timing.shot_time import build  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
 from surgeon.models.adapter import DTYPES, prunable_layers  # noqa: E402
 from surgeon.pruning import curvature  # noqa: E402
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from surgeon.pruning.report import clock  # noqa: E402
 
 
 def _timed(device: torch.device, run) -> float:
-    _synchronize(device)
-    start = time.perf_counter()
+    """Seconds `run()` takes, its queued device work included."""
+    start = clock(device)
     run()
-    _synchronize(device)
-    return time.perf_counter() - start
+    return clock(device) - start
 
 
 @contextmanager
