@@ -8,9 +8,10 @@ import torch
 
 from surgeon import PruneConfig, prune, save_model
 from surgeon.errors import SurgeonError
+from surgeon.export.compact import compact_model, same_logits
 from surgeon.models.adapter import block_weights, decoder_blocks, prunable_layers, unprunable_weights
 from surgeon.models.experts import experts_as_layers
-from tests._families import COMMON, FAMILIES, MOE_FAMILIES, VOCAB, family_model
+from tests._families import COMMON, FAMILIES, HIDDEN, INTERMEDIATE, MOE_FAMILIES, VOCAB, family_model
 from tests._tolerances import FLOAT32, assert_reaches_target
 
 
@@ -197,3 +198,94 @@ def test_a_weight_matrix_outside_any_linear_layer_is_refused_by_name():
     with pytest.raises(SurgeonError, match="leaves no layer of the decoder blocks to prune"):
         prune(model, calibration(), PruneConfig(structure="unstructured", target_size=0.5, leave_out="*"),
               progress=False)
+
+
+COUPLED_MOE = ["mixtral", "qwen2_moe", "qwen3_moe"]  # attention heads of the gated layout, experts fused
+
+
+@pytest.mark.parametrize("family", COUPLED_MOE)
+def test_expert_neurons_are_coupled_units_and_export_compactly(family):
+    """Each expert's gate and up rows and down column leave together under the one threshold with heads and dense
+    neurons; `uniform` keeps as many in every expert, and the standard export cuts them out with the same logits."""
+    model = family_model(family)
+    dense = sum(p.numel() for p in model.parameters())
+    report = prune(model, calibration(), PruneConfig(structure="coupled", target_size=0.7, shots=1, uniform=True),
+                   progress=False)
+    gate_ups = [w for w in expert_weights(model) if w.shape[1] != HIDDEN]
+    downs = [w for w in expert_weights(model) if w.shape[1] == HIDDEN]
+    round_of_neurons = 3 * HIDDEN * len(downs) * downs[0].shape[0]  # a neuron of every expert, as `uniform` takes them
+    assert_reaches_target(report.removed, [tuple(shapes_of(model)[name]) for name in report.layers
+                                           if ".experts." not in name] + expert_shapes(model),
+                          0.7, "coupled", freed=report.shots[0].freed, largest=round_of_neurons)
+    live = torch.stack([(~(down == 0).all(1)).sum(1) for down in downs])  # [blocks, experts]
+    assert bool((live == live[0, 0]).all()) and 0 < int(live[0, 0]) < downs[0].shape[2]
+    for gate_up, down in zip(gate_ups, downs):  # a removed neuron is gone from gate, up and down together
+        inner = down.shape[2]
+        gone = (down == 0).all(1)
+        assert torch.equal(gone, (gate_up[:, :inner] == 0).all(2))
+        assert torch.equal(gone, (gate_up[:, inner:] == 0).all(2))
+    compact = compact_model(model)
+    same_logits(model, compact)
+    width = compact.config.intermediate_size if family == "mixtral" else compact.config.moe_intermediate_size
+    assert width == -(-int(live[0, 0]) // 8) * 8 and sum(p.numel() for p in compact.parameters()) < dense
+
+
+@pytest.mark.parametrize("family", ["olmoe", "deepseek_v3"])
+def test_coupled_refuses_moe_families_whose_attention_it_cannot_couple(family):
+    with pytest.raises(SurgeonError, match=f"structure coupled supports .*'{family}'"):
+        prune(family_model(family), calibration(), PruneConfig(structure="coupled", shots=1), progress=False)
+
+
+def shapes_of(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    return {name.removesuffix(".weight"): tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def dense_as_moe(dense: torch.nn.Module, experts: int) -> torch.nn.Module:
+    """A Mixtral model that computes `dense` (a Llama model) exactly: `experts` experts partition its MLP neurons,
+    every token goes to all of them with router weight 1/experts (the router is zero), and each expert's down
+    projection is scaled by `experts`."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = dense.config
+    moe = MixtralForCausalLM(MixtralConfig(**{**COMMON, "intermediate_size": INTERMEDIATE // experts},
+                                           num_local_experts=experts, num_experts_per_tok=experts,
+                                           rms_norm_eps=config.rms_norm_eps, rope_parameters=config.rope_parameters,
+                                           tie_word_embeddings=config.tie_word_embeddings)).eval()
+    state = dense.state_dict()
+    with torch.no_grad():
+        for name, param in moe.named_parameters():
+            if name in state:
+                param.copy_(state[name])
+            elif name.endswith("mlp.gate.weight"):
+                param.zero_()
+        for block, source in zip(moe.model.layers, dense.model.layers):
+            parts = [slice(e * INTERMEDIATE // experts, (e + 1) * INTERMEDIATE // experts) for e in range(experts)]
+            mlp = source.mlp
+            block.mlp.experts.gate_up_proj.copy_(
+                torch.stack([torch.cat([mlp.gate_proj.weight[p], mlp.up_proj.weight[p]]) for p in parts]))
+            block.mlp.experts.down_proj.copy_(torch.stack([experts * mlp.down_proj.weight[:, p] for p in parts]))
+    return moe
+
+
+def test_a_dense_model_rewritten_as_experts_prunes_as_the_dense_model():
+    """Experts partitioning a dense MLP compute it exactly. With one expert its factors are the dense layers' own,
+    so pruning gives the dense model's result; with several, each expert's factors are the diagonal blocks of the
+    dense ones (its neurons alone), so the results differ, by the cross-expert terms only (docs/DESIGN.md)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    dense = LlamaForCausalLM(LlamaConfig(**COMMON)).eval()
+    ids = calibration()
+    with torch.no_grad():
+        for experts in (1, 2, 4):
+            assert torch.allclose(dense_as_moe(dense, experts)(ids).logits, dense(ids).logits, atol=1e-5)
+    for structure, size in (("unstructured", 0.5), ("coupled", 0.7)):
+        pruned = LlamaForCausalLM(dense.config).eval()
+        pruned.load_state_dict(dense.state_dict())
+        moe = dense_as_moe(pruned, 1)
+        config = PruneConfig(structure=structure, target_size=size, shots=1)
+        prune(pruned, ids, config, progress=False)
+        prune(moe, ids, config, progress=False)
+        with torch.no_grad():
+            expected, got = pruned(ids).logits, moe(ids).logits
+        assert torch.allclose(got, expected, atol=1e-4 * float(expected.abs().max())), structure

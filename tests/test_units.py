@@ -165,6 +165,26 @@ def test_a_unit_saves_its_weights_and_a_head_its_attention_over_the_context():
     assert decode_macs(head, shapes, 100) == 2 * d * hidden + 2 * 100 * d  # q rows, o columns; scores, values
 
 
+def test_coupled_refuses_a_layer_no_unit_holds():
+    """Leaving out the down projections leaves gate and up in no neuron: refused by name, not left unpruned."""
+    config = PruneConfig(structure="coupled", shots=1, leave_out="router,model.layers.*.mlp.down_proj.weight")
+    with pytest.raises(SurgeonError, match=r"no neuron or head unit holds model\.layers\.0\.mlp\.gate_proj"):
+        prune(family_model("llama"), calibration(), config, progress=False)
+
+
+def test_a_routed_expert_neuron_saves_its_weights_on_the_tokens_routed_to_it():
+    from surgeon.models.experts import experts_as_layers
+
+    model = family_model("mixtral")  # 4 experts, 2 per token
+    with experts_as_layers(decoder_blocks(model)):
+        names = [name for block in prunable_layers(model) for name, _ in block]
+        shapes = [(m.out_features, m.in_features) for block in prunable_layers(model) for _, m in block]
+        kinds = coupled_units(model, names)
+    experts = [kind for kind in kinds if kind.name == "expert neuron"]
+    assert len(experts) == 4 * model.config.num_hidden_layers
+    assert decode_macs(experts[0], shapes, 100) == 3 * model.config.hidden_size * 2 / 4
+
+
 def test_a_speed_context_ranks_heads_by_what_they_save_per_token():
     """At a long context a head saves far more per weight than a neuron: the same target removes more heads,
     in rounds over the KV heads, so that the compact model keeps no zero head as padding."""

@@ -2,7 +2,8 @@
 
 A unit leaves the model exactly when its contribution to the block's output is zero for every input:
 
-- MLP neuron j, `down[:, j] · act(gate_j · x) · (up_j · x)`: down column j is zero, or up row j is
+- MLP neuron j (of a dense MLP, a shared expert or each routed expert),
+  `down[:, j] · act(gate_j · x) · (up_j · x)`: down column j is zero, or up row j is
   zero, or gate row j is zero and act(0) = 0 (OPT: `fc2[:, j] · act(fc1_j · x + b_j)`, fc2 column j
   zero, or fc1 row j and b_j zero and act(0) = 0).
 - Query head h, `o[:, h] · softmax(q_h k_gᵀ) v_g`: o's columns of head h are zero, or the rows of its
@@ -14,6 +15,8 @@ every block: each block keeps the most units any block needs, its own live units
 ones (whose output is exactly zero) as padding. The head count stays a multiple of the KV heads and,
 for Llama (whose config requires it), a divisor of `hidden_size`; `head_dim` is written explicitly.
 OPT keeps its heads (its attention has no `head_dim`: q, k, v stay hidden × hidden) and compacts its MLP.
+Mixture-of-Experts models (mixtral, qwen2_moe, qwen3_moe) compact their fused experts the same way, in this
+format only: every expert keeps the widest expert's live neurons, rounded up to `EXPERT_ALIGN`.
 The "heterogeneous" format keeps each block's own widths (`compact_modeling`), and skips an attention or
 MLP that adds nothing (no live unit, no output bias).
 The "decilm" format (Llama only) writes DeciLM's `block_configs`, which vLLM serves natively: each
@@ -37,17 +40,25 @@ from surgeon.errors import SurgeonError
 from surgeon.models import compact_modeling
 from surgeon.models.adapter import attention_layout, causal_lm_class, decoder_blocks
 from surgeon.models.channels import maps_zero_to_zero
+from surgeon.models.experts import fused_weights, is_fused_experts
 
 GATED = ("llama", "mistral", "qwen2", "qwen3", "smollm")  # gate/up/down MLP and q/k/v/o attention with head_dim
-FAMILIES = (*GATED, "opt")
+# Mixture-of-Experts families of the gated layout with fused experts, and the config key of the experts' width
+EXPERT_WIDTH = {"mixtral": "intermediate_size", "qwen2_moe": "moe_intermediate_size",
+                "qwen3_moe": "moe_intermediate_size"}
+FAMILIES = (*GATED, "opt", *EXPERT_WIDTH)
+# transformers runs fused experts with torch's grouped GEMM, whose operands need rows of a multiple of 16 bytes:
+# the experts keep a multiple of 8 neurons (padding with removable ones), enough for 16-bit weights and wider
+EXPERT_ALIGN = 8
 
 
 @dataclass(frozen=True)
 class BlockUnits:
     """Which units of one decoder block must stay (True) because their output is not exactly zero."""
 
-    neurons: torch.Tensor  # [intermediate]
+    neurons: torch.Tensor  # [intermediate] of the dense MLP or shared expert ([0]: none)
     heads: torch.Tensor  # [kv_heads, heads per kv head]
+    experts: torch.Tensor | None = None  # [experts, intermediate] of a Mixture-of-Experts block's fused experts
 
 
 def _zero_rows(weight: torch.Tensor, bias: torch.Tensor | None, groups: int) -> torch.Tensor:
@@ -99,17 +110,41 @@ def live_units(model: nn.Module) -> list[BlockUnits]:
             heads = torch.ones(config.num_attention_heads, 1, dtype=torch.bool)
             units.append(BlockUnits(~dead, heads))
             continue
-        gate, up, down = (_linear(block, f"mlp.{name}_proj") for name in ("gate", "up", "down"))
+        dead = torch.ones(0, dtype=torch.bool)
+        mlp = _mlp(block)
+        if mlp is not None:
+            gate, up, down = (_linear(block, f"{mlp}{name}_proj") for name in ("gate", "up", "down"))
+            inner = down.in_features
+            dead = _zero_cols(down.weight, inner) | _zero_rows(up.weight, up.bias, inner)
+            if zero_act:
+                dead = dead | _zero_rows(gate.weight, gate.bias, inner)
         o, v = _linear(block, "self_attn.o_proj"), _linear(block, "self_attn.v_proj")
-        inner = down.in_features
-        dead = _zero_cols(down.weight, inner) | _zero_rows(up.weight, up.bias, inner)
-        if zero_act:
-            dead = dead | _zero_rows(gate.weight, gate.bias, inner)
         kv_heads, per_kv, _ = _head_layout(config)
         dead_heads = _zero_cols(o.weight, kv_heads * per_kv).reshape(kv_heads, per_kv)
         dead_heads = dead_heads | _zero_rows(v.weight, v.bias, kv_heads).unsqueeze(1)
-        units.append(BlockUnits(~dead, ~dead_heads))
+        units.append(BlockUnits(~dead, ~dead_heads, _live_experts(block, zero_act)))
     return units
+
+
+def _mlp(block: nn.Module) -> str | None:
+    """The prefix of a gated block's dense MLP ("mlp."), or of its Mixture-of-Experts block's shared expert; None
+    for a block of routed experts alone."""
+    mlp = block.get_submodule("mlp")
+    for prefix, module in (("mlp.", mlp), ("mlp.shared_expert.", getattr(mlp, "shared_expert", None))):
+        if isinstance(getattr(module, "down_proj", None), nn.Linear):
+            return prefix
+    return None
+
+
+def _live_experts(block: nn.Module, zero_act: bool) -> torch.Tensor | None:
+    """[experts, intermediate]: the fused experts' neurons whose output can be non-zero (None: no fused experts)."""
+    fused = getattr(block.get_submodule("mlp"), "experts", None)
+    if fused is None or not is_fused_experts(fused):
+        return None
+    gate_up, down = (weight.detach() for weight in fused_weights(fused))
+    inner = down.shape[2]
+    dead = (down == 0).all(1) | (gate_up[:, inner:] == 0).all(2)
+    return ~(dead | (gate_up[:, :inner] == 0).all(2)) if zero_act else ~dead
 
 
 def _first(live: torch.Tensor, count: int) -> torch.Tensor:
@@ -122,6 +157,9 @@ def standard_widths(model: nn.Module, units: list[BlockUnits]) -> tuple[int, int
     """(intermediate size, KV heads, query heads per KV head) that every block of the standard format keeps."""
     config = _config(model)
     inner = max(int(u.neurons.sum()) for u in units)
+    if config.model_type in EXPERT_WIDTH and len({u.neurons.numel() for u in units}) > 1:
+        raise SurgeonError("compact export: the model mixes dense MLP and Mixture-of-Experts blocks, whose widths "
+                           "its config holds under different names; the pruned (masked) checkpoint is the one to use")
     if config.model_type == "opt":
         return max(inner, 1), config.num_attention_heads, 1
     kv_heads, per_kv, _ = _head_layout(config)
@@ -317,6 +355,9 @@ def compact_model(model: nn.Module, format: str = "standard") -> nn.Module:
     Its logits equal the pruned model's up to float rounding; the pruned model is left as it is.
     """
     units = live_units(model)
+    moe = _config(model).model_type in EXPERT_WIDTH
+    if moe and format != "standard":
+        raise SurgeonError(f"compact export: Mixture-of-Experts models export in the standard format, not {format!r}")
     if format == "decilm":
         return _decilm_model(model, units)
     widths = _block_widths(model, units, format)
@@ -330,6 +371,11 @@ def compact_model(model: nn.Module, format: str = "standard") -> nn.Module:
         kv_heads, per_kv, head_dim = _head_layout(config)
         config.intermediate_size, config.num_key_value_heads = inner, kv
         config.num_attention_heads, config.head_dim = kv * per, head_dim
+        if moe:
+            config.shared_expert_intermediate_size = inner  # qwen2_moe; the other families have no dense MLP
+            live = max(int(u.experts.sum(1).max()) for u in units if u.experts is not None)
+            full = next(u.experts.shape[1] for u in units if u.experts is not None)
+            setattr(config, EXPERT_WIDTH[config.model_type], min(full, -(-live // EXPERT_ALIGN) * EXPERT_ALIGN))
         per_layer = {str(i): _layer_entry(*w) for i, w in enumerate(widths) if w != (inner, kv, per)}
     dtype = next(model.parameters()).dtype
     if format == "standard":
@@ -348,9 +394,13 @@ def compact_model(model: nn.Module, format: str = "standard") -> nn.Module:
                      "fc2": _select(_linear(block, "fc2"), cols=neurons)}
         else:
             selection: dict[str, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
-            if inner_b:
-                selection.update({"mlp.gate_proj": (neurons, None), "mlp.up_proj": (neurons, None),
-                                  "mlp.down_proj": (None, neurons)})
+            mlp = _mlp(block)
+            if inner_b and mlp is not None:
+                selection.update({f"{mlp}gate_proj": (neurons, None), f"{mlp}up_proj": (neurons, None),
+                                  f"{mlp}down_proj": (None, neurons)})
+            if unit.experts is not None:
+                _put(state, prefix, {"mlp.experts": _kept_experts(block, unit.experts,
+                                                                  getattr(config, EXPERT_WIDTH[config.model_type]))})
             if kv_b:
                 groups = _first(unit.heads.any(1), kv_b)
                 heads = torch.cat([g * per_kv + _first(unit.heads[g], per_b) for g in groups.tolist()])
@@ -364,6 +414,17 @@ def compact_model(model: nn.Module, format: str = "standard") -> nn.Module:
             parts = {name: _select(_linear(block, name), rows, cols) for name, (rows, cols) in selection.items()}
         _put(state, prefix, parts)
     return _loaded(compact, state)
+
+
+def _kept_experts(block: nn.Module, live: torch.Tensor, width: int) -> dict[str, torch.Tensor]:
+    """The fused experts' `gate_up_proj` and `down_proj` keeping `width` neurons of each expert, its live ones
+    first (`_first`)."""
+    gate_up, down = (weight.detach() for weight in fused_weights(block.get_submodule("mlp.experts")))
+    inner = down.shape[2]
+    kept = torch.stack([_first(expert, width) for expert in live])  # [experts, width]
+    rows = torch.cat([kept, kept + inner], 1)
+    return {"gate_up_proj": gate_up.gather(1, rows.unsqueeze(2).expand(-1, -1, gate_up.shape[2])),
+            "down_proj": down.gather(2, kept.unsqueeze(1).expand(-1, down.shape[1], -1))}
 
 
 def load_compact(path: str | Path, **kwargs: Any) -> nn.Module:

@@ -70,7 +70,8 @@ EMBEDDED_MODELS = {
 }
 # Families tested by a property test on tiny random models (tests/test_families.py).
 KNOWN_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "granite",
-                  "gpt_neox", "opt", "stablelm", "starcoder2", "smollm", "smollm3")
+                  "gpt_neox", "opt", "stablelm", "starcoder2", "smollm", "smollm3", "mixtral", "qwen2_moe", "qwen3_moe",
+                  "olmoe", "deepseek_v3")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # `leave_out` names parts of the decoder blocks not to prune: this word for the Mixture-of-Experts routers,
 # else glob patterns over parameter names. The routers are left out by default.

@@ -28,7 +28,7 @@ from surgeon.errors import SurgeonError
 from surgeon.models.adapter import attention_layout
 
 Axis = Literal["rows", "cols"]
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "smollm", "opt")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "smollm", "opt", "mixtral", "qwen2_moe", "qwen3_moe")
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ class UnitKind:
     count: int
     members: tuple[Member, ...]
     kv: tuple[tuple[int, int], int, int] | None = None  # ((k layer, v layer), heads per KV head, head_dim)
+    share: float = 1.0  # the fraction of tokens that run these units: a routed expert's top-k over its experts
 
     @property
     def consumer(self) -> Member:
@@ -68,9 +69,12 @@ class UnitKind:
 def coupled_units(model: nn.Module, names: list[str], width_multiple: int = 1) -> list[UnitKind]:
     """The neuron, query-head and KV-group units of every decoder block of `model`, over its layers `names`.
 
-    KV groups are units under grouped-query attention when query heads leave in rounds (`width_multiple`
-    at most `head_dim`, see `allocation`): every KV group then keeps as many query heads as the others,
-    so a group's kept columns of o are a set of the same size in every live group."""
+    Every gated MLP (gate, up, down) among the layers is one kind of neuron unit: a block's dense MLP or
+    shared expert ("neuron"), and each routed expert of a Mixture-of-Experts block, split into layers
+    (`experts.ExpertLayers`), on its own ("expert neuron"), so that `uniform` keeps as many neurons in every
+    expert as in the others. KV groups are units under grouped-query attention when query heads leave in
+    rounds (`width_multiple` at most `head_dim`, see `allocation`): every KV group then keeps as many query
+    heads as the others, so a group's kept columns of o are a set of the same size in every live group."""
     config: Any = model.config
     family = getattr(config, "model_type", "")
     if family not in FAMILIES:
@@ -80,39 +84,62 @@ def coupled_units(model: nn.Module, names: list[str], width_multiple: int = 1) -
     mlp: tuple[str, ...]
     attention: tuple[str, ...]
     if family == "opt":
-        mlp = ("fc1", "fc2")
-        attention = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj")
+        mlp, attention = ("fc1", "fc2"), ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                         "self_attn.out_proj")
     else:
-        mlp = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-        attention = ("self_attn.q_proj", "self_attn.o_proj")
-    kinds = []
+        mlp, attention = ("gate_proj", "up_proj", "down_proj"), ("self_attn.q_proj", "self_attn.o_proj")
+    kinds: list[UnitKind] = []
+    block_attention: list[UnitKind] = []  # a block's head and KV-group kinds, after its neurons
     for name in names:
-        if not name.endswith("." + mlp[-1]):
+        if name.endswith("." + mlp[-1]):  # one MLP: a block's own, its shared expert or one routed expert
+            prefix = name[: -len(mlp[-1])]
+            consumer = model.get_submodule(name)
+            assert isinstance(consumer, nn.Linear)
+            routed = ".experts." in name
+            producers = tuple(Member(_member(index, prefix + part, name), "rows", 1) for part in mlp[:-1])
+            kinds.append(UnitKind("expert neuron" if routed else "neuron", consumer.in_features,
+                                  producers + (Member(index[name], "cols", 1),),
+                                  share=_routed_share(config) if routed else 1.0))
+        if not name.endswith("." + attention[-1]):
             continue
-        prefix = name[: -len(mlp[-1])]
-        needed = mlp + attention + ("self_attn.k_proj", "self_attn.v_proj")
-        layers = {part: index[prefix + part] for part in needed if prefix + part in index}
-        if len(layers) != len(set(needed)):
-            raise SurgeonError(f"structure coupled: block {prefix.rstrip('.')} lacks one of {', '.join(needed)}")
-        consumer = model.get_submodule(prefix + mlp[-1])
-        assert isinstance(consumer, nn.Linear)
-        inner = consumer.in_features
-        kinds.append(UnitKind("neuron", inner, tuple(Member(layers[p], "rows", 1) for p in mlp[:-1])
-                              + (Member(layers[mlp[-1]], "cols", 1),)))
-        head_members = tuple(Member(layers[p], "rows", head_dim) for p in attention[:-1]) + (
-            Member(layers[attention[-1]], "cols", head_dim),)
+        kinds += block_attention
+        prefix = name[: -len(attention[-1])]
+        needed = attention + ("self_attn.k_proj", "self_attn.v_proj")
+        parts = {part: _member(index, prefix + part, name) for part in needed}
+        head_members = tuple(Member(parts[p], "rows", head_dim) for p in attention[:-1]) + (
+            Member(parts[attention[-1]], "cols", head_dim),)
         kv = None
         if family != "opt":
-            kv = ((layers["self_attn.k_proj"], layers["self_attn.v_proj"]), heads // kv_heads, head_dim)
-        kinds.append(UnitKind("head", heads, head_members, kv))
+            kv = ((parts["self_attn.k_proj"], parts["self_attn.v_proj"]), heads // kv_heads, head_dim)
+        block_attention = [UnitKind("head", heads, head_members, kv)]
         per = heads // kv_heads
         if family != "opt" and per > 1 and width_multiple <= head_dim:
-            kinds.append(UnitKind("group", kv_heads, (
-                Member(layers["self_attn.q_proj"], "rows", per * head_dim),
-                Member(layers["self_attn.k_proj"], "rows", head_dim),
-                Member(layers["self_attn.v_proj"], "rows", head_dim),
-                Member(layers["self_attn.o_proj"], "cols", per * head_dim))))
+            block_attention.append(UnitKind("group", kv_heads, (
+                Member(parts["self_attn.q_proj"], "rows", per * head_dim),
+                Member(parts["self_attn.k_proj"], "rows", head_dim),
+                Member(parts["self_attn.v_proj"], "rows", head_dim),
+                Member(parts["self_attn.o_proj"], "cols", per * head_dim))))
+    kinds += block_attention
+    covered = {member.layer for kind in kinds for member in kind.members} | {
+        layer for kind in kinds if kind.kv is not None for layer in kind.kv[0]}  # k, v: freed with their query heads
+    outside = [name for i, name in enumerate(names) if i not in covered]
+    if outside:
+        raise SurgeonError(f"structure coupled: no neuron or head unit holds {', '.join(outside[:3])}"
+                           f"{' …' if len(outside) > 3 else ''}; leave it out or use structure structured")
     return kinds
+
+
+def _routed_share(config: Any) -> float:
+    """The fraction of tokens a routed expert runs on average: experts per token over experts."""
+    experts = getattr(config, "num_local_experts", None) or config.num_experts
+    return config.num_experts_per_tok / experts
+
+
+def _member(index: dict[str, int], layer: str, beside: str) -> int:
+    """The index of `layer`, which a unit of `beside` needs; refused by name when it is not among the layers."""
+    if layer not in index:
+        raise SurgeonError(f"structure coupled: {beside} needs {layer} among the pruned layers")
+    return index[layer]
 
 
 def masks_of(kinds: list[UnitKind], chosen: list[torch.Tensor], rows: list[torch.Tensor], cols: list[torch.Tensor],
@@ -136,13 +163,13 @@ def masks_of(kinds: list[UnitKind], chosen: list[torch.Tensor], rows: list[torch
     return rows, cols
 
 
-def decode_macs(kind: UnitKind, shapes: list[tuple[int, int]], context: int) -> int:
-    """Multiply-accumulates one unit of `kind` costs a decoded token after `context` tokens: its weights
-    (`shapes`: each layer's out × in features), and for a head or KV group its query heads' scores and weighted
-    values over the context."""
+def decode_macs(kind: UnitKind, shapes: list[tuple[int, int]], context: int) -> float:
+    """Multiply-accumulates one unit of `kind` costs a decoded token after `context` tokens, on average: its
+    weights (`shapes`: each layer's out × in features) times the share of tokens that run it (a routed expert's),
+    and for a head or KV group its query heads' scores and weighted values over the context."""
     weights = sum(member.size * shapes[member.layer][1 if member.axis == "rows" else 0] for member in kind.members)
-    attention = 2 * context * kind.consumer.size if kind.name != "neuron" else 0
-    return weights + attention
+    attention = 2 * context * kind.consumer.size if kind.name in ("head", "group") else 0
+    return kind.share * weights + attention
 
 
 def allocation(kinds: list[UnitKind], costs: list[torch.Tensor], uniform: bool, multiple: int,
