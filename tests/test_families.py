@@ -289,3 +289,17 @@ def test_a_dense_model_rewritten_as_experts_prunes_as_the_dense_model():
         with torch.no_grad():
             expected, got = pruned(ids).logits, moe(ids).logits
         assert torch.allclose(got, expected, atol=1e-4 * float(expected.abs().max())), structure
+
+
+def test_moe_export_refuses_what_its_config_cannot_hold():
+    """A model mixing dense and routed blocks, and any per-layer format, are refused in one line each."""
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    torch.manual_seed(0)
+    mixed = AutoModelForCausalLM.from_config(Qwen3MoeConfig(**{**COMMON, **MOE_FAMILIES["qwen3_moe"][1]},
+                                                            mlp_only_layers=[0])).eval()
+    prune(mixed, calibration(), PruneConfig(structure="coupled", target_size=0.7, shots=1), progress=False)
+    with pytest.raises(SurgeonError, match="mixes dense MLP and Mixture-of-Experts blocks"):
+        compact_model(mixed)
+    with pytest.raises(SurgeonError, match="export in the standard format, not 'heterogeneous'"):
+        compact_model(family_model("mixtral"), "heterogeneous")

@@ -127,8 +127,7 @@ def live_units(model: nn.Module) -> list[BlockUnits]:
 
 
 def _mlp(block: nn.Module) -> str | None:
-    """The prefix of a gated block's dense MLP ("mlp."), or of its Mixture-of-Experts block's shared expert; None
-    for a block of routed experts alone."""
+    """The prefix of a gated block's dense MLP ("mlp.") or shared expert; None for routed experts alone."""
     mlp = block.get_submodule("mlp")
     for prefix, module in (("mlp.", mlp), ("mlp.shared_expert.", getattr(mlp, "shared_expert", None))):
         if isinstance(getattr(module, "down_proj", None), nn.Linear):
@@ -157,7 +156,7 @@ def standard_widths(model: nn.Module, units: list[BlockUnits]) -> tuple[int, int
     """(intermediate size, KV heads, query heads per KV head) that every block of the standard format keeps."""
     config = _config(model)
     inner = max(int(u.neurons.sum()) for u in units)
-    if config.model_type in EXPERT_WIDTH and len({u.neurons.numel() for u in units}) > 1:
+    if config.model_type in EXPERT_WIDTH and len({u.experts is None for u in units}) > 1:
         raise SurgeonError("compact export: the model mixes dense MLP and Mixture-of-Experts blocks, whose widths "
                            "its config holds under different names; the pruned (masked) checkpoint is the one to use")
     if config.model_type == "opt":
@@ -369,10 +368,12 @@ def compact_model(model: nn.Module, format: str = "standard") -> nn.Module:
         per_layer = {str(i): {"ffn_dim": w[0]} for i, w in enumerate(widths) if w[0] != inner}
     else:
         kv_heads, per_kv, head_dim = _head_layout(config)
-        config.intermediate_size, config.num_key_value_heads = inner, kv
-        config.num_attention_heads, config.head_dim = kv * per, head_dim
-        if moe:
-            config.shared_expert_intermediate_size = inner  # qwen2_moe; the other families have no dense MLP
+        config.num_key_value_heads, config.num_attention_heads, config.head_dim = kv, kv * per, head_dim
+        if not moe:
+            config.intermediate_size = inner
+        else:  # every block routes; qwen2_moe's shared experts are its dense MLPs
+            if hasattr(config, "shared_expert_intermediate_size"):
+                config.shared_expert_intermediate_size = inner
             live = max(int(u.experts.sum(1).max()) for u in units if u.experts is not None)
             full = next(u.experts.shape[1] for u in units if u.experts is not None)
             setattr(config, EXPERT_WIDTH[config.model_type], min(full, -(-live // EXPERT_ALIGN) * EXPERT_ALIGN))
