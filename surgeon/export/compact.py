@@ -40,7 +40,7 @@ from surgeon.errors import SurgeonError
 from surgeon.models import compact_modeling
 from surgeon.models.adapter import attention_layout, causal_lm_class, decoder_blocks
 from surgeon.models.channels import maps_zero_to_zero
-from surgeon.models.experts import fused_weights, is_fused_experts
+from surgeon.models.experts import fused_weights, is_fused_experts, kept_neurons
 
 GATED = ("llama", "mistral", "qwen2", "qwen3", "smollm")  # gate/up/down MLP and q/k/v/o attention with head_dim
 # Mixture-of-Experts families of the gated layout with fused experts, and the config key of the experts' width
@@ -114,10 +114,7 @@ def live_units(model: nn.Module) -> list[BlockUnits]:
         mlp = _mlp(block)
         if mlp is not None:
             gate, up, down = (_linear(block, f"{mlp}{name}_proj") for name in ("gate", "up", "down"))
-            inner = down.in_features
-            dead = _zero_cols(down.weight, inner) | _zero_rows(up.weight, up.bias, inner)
-            if zero_act:
-                dead = dead | _zero_rows(gate.weight, gate.bias, inner)
+            dead = _dead_neurons(gate.weight, gate.bias, up.weight, up.bias, down.weight, zero_act)
         o, v = _linear(block, "self_attn.o_proj"), _linear(block, "self_attn.v_proj")
         kv_heads, per_kv, _ = _head_layout(config)
         dead_heads = _zero_cols(o.weight, kv_heads * per_kv).reshape(kv_heads, per_kv)
@@ -135,6 +132,14 @@ def _mlp(block: nn.Module) -> str | None:
     return None
 
 
+def _dead_neurons(gate: torch.Tensor, gate_bias: torch.Tensor | None, up: torch.Tensor, up_bias: torch.Tensor | None,
+                  down: torch.Tensor, zero_act: bool) -> torch.Tensor:
+    """A gated MLP's neurons whose output is exactly zero: down column or up row zero, or gate row if act(0) = 0."""
+    inner = down.shape[1]
+    dead = _zero_cols(down, inner) | _zero_rows(up, up_bias, inner)
+    return dead | _zero_rows(gate, gate_bias, inner) if zero_act else dead
+
+
 def _live_experts(block: nn.Module, zero_act: bool) -> torch.Tensor | None:
     """[experts, intermediate]: the fused experts' neurons whose output can be non-zero (None: no fused experts)."""
     fused = getattr(block.get_submodule("mlp"), "experts", None)
@@ -142,8 +147,7 @@ def _live_experts(block: nn.Module, zero_act: bool) -> torch.Tensor | None:
         return None
     gate_up, down = (weight.detach() for weight in fused_weights(fused))
     inner = down.shape[2]
-    dead = (down == 0).all(1) | (gate_up[:, inner:] == 0).all(2)
-    return ~(dead | (gate_up[:, :inner] == 0).all(2)) if zero_act else ~dead
+    return ~torch.stack([_dead_neurons(g[:inner], None, g[inner:], None, d, zero_act) for g, d in zip(gate_up, down)])
 
 
 def _first(live: torch.Tensor, count: int) -> torch.Tensor:
@@ -399,9 +403,10 @@ def compact_model(model: nn.Module, format: str = "standard") -> nn.Module:
             if inner_b and mlp is not None:
                 selection.update({f"{mlp}gate_proj": (neurons, None), f"{mlp}up_proj": (neurons, None),
                                   f"{mlp}down_proj": (None, neurons)})
-            if unit.experts is not None:
-                _put(state, prefix, {"mlp.experts": _kept_experts(block, unit.experts,
-                                                                  getattr(config, EXPERT_WIDTH[config.model_type]))})
+            if unit.experts is not None:  # each expert's live neurons first, as many as the config's width
+                width = getattr(config, EXPERT_WIDTH[config.model_type])
+                kept = torch.stack([_first(expert, width) for expert in unit.experts])
+                _put(state, prefix, {"mlp.experts": kept_neurons(block.get_submodule("mlp.experts"), kept)})
             if kv_b:
                 groups = _first(unit.heads.any(1), kv_b)
                 heads = torch.cat([g * per_kv + _first(unit.heads[g], per_b) for g in groups.tolist()])
@@ -415,17 +420,6 @@ def compact_model(model: nn.Module, format: str = "standard") -> nn.Module:
             parts = {name: _select(_linear(block, name), rows, cols) for name, (rows, cols) in selection.items()}
         _put(state, prefix, parts)
     return _loaded(compact, state)
-
-
-def _kept_experts(block: nn.Module, live: torch.Tensor, width: int) -> dict[str, torch.Tensor]:
-    """The fused experts' `gate_up_proj` and `down_proj` keeping `width` neurons of each expert, its live ones
-    first (`_first`)."""
-    gate_up, down = (weight.detach() for weight in fused_weights(block.get_submodule("mlp.experts")))
-    inner = down.shape[2]
-    kept = torch.stack([_first(expert, width) for expert in live])  # [experts, width]
-    rows = torch.cat([kept, kept + inner], 1)
-    return {"gate_up_proj": gate_up.gather(1, rows.unsqueeze(2).expand(-1, -1, gate_up.shape[2])),
-            "down_proj": down.gather(2, kept.unsqueeze(1).expand(-1, down.shape[1], -1))}
 
 
 def load_compact(path: str | Path, **kwargs: Any) -> nn.Module:

@@ -37,6 +37,15 @@ def fused_weights(module: nn.Module) -> tuple[nn.Parameter, nn.Parameter]:
     return gate_up, down
 
 
+def kept_neurons(module: nn.Module, kept: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A fused experts module's `gate_up_proj` and `down_proj` keeping the neurons `kept` [experts, width] of each
+    expert: their gate and up rows and their down columns."""
+    gate_up, down = (weight.detach() for weight in fused_weights(module))
+    rows = torch.cat([kept, kept + down.shape[2]], 1)
+    return {"gate_up_proj": gate_up.gather(1, rows.unsqueeze(2).expand(-1, -1, gate_up.shape[2])),
+            "down_proj": down.gather(2, kept.unsqueeze(1).expand(-1, down.shape[1], -1))}
+
+
 class ExpertMLP(nn.Module):
     """One expert: `down_proj(act(gate_proj(x)) * up_proj(x))`."""
 
