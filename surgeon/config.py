@@ -319,7 +319,7 @@ class RunConfig:
 
 
 
-EXPORT_FORMATS = ("standard", "heterogeneous", "decilm")
+EXPORT_FORMATS = ("standard", "decilm")
 
 
 @dataclass(frozen=True)
@@ -330,11 +330,13 @@ class ExportConfig:
     compact: bool = _opt(False, "cut out the MLP neurons and attention heads whose output is exactly zero")
     format: str = _opt(
         "standard", "standard: the original architecture and model_type, one width for every block (blocks that "
-        "need fewer units keep zero ones, which add exactly 0); heterogeneous: every layer its own widths, a part "
-        "left without units skipped (per_layer_config; loads with trust_remote_code=True or surgeon.load_compact); "
-        "decilm (Llama): DeciLM's block_configs, which vLLM serves natively: per-layer MLP widths rounded up to "
-        "multiples of 256 and KV heads, query heads as the original (loads as heterogeneous does)", EXPORT_FORMATS,
+        "need fewer units keep zero ones, which add exactly 0); decilm (Llama): every layer its own MLP width and "
+        "KV heads, a part left without units a no-op, in DeciLM's block_configs, which vLLM serves "
+        "(`vllm serve OUT --trust-remote-code`; transformers loads it with trust_remote_code=True or "
+        "surgeon.load_compact)", EXPORT_FORMATS,
     )
+    ffn_mult: bool = _opt(False, "decilm: round every MLP width up to a multiple of 256 and write it as ffn_mult, "
+                                 "for readers that need that key (llama.cpp's converter)")
     output: str | None = _opt(None, "a new or empty folder for the exported checkpoint and report.json")
     overwrite: bool = _opt(False, "export into an existing non-empty --output folder, replacing only its files")
 
@@ -343,6 +345,8 @@ class ExportConfig:
             raise ValueError("nothing to export: pass --compact to write the model without its removed units")
         if self.format not in EXPORT_FORMATS:
             raise ValueError(f"format {self.format!r} is not one of {', '.join(EXPORT_FORMATS)}")
+        if self.ffn_mult and self.format != "decilm":
+            raise ValueError("--ffn-mult is a setting of --format decilm")
 
 
 @dataclass(frozen=True)

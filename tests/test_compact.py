@@ -67,85 +67,6 @@ def test_compact_model_drops_removable_units_and_keeps_the_logits(family, tmp_pa
     assert torch.equal(logits(loaded, ids), logits(compact, ids))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_heterogeneous_compact_model_gives_every_layer_its_widths(family, tmp_path):
-    """Each layer keeps only its live units; the checkpoint loads with trust_remote_code and with load_compact."""
-    from transformers import AutoModelForCausalLM
-
-    model = family_model(family)
-    remove_units(model)
-    units = live_units(model)
-    compact = compact_model(model, "heterogeneous")
-    for layer, unit in zip(compact_modeling.decoder_layers(compact), units):
-        ffn = layer.fc1 if family == "opt" else layer.mlp.up_proj
-        assert ffn.out_features == max(1, int(unit.neurons.sum()))
-    standard = compact_model(model)
-    assert sum(p.numel() for p in compact.parameters()) < sum(p.numel() for p in standard.parameters())
-    assert_same_logits(model, compact)
-    compact.save_pretrained(tmp_path)
-    shutil.copyfile(compact_modeling.__file__, tmp_path / "compact_modeling.py")
-    assert json.loads((tmp_path / "config.json").read_text())["per_layer_config"]
-    ids = torch.randint(3, VOCAB, (1, 12), generator=torch.Generator().manual_seed(2))
-    remote = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True).eval()
-    assert torch.equal(logits(remote, ids), logits(compact, ids))
-    assert torch.equal(logits(load_compact(tmp_path), ids), logits(compact, ids))
-
-
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "opt"])
-def test_heterogeneous_layers_skip_a_part_with_no_live_unit(family, tmp_path):
-    """Block 0 without a live head and block 1 without a live neuron: those parts and their norms have no weights,
-    the config names them in `skip`, and the logits stay, also loaded with trust_remote_code and load_compact."""
-    from transformers import AutoModelForCausalLM
-
-    model = family_model(family)
-    first, second = decoder_blocks(model)
-    with torch.no_grad():
-        first.self_attn.o_proj.weight.zero_()
-        second.mlp.down_proj.weight.zero_()
-    compact = compact_model(model, "heterogeneous")
-    names = [name for name, _ in compact.named_parameters()]
-    for part in ("self_attn.", "input_layernorm."):
-        assert not [n for n in names if n.startswith(f"model.layers.0.{part}")]
-        assert [n for n in names if n.startswith(f"model.layers.1.{part}")]
-    for part in ("mlp.", "post_attention_layernorm."):
-        assert not [n for n in names if n.startswith(f"model.layers.1.{part}")]
-        assert [n for n in names if n.startswith(f"model.layers.0.{part}")]
-    layers = compact.config.to_dict()["per_layer_config"]
-    assert layers["0"]["skip"] == ["attention"] and "num_key_value_heads" not in layers["0"]
-    assert layers["1"]["skip"] == ["mlp"] and "intermediate_size" not in layers["1"]
-    assert_same_logits(model, compact)
-    ids = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():  # layer 0 has no attention: the cache still gives the positions
-        kwargs = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
-        assert torch.equal(compact.generate(ids, **kwargs), model.generate(ids, **kwargs))
-        cache = compact(ids[:, :4], use_cache=True).past_key_values
-        torch.testing.assert_close(compact(ids[:, 4:], past_key_values=cache).logits, model(ids).logits[:, 4:])
-    compact.save_pretrained(tmp_path)
-    shutil.copyfile(compact_modeling.__file__, tmp_path / "compact_modeling.py")
-    ids = torch.randint(3, VOCAB, (1, 12), generator=torch.Generator().manual_seed(2))
-    remote = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True).eval()
-    assert torch.equal(logits(remote, ids), logits(compact, ids))
-    assert torch.equal(logits(load_compact(tmp_path), ids), logits(compact, ids))
-
-
-def test_heterogeneous_layers_keep_a_part_whose_bias_is_output():
-    """No live head or neuron, but o's and down's biases are output: both parts stay, one zero unit wide."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**COMMON, attention_bias=True, mlp_bias=True)).eval()
-    block = model.model.layers[0]
-    with torch.no_grad():
-        for linear in (block.self_attn.o_proj, block.mlp.down_proj):
-            linear.bias.normal_()  # initialised to zero
-            linear.weight.zero_()
-    compact = compact_model(model, "heterogeneous")
-    layer = compact.model.layers[0]
-    assert "skip" not in compact.config.to_dict()["per_layer_config"]["0"]
-    assert (layer.mlp.up_proj.out_features, layer.self_attn.k_proj.out_features) == (1, head_dim(model.config))
-    assert_same_logits(model, compact)
-
-
 def test_llama_head_count_is_padded_to_a_divisor_of_the_hidden_size():
     """8 heads in 4 KV groups of 2 (hidden 112, head_dim 14): 3 live groups of 1 head would be 3 heads, which
     LlamaConfig refuses for hidden 112; the export keeps 4 (a padding group of zero output) and the same logits."""
@@ -178,11 +99,13 @@ def test_attention_heads_leave_where_the_layout_allows():
     assert_same_logits(model, compact)
 
 
-def test_decilm_compact_model_writes_block_configs_that_vllm_reads(tmp_path):
-    """Llama in DeciLM's schema: MLP widths padded with zero neurons to multiples of 256, each layer its KV heads
-    (block 1 lost a KV group), the query heads global, an attention or MLP without live units a no-op with no
-    weights; the same logits (also when generating with the KV cache, whose length layer 0, a no-op, keeps),
-    and it loads with trust_remote_code and with load_compact."""
+@pytest.mark.parametrize("ffn_mult", [False, True])
+def test_decilm_compact_model_writes_block_configs_that_vllm_reads(ffn_mult, tmp_path):
+    """Llama in DeciLM's schema: each layer's exact MLP width as `intermediate_size` (with `ffn_mult`: padded with
+    zero neurons to a multiple of 256 and written as ffn_mult), each layer its KV heads (block 1 lost a KV group),
+    the query heads global, an attention or MLP without live units a no-op with no weights; the same logits (also
+    when generating with the KV cache, whose length layer 0, a no-op, keeps), and it loads with trust_remote_code
+    and with load_compact."""
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -194,7 +117,7 @@ def test_decilm_compact_model_writes_block_configs_that_vllm_reads(tmp_path):
         last.self_attn.o_proj.weight.zero_()
         last.mlp.down_proj.weight.zero_()
     units = live_units(model)
-    compact = compact_model(model, "decilm")
+    compact = compact_model(model, "decilm", ffn_mult)
     blocks = compact.config.block_configs
     assert compact.config.model_type == "nemotron-nas" and compact.config.architectures == ["DeciLMForCausalLM"]
     heads = model.config.num_attention_heads
@@ -202,9 +125,12 @@ def test_decilm_compact_model_writes_block_configs_that_vllm_reads(tmp_path):
     assert compact.config.num_attention_heads == heads and compact.config.head_dim == d
     for block, unit, layer in zip(blocks[:-1], units, compact.model.layers):
         assert not block.ffn.no_op
-        width = layer.mlp.up_proj.out_features
-        assert width % 256 == 0 and width - 256 < int(unit.neurons.sum()) <= width
-        assert compact_modeling.ffn_width(block.ffn.ffn_mult, model.config.hidden_size) == width
+        width, live = layer.mlp.up_proj.out_features, int(unit.neurons.sum())
+        if ffn_mult:
+            assert width % 256 == 0 and width - 256 < live <= width and not hasattr(block.ffn, "intermediate_size")
+            assert compact_modeling.ffn_width(block.ffn.ffn_mult, model.config.hidden_size) == width
+        else:  # vLLM reads ffn_mult whenever the key is there
+            assert width == live == block.ffn.intermediate_size and not hasattr(block.ffn, "ffn_mult")
         if block is not blocks[0]:
             kv = heads // block.attention.n_heads_in_group
             assert layer.self_attn.k_proj.out_features == kv * d >= int(unit.heads.any(1).sum()) * d
@@ -224,9 +150,10 @@ def test_decilm_compact_model_writes_block_configs_that_vllm_reads(tmp_path):
     compact.save_pretrained(tmp_path)
     shutil.copyfile(compact_modeling.__file__, tmp_path / "compact_modeling.py")
     written = json.loads((tmp_path / "config.json").read_text())["block_configs"]
+    key, kind = ("ffn_mult", float) if ffn_mult else ("intermediate_size", int)
     assert written[-1] == {"attention": {"no_op": True, "replace_with_linear": False, "n_heads_in_group": None},
-                           "ffn": {"no_op": True, "replace_with_linear": False, "ffn_mult": None}}
-    assert all(isinstance(block["ffn"]["ffn_mult"], float) for block in written[:-1])
+                           "ffn": {"no_op": True, "replace_with_linear": False, key: None}}
+    assert all(isinstance(block["ffn"][key], kind) for block in written[:-1])
     ids = torch.randint(3, VOCAB, (1, 12), generator=torch.Generator().manual_seed(2))
     remote = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True).eval()
     assert torch.equal(logits(remote, ids), logits(compact, ids))
@@ -254,7 +181,7 @@ def test_decilm_keeps_biases_and_pads_with_dead_kv_groups():
     blocks = compact.config.block_configs
     assert not blocks[0].attention.no_op and blocks[0].attention.n_heads_in_group == 8
     assert blocks[1].attention.n_heads_in_group == 2 and not blocks[1].ffn.no_op
-    assert compact.model.layers[1].mlp.up_proj.out_features == 256  # every neuron padding
+    assert compact.model.layers[1].mlp.up_proj.out_features == 1  # one zero neuron, so that the bias is output
     assert_same_logits(model, compact)
 
 
@@ -276,7 +203,7 @@ def test_unsupported_family_is_refused_by_name():
         compact_model(family_model("gemma"))
 
 
-@pytest.mark.parametrize("format", ["standard", "heterogeneous", "decilm"])
+@pytest.mark.parametrize("format", ["standard", "decilm", "decilm --ffn-mult"])
 def test_export_command_writes_a_compact_checkpoint(format, tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -285,12 +212,13 @@ def test_export_command_writes_a_compact_checkpoint(format, tiny_model_dir, tmp_
                  "0.6", "--shots", "1", "--nsamples", "2", "--seqlen", "64", "--calibration", "wikitext2-valid",
                  "--eval-windows", "1", "--output", str(run)]) == 0
     out = tmp_path / "compact"
-    assert main(["--quiet", "export", str(run), "--compact", "--format", format, "--output", str(out)]) == 0
+    assert main(["--quiet", "export", str(run), "--compact", "--format", *format.split(), "--output", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
     compact = (AutoModelForCausalLM.from_pretrained(out) if format == "standard" else
                AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True))
     assert report["export"]["parameters"] == sum(p.numel() for p in compact.parameters())
-    if format != "decilm":  # DeciLM pads this tiny model's MLP (64 wide) to 256
+    assert report["export"]["ffn_mult"] == format.endswith("--ffn-mult")
+    if format != "decilm --ffn-mult":  # ffn_mult pads this tiny model's MLP (64 wide) to 256
         assert report["export"]["parameters"] < report["export"]["parameters_before"]
     assert report["sparsity"] == json.loads((run / "report.json").read_text())["sparsity"]
     assert_same_logits(AutoModelForCausalLM.from_pretrained(run), compact)
@@ -302,6 +230,7 @@ def test_export_command_writes_a_compact_checkpoint(format, tiny_model_dir, tmp_
     ("not-a-run", "is not a `surgeon prune` output folder"),
     ("no-compact", "nothing to export: pass --compact"),
     ("same-folder", "--output must be another folder"),
+    ("ffn-mult-standard", "--ffn-mult is a setting of --format decilm"),
     ("output-not-empty", "is not empty"),
 ])
 def test_export_bad_input_is_one_line_and_writes_nothing(case, message, tiny_model_dir, tmp_path):
@@ -316,6 +245,8 @@ def test_export_bad_input_is_one_line_and_writes_nothing(case, message, tiny_mod
         args.remove("--compact")
     elif case == "same-folder":
         args[-1] = str(run)
+    elif case == "ffn-mult-standard":
+        args.append("--ffn-mult")
     else:
         out.mkdir()
         (out / "keep.txt").write_text("mine")

@@ -301,5 +301,5 @@ def test_moe_export_refuses_what_its_config_cannot_hold():
     prune(mixed, calibration(), PruneConfig(structure="coupled", target_size=0.7, shots=1), progress=False)
     with pytest.raises(SurgeonError, match="mixes dense MLP and Mixture-of-Experts blocks"):
         compact_model(mixed)
-    with pytest.raises(SurgeonError, match="export in the standard format, not 'heterogeneous'"):
-        compact_model(family_model("mixtral"), "heterogeneous")
+    with pytest.raises(SurgeonError, match="export in the standard format, not 'decilm'"):
+        compact_model(family_model("mixtral"), "decilm")

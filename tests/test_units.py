@@ -187,7 +187,7 @@ def test_a_routed_expert_neuron_saves_its_weights_on_the_tokens_routed_to_it():
 
 def test_a_speed_context_ranks_heads_by_what_they_save_per_token():
     """At a long context a head saves far more per weight than a neuron: the same target removes more heads,
-    in rounds over the KV heads, so that the compact model keeps no zero head as padding."""
+    in rounds over the KV heads, so that every KV head keeps as many query heads."""
     def pruned(speed_context: int | None) -> torch.nn.Module:
         model = family_model("llama")
         config = PruneConfig(structure="coupled", target_size=0.6, shots=2, speed_context=speed_context,
@@ -207,9 +207,6 @@ def test_a_speed_context_ranks_heads_by_what_they_save_per_token():
     live = live_heads(model)
     assert [n.tolist() for n in live] == [[1, 1], [2, 2]]  # a round left block 0; nothing did without the context
     assert [n.tolist() for n in live_heads(pruned(None))] == [[2, 2], [2, 2]]
-    compact = compact_model(model, "heterogeneous")  # no zero head kept as padding
-    assert [block.self_attn.o_proj.in_features for block in decoder_blocks(compact)] == \
-        [int(n.sum()) * model.config.head_dim for n in live]
 
 
 @pytest.mark.parametrize("family", ["llama", "opt"])
@@ -299,7 +296,8 @@ def test_a_kv_group_unit_owns_its_kv_rows_and_its_query_heads():
 
 def test_a_long_speed_context_removes_kv_groups_whole_and_the_export_keeps_the_logits():
     """At a long context some KV groups leave whole (k and v rows with their query heads) while the others keep
-    equally many query heads; the heterogeneous export cuts them and computes the pruned model's logits."""
+    equally many query heads; the DeciLM export gives each layer as few KV heads as hold its live groups and
+    computes the pruned model's logits."""
     import transformers
 
     from tests._families import COMMON
@@ -322,6 +320,8 @@ def test_a_long_speed_context_removes_kv_groups_whole_and_the_export_keeps_the_l
         assert len(set(heads_live.sum(1)[kv_live].tolist())) == 1  # every live group keeps as many heads
         live_groups.append(int(kv_live.sum()))
     assert 0 < min(live_groups) < 4  # a group left whole, others stayed
-    compact = compact_model(model, "heterogeneous")
-    assert [b.self_attn.k_proj.out_features for b in decoder_blocks(compact)] == [n * d for n in live_groups]
+    compact = compact_model(model, "decilm")
+    kept = [8 // block.attention.n_heads_in_group for block in compact.config.block_configs]
+    assert [b.self_attn.k_proj.out_features for b in decoder_blocks(compact)] == [n * d for n in kept]
+    assert [min(g for g in (1, 2, 4) if g >= n) for n in live_groups] == kept  # 8 query heads: g divides 8
     assert_same_logits(model, compact)

@@ -4,11 +4,11 @@ Protocol: the quality table's (bench/quality/table.py: 8 calibration windows of 
 WikiText-2 validation split, seed 0, 4 shots, perplexity on the first 8 windows of 2048 test
 tokens), at 90, 80 and 70% of the prunable weights kept. Rows: the paper's rows and columns
 (exported compactly: what its dead channels free), coupled LLM Surgeon with global allocation,
-`--uniform`, `--width-multiple 64`, `--width-multiple 256` exported in DeciLM's schema, and
+`--uniform`, `--width-multiple 64`, `--width-multiple 256` exported with `ffn_mult` (multiples of 256), and
 `--speed-context 512`, `768` and `2048` (units ranked by cost per multiply-accumulate saved at that context;
 the decode speed is measured at 2048), and λ_A = 0.01 and 1 around coupled LLM Surgeon's default 0.3; coupled
 magnitude and K-OBD. Each pruned model is exported compactly
-(`--uniform` in the standard format, `-decilm` in DeciLM's, the others heterogeneous) and its
+(`--uniform` in the standard format, the others in the per-layer DeciLM one) and its
 parameters counted, embeddings included; its decode speed is measured at batch 1 after a 2048-token
 prompt (`generation_speed.py`).
 
@@ -39,21 +39,21 @@ from surgeon.export.compact import compact_model  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1] / "results" / "coupled"
-# row id -> (PruneConfig settings, compact format)
+# row id -> (PruneConfig settings, compact format: standard, decilm, or decilm with ffn_mult)
 VARIANTS = {
-    "rows-columns": (dict(structure="structured"), "heterogeneous"),
-    "coupled": (dict(structure="coupled"), "heterogeneous"),
+    "rows-columns": (dict(structure="structured"), "decilm"),
+    "coupled": (dict(structure="coupled"), "decilm"),
     "coupled-uniform": (dict(structure="coupled", uniform=True), "standard"),
-    "coupled-multiple64": (dict(structure="coupled", width_multiple=64), "heterogeneous"),
-    "coupled-magnitude": (dict(structure="coupled", method="magnitude"), "heterogeneous"),
-    "coupled-kobd": (dict(structure="coupled", method="kobd"), "heterogeneous"),
-    "coupled-multiple256-decilm": (dict(structure="coupled", width_multiple=256), "decilm"),
-    "coupled-speed512": (dict(structure="coupled", speed_context=512), "heterogeneous"),
-    "coupled-speed768": (dict(structure="coupled", speed_context=768), "heterogeneous"),
-    "coupled-speed2048": (dict(structure="coupled", speed_context=2048), "heterogeneous"),
+    "coupled-multiple64": (dict(structure="coupled", width_multiple=64), "decilm"),
+    "coupled-magnitude": (dict(structure="coupled", method="magnitude"), "decilm"),
+    "coupled-kobd": (dict(structure="coupled", method="kobd"), "decilm"),
+    "coupled-multiple256-ffn-mult": (dict(structure="coupled", width_multiple=256), "decilm-ffn-mult"),
+    "coupled-speed512": (dict(structure="coupled", speed_context=512), "decilm"),
+    "coupled-speed768": (dict(structure="coupled", speed_context=768), "decilm"),
+    "coupled-speed2048": (dict(structure="coupled", speed_context=2048), "decilm"),
     # λ_A around coupled LLM Surgeon's default (0.3): the paper's 0.01 and 1
-    "coupled-damp-a-0.01": (dict(structure="coupled", damp_a=0.01), "heterogeneous"),
-    "coupled-damp-a-1": (dict(structure="coupled", damp_a=1.0), "heterogeneous"),
+    "coupled-damp-a-0.01": (dict(structure="coupled", damp_a=0.01), "decilm"),
+    "coupled-damp-a-1": (dict(structure="coupled", damp_a=1.0), "decilm"),
 }
 
 
@@ -80,7 +80,7 @@ def main() -> None:
             report = prune(model, windows, PruneConfig(**settings, target_size=size, shots=args.shots), progress=False)
             seconds = time.perf_counter() - start
             ppl = perplexity(model, test_ids, 2048, 8, progress=False).ppl
-            compact = compact_model(model, format)
+            compact = compact_model(model, format.removesuffix("-ffn-mult"), format.endswith("-ffn-mult"))
             with torch.inference_mode():
                 decode = decode_tokens_per_s(compact, 1, 2048, args.new_tokens, torch.device("cpu"), 3)
             parameters = sum(p.numel() for p in compact.parameters())

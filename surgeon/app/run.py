@@ -191,11 +191,12 @@ def run_export(config: ExportConfig) -> dict:
             tokenizer = AutoTokenizer.from_pretrained(source)
         except (OSError, ValueError) as error:
             raise SurgeonError(f"cannot load the pruned model in {config.run!r}: {first_line(error)}") from error
-        compact = compact_model(model, config.format)
+        compact = compact_model(model, config.format, config.ffn_mult)
         same_logits(model, compact)
         count = sum(p.numel() for p in model.parameters())
         kept = sum(p.numel() for p in compact.parameters())
-        report["export"] = {"format": config.format, "source": str(source), "parameters_before": count,
+        report["export"] = {"format": config.format, "ffn_mult": config.ffn_mult, "source": str(source),
+                            "parameters_before": count,
                             "parameters": kept, "fraction": kept / count}
         write_checkpoint(output.staging, compact, tokenizer, report)
         if config.format != "standard":  # the modeling code that trust_remote_code=True loads

@@ -17,13 +17,12 @@ for Llama (whose config requires it), a divisor of `hidden_size`; `head_dim` is 
 OPT keeps its heads (its attention has no `head_dim`: q, k, v stay hidden × hidden) and compacts its MLP.
 Mixture-of-Experts models (mixtral, qwen2_moe, qwen3_moe) compact their fused experts the same way, in this
 format only: every expert keeps the widest expert's live neurons, rounded up to `EXPERT_ALIGN`.
-The "heterogeneous" format keeps each block's own widths (`compact_modeling`), and skips an attention or
-MLP that adds nothing (no live unit, no output bias).
-The "decilm" format (Llama only) writes DeciLM's `block_configs`, which vLLM serves natively: each
-layer's MLP width rounded up to a multiple of 256 and its own KV heads, the query heads and head_dim
-of the original in every layer, and a part with no live unit left out (no-op). Padding that no
-original unit provides is new zero weights: a zero neuron, or a query head with zero q rows and zero
-o columns, adds exactly 0.
+The "decilm" format (Llama) is the per-layer one: DeciLM's `block_configs`, which vLLM serves natively
+and `compact_modeling` loads in transformers. Each layer keeps its own MLP width (exact, or rounded up
+to a multiple of 256 and written as `ffn_mult` for readers that need that key, such as llama.cpp's
+converter) and its own KV heads, the query heads and head_dim of the original in every layer, and a
+part with no live unit and no output bias is left out (no-op). Padding that no original unit provides
+is new zero weights: a zero neuron, or a query head with zero q rows and zero o columns, adds exactly 0.
 """
 
 from __future__ import annotations
@@ -203,35 +202,6 @@ def _live_parts(block: nn.Module, unit: BlockUnits) -> tuple[bool, bool]:
             bool(unit.neurons.any()) or _has_bias(_linear(block, "mlp.down_proj")))
 
 
-SKIPPED_WEIGHTS = {"attention": ("self_attn.", "input_layernorm."), "mlp": ("mlp.", "post_attention_layernorm.")}
-
-
-def _layer_entry(neurons: int, kv: int, per: int) -> dict[str, Any]:
-    """A gated layer's `per_layer_config` entry; a part of width 0 is named in `skip` instead."""
-    entry: dict[str, Any] = {"intermediate_size": neurons} if neurons else {}
-    if kv:
-        entry.update(num_attention_heads=kv * per, num_key_value_heads=kv)
-    skip = [part for part, width in (("attention", kv), ("mlp", neurons)) if not width]
-    return {**entry, "skip": skip} if skip else entry
-
-
-def _block_widths(model: nn.Module, units: list[BlockUnits], format: str) -> list[tuple[int, int, int]]:
-    """(neurons, KV heads, query heads per KV head) each block keeps: the standard widths everywhere, or
-    (heterogeneous) the block's own, as many heads per KV head as its fullest; 0 where a gated block's
-    attention or MLP can add nothing (it is skipped), else at least 1."""
-    if format == "standard":
-        return [standard_widths(model, units)] * len(units)
-    if format != "heterogeneous":
-        raise SurgeonError(f"compact export format {format!r}: use standard, heterogeneous or decilm")
-    opt = _config(model).model_type == "opt"
-    widths = []
-    for block, unit in zip(decoder_blocks(model), units):
-        attention, mlp = (True, True) if opt else _live_parts(block, unit)
-        widths.append((max(int(mlp), int(unit.neurons.sum())), max(int(attention), int(unit.heads.any(1).sum())),
-                       max(int(attention), int(unit.heads.sum(1).max()))))
-    return widths
-
-
 def _padded(live: torch.Tensor, count: int) -> torch.Tensor:
     """`_first(live, count)`, followed by −1 (a new zero unit) for each unit beyond those `live` has."""
     kept = _first(live, min(count, live.numel()))
@@ -246,13 +216,13 @@ def _take(tensor: torch.Tensor, index: torch.Tensor, dim: int) -> torch.Tensor:
     return out * (index >= 0).reshape(shape).to(out.dtype)
 
 
-def _decilm_block(unit: BlockUnits, heads: int, per_kv: int, head_dim: int, block: nn.Module,
+def _decilm_block(unit: BlockUnits, heads: int, per_kv: int, head_dim: int, block: nn.Module, ffn_mult: bool,
                   ) -> tuple[dict[str, Any], dict[str, dict[str, torch.Tensor]]]:
     """One layer in DeciLM's schema: its block config and the weights of its parts that are not no-ops.
 
-    The MLP keeps its live neurons padded to a multiple of 256; attention the fewest KV groups g that
-    hold its live groups, with g dividing the query heads and each group's heads (heads / g) at least
-    its live query heads.
+    The MLP keeps its live neurons, its width written as `intermediate_size` (or, with `ffn_mult`, padded
+    to a multiple of 256 and written as `ffn_mult`); attention the fewest KV groups g that hold its live
+    groups, with g dividing the query heads and each group's heads (heads / g) at least its live query heads.
     """
     parts: dict[str, dict[str, torch.Tensor]] = {}
     live_groups = unit.heads.any(1)
@@ -276,19 +246,21 @@ def _decilm_block(unit: BlockUnits, heads: int, per_kv: int, head_dim: int, bloc
         attention["n_heads_in_group"] = per
     live = int(unit.neurons.sum())
     hidden = _linear(block, "mlp.down_proj").out_features
-    ffn: dict[str, Any] = {"no_op": not ffn_live, "replace_with_linear": False, "ffn_mult": None}
+    key = "ffn_mult" if ffn_mult else "intermediate_size"  # readers take ffn_mult whenever the key is there
+    ffn: dict[str, Any] = {"no_op": not ffn_live, "replace_with_linear": False, key: None}
     if ffn_live:
-        width = max(1, -(-live // compact_modeling.FFN_MULTIPLE)) * compact_modeling.FFN_MULTIPLE
+        multiple = compact_modeling.FFN_MULTIPLE if ffn_mult else 1
+        width = max(1, -(-live // multiple)) * multiple
         neurons = _padded(unit.neurons, width)
         for name, dim in (("gate_proj", 0), ("up_proj", 0), ("down_proj", 1)):
             tensors = _select(_linear(block, f"mlp.{name}"))
             parts[f"mlp.{name}"] = {kind: tensor if kind == "bias" and dim else _take(tensor, neurons, dim)
                                     for kind, tensor in tensors.items()}
-        ffn["ffn_mult"] = compact_modeling.ffn_mult(width, hidden)
+        ffn[key] = compact_modeling.ffn_mult(width, hidden) if ffn_mult else width
     return {"attention": attention, "ffn": ffn}, parts
 
 
-def _decilm_model(model: nn.Module, units: list[BlockUnits]) -> nn.Module:
+def _decilm_model(model: nn.Module, units: list[BlockUnits], ffn_mult: bool) -> nn.Module:
     """The compact model in DeciLM's schema (`compact_modeling.DeciLMForCausalLM`)."""
     config = _config(model)
     if config.model_type != "llama":
@@ -301,7 +273,7 @@ def _decilm_model(model: nn.Module, units: list[BlockUnits]) -> nn.Module:
         prefix = _prefix(model, block)
         for name in [name for name in state if name.startswith(prefix)]:
             del state[name]
-        block_config, parts = _decilm_block(unit, heads, per_kv, head_dim, block)
+        block_config, parts = _decilm_block(unit, heads, per_kv, head_dim, block, ffn_mult)
         blocks.append(block_config)
         for norm, part in (("input_layernorm", "attention"), ("post_attention_layernorm", "ffn")):
             if not block_config[part]["no_op"]:
@@ -311,10 +283,9 @@ def _decilm_model(model: nn.Module, units: list[BlockUnits]) -> nn.Module:
     settings = dict(num_attention_heads=heads, head_dim=head_dim, block_configs=blocks,
                     num_key_value_heads=max([heads // b["attention"]["n_heads_in_group"] for b in blocks
                                              if not b["attention"]["no_op"]], default=1),
-                    intermediate_size=max([compact_modeling.ffn_width(b["ffn"]["ffn_mult"], config.hidden_size)
+                    intermediate_size=max([compact_modeling.mlp_width(b["ffn"], config.hidden_size)
                                            for b in blocks if not b["ffn"]["no_op"]], default=1))
-    compact = _shipped_model(compact_modeling.DeciLMConfig, compact_modeling.DeciLMForCausalLM, config, settings,
-                             next(model.parameters()).dtype)
+    compact = _shipped_model(config, settings, next(model.parameters()).dtype)
     return _loaded(compact, state)
 
 
@@ -330,16 +301,16 @@ def _put(state: dict[str, torch.Tensor], prefix: str, parts: dict[str, dict[str,
             state[f"{prefix}{name}.{kind}"] = tensor
 
 
-def _shipped_model(config_class: Any, model_class: Any, config: Any, settings: dict[str, Any],
-                   dtype: torch.dtype) -> Any:
-    """A model of `compact_modeling`'s `model_class` from `config`'s settings updated with `settings`; its config's
+def _shipped_model(config: Any, settings: dict[str, Any], dtype: torch.dtype) -> Any:
+    """A `compact_modeling.DeciLMForCausalLM` from `config`'s settings updated with `settings`; its config's
     `auto_map` names the copy of `compact_modeling` that the checkpoint ships (`trust_remote_code=True`)."""
     base = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures", "auto_map")}
-    compact_config = config_class(**{**base, **settings})
-    compact_config.architectures = [model_class.__name__]
-    compact_config.auto_map = {"AutoConfig": f"compact_modeling.{config_class.__name__}",
-                               "AutoModelForCausalLM": f"compact_modeling.{model_class.__name__}"}
-    return model_class(compact_config).to(dtype)
+    compact_config = compact_modeling.DeciLMConfig(**{**base, **settings})
+    compact_config.architectures = ["DeciLMForCausalLM"]
+    compact_config.auto_map = {"AutoConfig": "compact_modeling.DeciLMConfig",
+                               "AutoModelForCausalLM": "compact_modeling.DeciLMForCausalLM"}
+    model: Any = compact_modeling.DeciLMForCausalLM(compact_config)
+    return model.to(dtype)
 
 
 def _loaded(compact: Any, state: dict[str, torch.Tensor]) -> nn.Module:
@@ -351,25 +322,27 @@ def _loaded(compact: Any, state: dict[str, torch.Tensor]) -> nn.Module:
     return compact.eval()
 
 
-def compact_model(model: nn.Module, format: str = "standard") -> nn.Module:
-    """A new model without the units that `live_units` finds removable, in the `standard`, `heterogeneous`
-    (`compact_modeling`: every layer its own widths) or `decilm` format.
+def compact_model(model: nn.Module, format: str = "standard", ffn_mult: bool = False) -> nn.Module:
+    """A new model without the units that `live_units` finds removable, in the `standard` format (the original
+    architecture) or the per-layer `decilm` one (`ffn_mult`: MLP widths rounded up to multiples of 256).
 
     Its logits equal the pruned model's up to float rounding; the pruned model is left as it is.
     """
+    if format not in ("standard", "decilm"):
+        raise SurgeonError(f"compact export format {format!r}: use standard or decilm")
+    if ffn_mult and format != "decilm":
+        raise SurgeonError("compact export: ffn_mult is a setting of the decilm format")
     units = live_units(model)
     moe = _config(model).model_type in EXPERT_WIDTH
     if moe and format != "standard":
         raise SurgeonError(f"compact export: Mixture-of-Experts models export in the standard format, not {format!r}")
     if format == "decilm":
-        return _decilm_model(model, units)
-    widths = _block_widths(model, units, format)
+        return _decilm_model(model, units, ffn_mult)
     inner, kv, per = standard_widths(model, units)
     config = copy.deepcopy(_config(model))
     opt = config.model_type == "opt"
     if opt:
         config.ffn_dim = inner
-        per_layer = {str(i): {"ffn_dim": w[0]} for i, w in enumerate(widths) if w[0] != inner}
     else:
         kv_heads, per_kv, head_dim = _head_layout(config)
         config.num_key_value_heads, config.num_attention_heads, config.head_dim = kv, kv * per, head_dim
@@ -381,18 +354,12 @@ def compact_model(model: nn.Module, format: str = "standard") -> nn.Module:
             live = max(int(u.experts.sum(1).max()) for u in units if u.experts is not None)
             full = next(u.experts.shape[1] for u in units if u.experts is not None)
             setattr(config, EXPERT_WIDTH[config.model_type], min(full, -(-live // EXPERT_ALIGN) * EXPERT_ALIGN))
-        per_layer = {str(i): _layer_entry(*w) for i, w in enumerate(widths) if w != (inner, kv, per)}
-    dtype = next(model.parameters()).dtype
-    if format == "standard":
-        from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-        compact = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    else:
-        config_class, model_class = compact_modeling.classes(config.model_type)
-        compact = _shipped_model(config_class, model_class, config, {"per_layer_config": per_layer}, dtype)
+    compact = AutoModelForCausalLM.from_config(config, dtype=next(model.parameters()).dtype)
     state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
-    for block, unit, (inner_b, kv_b, per_b) in zip(decoder_blocks(model), units, widths):
-        neurons = _first(unit.neurons, inner_b)
+    for block, unit in zip(decoder_blocks(model), units):
+        neurons = _first(unit.neurons, inner)
         prefix = _prefix(model, block)
         if opt:
             parts = {"fc1": _select(_linear(block, "fc1"), rows=neurons),
@@ -400,30 +367,25 @@ def compact_model(model: nn.Module, format: str = "standard") -> nn.Module:
         else:
             selection: dict[str, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
             mlp = _mlp(block)
-            if inner_b and mlp is not None:
+            if mlp is not None:
                 selection.update({f"{mlp}gate_proj": (neurons, None), f"{mlp}up_proj": (neurons, None),
                                   f"{mlp}down_proj": (None, neurons)})
             if unit.experts is not None:  # each expert's live neurons first, as many as the config's width
                 width = getattr(config, EXPERT_WIDTH[config.model_type])
                 kept = torch.stack([_first(expert, width) for expert in unit.experts])
                 _put(state, prefix, {"mlp.experts": kept_neurons(block.get_submodule("mlp.experts"), kept)})
-            if kv_b:
-                groups = _first(unit.heads.any(1), kv_b)
-                heads = torch.cat([g * per_kv + _first(unit.heads[g], per_b) for g in groups.tolist()])
-                q_rows, kv_rows = _head_rows(heads, head_dim), _head_rows(groups, head_dim)
-                selection.update({"self_attn.q_proj": (q_rows, None), "self_attn.k_proj": (kv_rows, None),
-                                  "self_attn.v_proj": (kv_rows, None), "self_attn.o_proj": (None, q_rows)})
-            skipped = tuple(prefix + name for part, width in (("attention", kv_b), ("mlp", inner_b)) if not width
-                            for name in SKIPPED_WEIGHTS[part])
-            for name in [name for name in state if skipped and name.startswith(skipped)]:
-                del state[name]
+            groups = _first(unit.heads.any(1), kv)
+            heads = torch.cat([g * per_kv + _first(unit.heads[g], per) for g in groups.tolist()])
+            q_rows, kv_rows = _head_rows(heads, head_dim), _head_rows(groups, head_dim)
+            selection.update({"self_attn.q_proj": (q_rows, None), "self_attn.k_proj": (kv_rows, None),
+                              "self_attn.v_proj": (kv_rows, None), "self_attn.o_proj": (None, q_rows)})
             parts = {name: _select(_linear(block, name), rows, cols) for name, (rows, cols) in selection.items()}
         _put(state, prefix, parts)
     return _loaded(compact, state)
 
 
 def load_compact(path: str | Path, **kwargs: Any) -> nn.Module:
-    """Load a compact checkpoint, heterogeneous ones without remote code (`compact_modeling`); `kwargs` go to
+    """Load a compact checkpoint, DeciLM ones without remote code (`compact_modeling`); `kwargs` go to
     `from_pretrained` (dtype, device_map, …)."""
     return causal_lm_class(str(path)).from_pretrained(path, **kwargs)
 

@@ -133,17 +133,14 @@ def load_tokenizer(name: str, gguf_file: str | None = None):
 
 
 def causal_lm_class(path: str) -> Any:
-    """The class that loads the causal LM at `path`: a heterogeneous or DeciLM compact checkpoint's own
-    (`compact_modeling`, no remote code needed), else `AutoModelForCausalLM`."""
+    """The class that loads the causal LM at `path`: a DeciLM compact checkpoint's own (`compact_modeling`, no
+    remote code needed), else `AutoModelForCausalLM`."""
     from transformers import AutoModelForCausalLM
 
     from surgeon.models import compact_modeling
 
     config = Path(path) / "config.json"
     family = json.loads(config.read_text()).get("model_type", "") if config.is_file() else ""
-    base = family.removeprefix(compact_modeling.PREFIX)
-    if family.startswith(compact_modeling.PREFIX) and base in compact_modeling.BASES:
-        return compact_modeling.classes(base)[1]
     if family == compact_modeling.DeciLMConfig.model_type:
         return compact_modeling.DeciLMForCausalLM
     return AutoModelForCausalLM

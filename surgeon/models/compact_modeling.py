@@ -1,21 +1,14 @@
-"""Decoder models whose layers have their own widths: the modeling code of a heterogeneous compact checkpoint.
+"""The modeling code of a per-layer compact checkpoint: a Llama in the block schema of DeciLM / nemotron-nas.
 
-A heterogeneous checkpoint's config.json holds the widest widths as the architecture's own fields and
-each layer's widths under `per_layer_config` (`{"<layer>": {"intermediate_size": …,
-"num_attention_heads": …, "num_key_value_heads": …, "skip": ["attention", "mlp"]}}`; OPT: `ffn_dim`),
-the schema of transformers' per-layer configs, whose Llama and OPT modeling code still builds every
-layer at one width. The classes here build the standard model at the widest widths and give each layer
-its own (`resize_layers`): its linear layers take their sizes, attention its heads per KV head (the
-modeling code infers the head count from the projections), and a part named in `skip` becomes a no-op
-without weights, its norm included. This file depends only on torch and transformers: it is copied into
-each heterogeneous checkpoint, where `trust_remote_code=True` loads it, and `surgeon.load_compact`
-uses it without remote code.
-
-A "decilm" checkpoint is a Llama with the block schema of DeciLM / nemotron-nas (`model_type`
-"nemotron-nas", architecture `DeciLMForCausalLM`), which vLLM serves natively: per layer,
-`{"attention": {"no_op", "replace_with_linear", "n_heads_in_group"}, "ffn": {"no_op",
-"replace_with_linear", "ffn_mult"}}`; the MLP width is `ffn_width(ffn_mult)`, the KV heads
-`num_attention_heads // n_heads_in_group`, and a no-op part has no weights (`DeciLMForCausalLM`).
+A "decilm" checkpoint (`model_type` "nemotron-nas", architecture `DeciLMForCausalLM`), which vLLM serves
+natively, holds per layer `{"attention": {"no_op", "replace_with_linear", "n_heads_in_group"}, "ffn":
+{"no_op", "replace_with_linear", "intermediate_size" or "ffn_mult"}}`: the MLP width is the
+`intermediate_size` written, or `ffn_width(ffn_mult)` where the section has that key (as vLLM reads it),
+the KV heads `num_attention_heads // n_heads_in_group`, and a no-op part has no weights. transformers
+has no DeciLM model of its own: `DeciLMForCausalLM` here builds the Llama model at the widest widths
+and gives each layer its own (`resize_layers`). This file depends only on torch and transformers: it is
+copied into each checkpoint, where `trust_remote_code=True` loads it, and `surgeon.load_compact` uses
+it without remote code.
 """
 
 from __future__ import annotations
@@ -28,9 +21,6 @@ import torch
 import transformers
 from torch import nn
 
-PREFIX = "surgeon_compact_"  # model_type of a compact family: PREFIX + the base family
-BASES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "opt": "OPT"}
-
 
 def _resized(linear: nn.Linear, out_features: int | None = None, in_features: int | None = None) -> nn.Linear:
     """A new linear layer like `linear` with other sizes (its weights are loaded afterwards)."""
@@ -38,17 +28,12 @@ def _resized(linear: nn.Linear, out_features: int | None = None, in_features: in
                      bias=linear.bias is not None, device=linear.weight.device, dtype=linear.weight.dtype)
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of a Llama-family or OPT causal LM."""
-    inner: Any = model.model
-    return inner.decoder.layers if hasattr(inner, "decoder") else inner.layers
-
-
 def resize_layers(model: nn.Module, per_layer: dict[str, dict[str, Any]]) -> None:
     """Give decoder layer i the widths in `per_layer[str(i)]` (layers not named keep the config's), and make the
-    parts its `skip` names ("attention", "mlp"; gated families) no-ops."""
+    parts its `skip` names ("attention", "mlp") no-ops."""
     config: Any = model.config
-    layers = decoder_layers(model)
+    inner: Any = model.model
+    layers = inner.layers
     for key, widths in per_layer.items():
         layer: Any = layers[int(key)]
         skip = set(widths.get("skip", ()))
@@ -56,72 +41,18 @@ def resize_layers(model: nn.Module, per_layer: dict[str, dict[str, Any]]) -> Non
             layer.self_attn, layer.input_layernorm = _NoAttention(int(key), layer.self_attn.head_dim), nn.Identity()
         if "mlp" in skip:
             layer.mlp, layer.post_attention_layernorm = _NoMLP(), nn.Identity()
-        if "ffn_dim" in widths:
-            layer.fc1 = _resized(layer.fc1, out_features=widths["ffn_dim"])
-            layer.fc2 = _resized(layer.fc2, in_features=widths["ffn_dim"])
         if "intermediate_size" in widths:
             mlp, width = layer.mlp, widths["intermediate_size"]
             mlp.gate_proj = _resized(mlp.gate_proj, out_features=width)
             mlp.up_proj = _resized(mlp.up_proj, out_features=width)
             mlp.down_proj = _resized(mlp.down_proj, in_features=width)
-        if "num_attention_heads" in widths or "num_key_value_heads" in widths:
-            attn = layer.self_attn
-            heads = widths.get("num_attention_heads", config.num_attention_heads)
-            kv_heads = widths.get("num_key_value_heads", config.num_key_value_heads)
+        if "num_key_value_heads" in widths:
+            attn, heads, kv_heads = layer.self_attn, config.num_attention_heads, widths["num_key_value_heads"]
             attn.q_proj = _resized(attn.q_proj, out_features=heads * attn.head_dim)
             attn.k_proj = _resized(attn.k_proj, out_features=kv_heads * attn.head_dim)
             attn.v_proj = _resized(attn.v_proj, out_features=kv_heads * attn.head_dim)
             attn.o_proj = _resized(attn.o_proj, in_features=heads * attn.head_dim)
             attn.num_key_value_groups = heads // kv_heads
-
-
-def _build(family: str) -> tuple[Any, Any]:
-    """Compact config and causal-LM classes over `family`'s own, e.g. CompactLlamaConfig, CompactLlamaForCausalLM."""
-    name = BASES[family]
-    base_config = getattr(transformers, f"{name}Config")
-    base_model = getattr(transformers, f"{name}ForCausalLM")
-
-    def config_init(self: Any, **kwargs: Any) -> None:
-        widths = kwargs.pop("per_layer_config", None) or {}
-        base_config.__init__(self, **kwargs)
-        self.layer_widths = {str(key): dict(value) for key, value in widths.items()}
-
-    def to_dict(self: Any) -> dict[str, Any]:
-        out = base_config.to_dict(self)
-        out.pop("layer_widths", None)
-        out["per_layer_config"] = self.layer_widths
-        return out
-
-    config = type(f"Compact{name}Config", (base_config,), {
-        "model_type": f"{PREFIX}{family}", "__init__": config_init, "to_dict": to_dict,
-        "__doc__": f"{name}Config with per-layer widths (`per_layer_config`)."})
-
-    def model_init(self: Any, model_config: Any) -> None:
-        base_model.__init__(self, model_config)
-        resize_layers(self, model_config.layer_widths)
-
-    model = type(f"Compact{name}ForCausalLM", (base_model,), {
-        "config_class": config, "__init__": model_init,
-        "__doc__": f"{name}ForCausalLM whose layers have their own widths (`resize_layers`)."})
-    return config, model
-
-
-CompactLlamaConfig, CompactLlamaForCausalLM = _build("llama")
-CompactMistralConfig, CompactMistralForCausalLM = _build("mistral")
-CompactQwen2Config, CompactQwen2ForCausalLM = _build("qwen2")
-CompactQwen3Config, CompactQwen3ForCausalLM = _build("qwen3")
-CompactOPTConfig, CompactOPTForCausalLM = _build("opt")
-
-
-for _config_class, _model_class in ((CompactLlamaConfig, CompactLlamaForCausalLM),
-                                    (CompactMistralConfig, CompactMistralForCausalLM),
-                                    (CompactQwen2Config, CompactQwen2ForCausalLM),
-                                    (CompactQwen3Config, CompactQwen3ForCausalLM),
-                                    (CompactOPTConfig, CompactOPTForCausalLM)):
-    # Known to the Auto classes from here on, so that AutoConfig and AutoTokenizer read these checkpoints
-    # without remote code (a second copy of this file, loaded as remote code, registers the same names).
-    transformers.AutoConfig.register(_config_class.model_type, _config_class, exist_ok=True)
-    transformers.AutoModelForCausalLM.register(_config_class, _model_class, exist_ok=True)
 
 
 FFN_MULTIPLE = 256  # DeciLM rounds every MLP width up to a multiple of this
@@ -130,6 +61,13 @@ FFN_MULTIPLE = 256  # DeciLM rounds every MLP width up to a multiple of this
 def ffn_width(ffn_mult: float, hidden_size: int) -> int:
     """DeciLM's MLP width for `ffn_mult`: int(2·ffn_mult·hidden/3), rounded up to a multiple of 256."""
     return math.ceil(int(2 * ffn_mult * hidden_size / 3) / FFN_MULTIPLE) * FFN_MULTIPLE
+
+
+def mlp_width(ffn: Any, hidden_size: int) -> int:
+    """A DeciLM layer's MLP width: `ffn_width(ffn_mult)` where its `ffn` section has that key (as vLLM reads it),
+    else its `intermediate_size`."""
+    section = vars(ffn) if isinstance(ffn, SimpleNamespace) else ffn
+    return ffn_width(section["ffn_mult"], hidden_size) if "ffn_mult" in section else section["intermediate_size"]
 
 
 def ffn_mult(width: int, hidden_size: int) -> float:
@@ -204,7 +142,7 @@ class DeciLMForCausalLM(transformers.LlamaForCausalLM):
             if not block.attention.no_op:
                 layer_widths["num_key_value_heads"] = config.num_attention_heads // block.attention.n_heads_in_group
             if not block.ffn.no_op:
-                layer_widths["intermediate_size"] = ffn_width(block.ffn.ffn_mult, config.hidden_size)
+                layer_widths["intermediate_size"] = mlp_width(block.ffn, config.hidden_size)
             widths[str(index)] = layer_widths
         resize_layers(self, widths)
 
@@ -212,8 +150,3 @@ class DeciLMForCausalLM(transformers.LlamaForCausalLM):
 transformers.AutoConfig.register(DeciLMConfig.model_type, DeciLMConfig, exist_ok=True)
 transformers.AutoModelForCausalLM.register(DeciLMConfig, DeciLMForCausalLM, exist_ok=True)
 
-
-def classes(family: str) -> tuple[Any, Any]:
-    """The compact config and causal-LM classes over `family`'s (a key of BASES)."""
-    name = BASES[family]
-    return globals()[f"Compact{name}Config"], globals()[f"Compact{name}ForCausalLM"]
