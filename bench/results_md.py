@@ -30,6 +30,8 @@ CODE = ("surgeon", "surgeon_kernels", "csrc")
 # What a pruning run executes: the code less what only writes, plans or draws its results afterwards.
 PRUNING = (*CODE, *(f":(exclude)surgeon/{name}.py" for name in ("export/compact", "models/compact_modeling",
                                                                   "scale/plan", "app/figures")))
+# What a serving row depends on: the export that wrote the checkpoint vLLM serves, and the benchmark
+SERVING = ("surgeon/export", "surgeon/models/compact_modeling.py", "bench/timing/serve_speed.py")
 HEADLINE_START, HEADLINE_END = "<!-- results-table:start -->", "<!-- results-table:end -->"
 # The README's headline rows: (quality row prefix, label).
 HEADLINE = (("structured-0.8", "structured 80%"), ("unstructured-0.5", "unstructured 50%"), ("2of4-0.5", "2:4"))
@@ -321,6 +323,25 @@ def generation_section() -> list[str]:
     return out
 
 
+def serve_section() -> list[str]:
+    paths = sorted((RESULTS / "cpu").glob("serve-*.json")) + sorted((RESULTS / "gpu").glob("serve-*.json"))
+    if not paths:
+        return ["Not yet measured (`python bench/timing/serve_speed.py MODEL …` in the vLLM environment)."]
+    out = ["| model | machine | commit | vLLM | parameters | decode tokens/s | end-to-end tokens/s | rounds |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    runs = [load(path) for path in paths]
+    for path, run in zip(paths, runs):
+        decode = ", ".join(f"{v:.1f} at batch {k}" for k, v in run["decode_tokens_per_s"].items())
+        whole = ", ".join(f"{v:.1f} at batch {k}" for k, v in run["end_to_end_tokens_per_s"].items())
+        size = "-" if run["parameters"] is None else f"{run['parameters'] / 1e6:.1f} M"
+        link = f"[{run['label']}](results/{path.parent.name}/{path.name})"
+        out.append(f"| {link} | {run['machine']} | {mark(commit_of(path), SERVING)} | {run['vllm']} | {size} | "
+                   f"{decode} | {whole} | {run['rounds']} |")
+    out += ["", "Commands, as recorded in each file (paths of the measuring machine):", ""]
+    out += [f"- {run['label']}: `{run['command']}`" for run in runs]
+    return out
+
+
 def coupled_section() -> list[str]:
     paths = sorted((RESULTS / "coupled").glob("*.json"))
     if not paths:
@@ -464,6 +485,7 @@ def blocks() -> dict[str, list[str]]:
         "memory-options": memory_options_section(),
         "plan": plan_section(),
         "generation": generation_section(),
+        "serve": serve_section(),
         "coupled": coupled_section(),
         "drop-in": dropin_section(),
         "kernels": kernel_section(),

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-METHODS = ("surgeon", "magnitude", "lobd", "kobd", "sparsegpt", "sparsegpt-exact", "wanda")
+METHODS = ("surgeon", "magnitude", "lobd", "kobd", "sparsegpt", "sparsegpt-exact", "wanda", "reap")
 METHOD_HELP = (
     "surgeon: LLM Surgeon, Kronecker-factored curvature G ⊗ A with correlated weight updates; "
     "magnitude: |w|, no update; "
@@ -19,12 +19,13 @@ METHOD_HELP = (
     "kobd: K-OBD, optimal brain damage with the Kronecker diagonal diag(G) ⊗ diag(A), no update; "
     "sparsegpt: SparseGPT's per-layer OBS with lazy batches; "
     "sparsegpt-exact: SparseGPT's mask, then every row's kept weights solved exactly (G = I, surgeon.solve); "
-    "wanda: |w|·‖x‖ per output row"
+    "wanda: |w|·‖x‖ per output row; "
+    "reap (structure experts): REAP, the router-weighted norm of an expert's output over its tokens"
 )
 DEFAULT_TARGET_SIZE = 0.8
 # shots by structure (N:M: 1): the least time within about 2% of the best perplexity measured on the
 # time-to-quality curve (docs/DESIGN.md, "Defaults")
-DEFAULT_SHOTS = {"structured": 4, "coupled": 4, "unstructured": 2}
+DEFAULT_SHOTS = {"structured": 4, "coupled": 4, "unstructured": 2, "experts": 1}
 # The damping defaults, for every method and API (`solve`, the SparseGPT drop-in's `percdamp`, SparseGPT's own
 # 0.01 of mean(diag H)): λ_G and λ_A of `M + λ·mean(diag M)·I` (docs/DESIGN.md, "Damping").
 DEFAULT_DAMP_G, PROPAGATED_DAMP_G = 0.1, 1.0  # λ_G; N:M propagated measured best at 1 (bench/RESULTS.md)
@@ -76,14 +77,16 @@ class PruneConfig:
 
     structure: str = _opt(
         "structured", "structured (rows+columns), coupled (MLP neurons, attention heads and KV groups, each across "
-        "the layers it spans), unstructured, or N:M such as 2:4 (N kept of every M)"
+        "the layers it spans), unstructured, N:M such as 2:4 (N kept of every M), or experts (whole routed experts "
+        "of a Mixture-of-Experts model, the same number kept in every block)"
     )
     target_size: float | None = _opt(
-        None, "fraction of prunable weights kept (non-zero) at the end, in (0, 1]; 0.8 keeps 80%, removes 20%",
+        None, "fraction of prunable weights kept (non-zero) at the end, in (0, 1]; 0.8 keeps 80%, removes 20% "
+        "(experts: of each block's routed experts)",
         shown=f"{DEFAULT_TARGET_SIZE}; N:M structures keep N/M",
     )
     shots: int | None = _opt(None, "number of pruning shots (linear schedule)",
-                             shown="4 structured and coupled, 2 unstructured, 1 N:M")
+                             shown="4 structured and coupled, 2 unstructured, 1 N:M and experts")
     uniform: bool = _opt(False, "coupled: the same number of neurons and heads in every block")
     width_multiple: int = _opt(
         1, "coupled: every block keeps a multiple of this many neurons, and heads whose width is one (64, 128, 256)"
@@ -145,8 +148,9 @@ class PruneConfig:
 
     def __post_init__(self) -> None:
         nm = parse_nm(self.structure)
-        if self.structure not in ("structured", "coupled", "unstructured") and nm is None:
-            raise ValueError(f"structure={self.structure!r}: use structured, coupled, unstructured, or N:M such as 2:4")
+        if self.structure not in DEFAULT_SHOTS and nm is None:
+            raise ValueError(f"structure={self.structure!r}: use structured, coupled, unstructured, experts, or N:M "
+                             "such as 2:4")
         if nm is not None and not 0 < nm[0] < nm[1]:
             raise ValueError(f"structure={self.structure!r}: N:M needs 0 < N < M")
         if nm is not None and self.target_size is not None and abs(self.target_size - nm[0] / nm[1]) > 1e-9:
@@ -166,6 +170,13 @@ class PruneConfig:
             raise ValueError(f"method={self.method!r}: choose one of {', '.join(METHODS)}")
         if self.method in ("sparsegpt", "sparsegpt-exact", "wanda") and self.structure in ("structured", "coupled"):
             raise ValueError(f"method={self.method!r} prunes unstructured or N:M, not {self.structure}")
+        if (self.structure == "experts") != (self.method == "reap") and self.method != "surgeon":
+            raise ValueError(f"method={self.method!r} with structure {self.structure}: whole experts are priced by "
+                             "surgeon or reap, and reap prices only whole experts")
+        if self.structure == "experts" and (self.activation_checkpointing or self.lora_steps
+                                            or self.leave_out_parts != ("router",)):
+            raise ValueError("structure experts runs its own pass and removes routed experts whole: without "
+                             "activation_checkpointing, lora_steps and leave_out")
         if self.max_correlate is not None and self.max_correlate < 0:
             raise ValueError(f"max_correlate={self.max_correlate}: must be >= 0 (0 = all)")
         if self.cg_tol < 0 or self.cg_max_iter < 1:

@@ -91,6 +91,41 @@ def test_vllm_serves_the_export_with_the_masked_models_greedy_tokens(format, run
     assert expected != masked_tokens(dense, prompts)  # the tokens tell the pruned model from the dense one
 
 
+def pruned_moe(path, tokenizer_dir, family: str, settings: dict) -> torch.nn.Module:
+    """A tiny Mixture-of-Experts model of `family` (8 experts, top 2) pruned with `settings`, saved to `path` with
+    the tokenizer at `tokenizer_dir` as a `surgeon prune` run."""
+    import transformers
+
+    torch.manual_seed(0)
+    name, count = {"mixtral": ("MixtralConfig", "num_local_experts"), "qwen3_moe": ("Qwen3MoeConfig", "num_experts")}[
+        family]
+    config = getattr(transformers, name)(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=128, moe_intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
+        num_experts_per_tok=2, initializer_range=0.1, **{count: 8})
+    model = AutoModelForCausalLM.from_config(config).eval()
+    ids = torch.randint(0, VOCAB, (4, 64), generator=torch.Generator().manual_seed(0))
+    prune(model, ids, PruneConfig(shots=1, **settings), progress=False)
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(path)
+    (path / "report.json").write_text('{"sparsity": 0.5}')
+    return model
+
+
+@pytest.mark.parametrize("family,settings", [
+    ("mixtral", dict(structure="experts", target_size=0.5)),
+    ("qwen3_moe", dict(structure="coupled", target_size=0.7, uniform=True)),
+])
+def test_vllm_serves_a_mixture_of_experts_export_with_the_masked_models_greedy_tokens(family, settings,
+                                                                                      smollm2_tokenizer_dir, tmp_path):
+    """Whole experts removed (4 of 8 left) or expert neurons (as many in every expert), in the standard format."""
+    run, out = tmp_path / "run", tmp_path / "export"
+    model = pruned_moe(run, smollm2_tokenizer_dir, family, settings)
+    assert main(["--quiet", "export", str(run), "--compact", "--output", str(out)]) == 0
+    prompts = torch.randint(0, VOCAB, (4, 12), generator=torch.Generator().manual_seed(1)).tolist()
+    assert served_tokens(str(out), prompts) == masked_tokens(model, prompts)
+
+
 @pytest.mark.slow
 def test_vllm_serves_a_smollm2_decilm_export_with_the_masked_models_greedy_tokens(tmp_path):
     """SmolLM2 at 80% in coupled mode (a short calibration), exported in the DeciLM format with exact widths."""

@@ -84,9 +84,9 @@ def main() -> None:
         curvature.estimate(model, layers, windows, batch_size=args.batch_size, progress=False)
 
     def plain() -> None:
-        with curvature._frozen(model):
+        with curvature.frozen(model):
             for batch in windows.split(args.batch_size):
-                curvature._backward(model, batch)
+                curvature.backward(model, batch)
 
     estimate(windows[: 2 * args.batch_size])  # compiles and autotunes
     seconds = {"forward and backward": _timed(device, plain), "estimate": _timed(device, estimate)}

@@ -1,1 +1,1 @@
-"""Exports of a pruned model without its removed units: standard, heterogeneous and DeciLM checkpoints."""
+"""Exports of a pruned model without its removed units: standard and per-layer (DeciLM) checkpoints."""

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
-def is_fused_experts(module: nn.Module) -> bool:
+def is_fused_experts(module: Any) -> bool:
     """A fused experts module of the layout above: 3-D `gate_up_proj` [E, 2I, H], `down_proj` [E, H, I], no biases."""
     gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
     if not (isinstance(gate_up, nn.Parameter) and isinstance(down, nn.Parameter)) or gate_up.dim() != 3:
@@ -44,6 +46,48 @@ def kept_neurons(module: nn.Module, kept: torch.Tensor) -> dict[str, torch.Tenso
     rows = torch.cat([kept, kept + down.shape[2]], 1)
     return {"gate_up_proj": gate_up.gather(1, rows.unsqueeze(2).expand(-1, -1, gate_up.shape[2])),
             "down_proj": down.gather(2, kept.unsqueeze(1).expand(-1, down.shape[1], -1))}
+
+
+# Families whose routed experts can leave whole, and the config key of the count every sparse block holds
+EXPERT_COUNT = {"mixtral": "num_local_experts", "qwen2_moe": "num_experts", "qwen3_moe": "num_experts"}
+
+
+def sparse_blocks(blocks: Any) -> list[tuple[int, Any]]:
+    """(index, MLP) of the decoder blocks whose MLP routes: a router `gate` (`weight` [E, H], `top_k`) before fused
+    `experts`."""
+    return [(index, block.mlp) for index, block in enumerate(blocks)
+            if is_fused_experts(getattr(block.mlp, "experts", None)) and hasattr(block.mlp, "gate")]
+
+
+def routing(router: Any, hidden: torch.Tensor, dropped: torch.Tensor | None = None,
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(top-k weights, top-k experts) that `router` gives the tokens `hidden` [T, H], as in the model without the
+    experts `dropped` ([E] bool): a softmax over the others' logits, its top k, renormalized where the router
+    renormalizes (`norm_topk_prob`; Mixtral always)."""
+    logits = F.linear(hidden, router.weight)
+    if dropped is not None:
+        logits = logits.masked_fill(dropped, float("-inf"))
+    weights, experts = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float), router.top_k, dim=-1)
+    if getattr(router, "norm_topk_prob", True):
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(logits.dtype), experts
+
+
+def expert_outputs(experts: Any, index: int, hidden: torch.Tensor) -> torch.Tensor:
+    """Routed expert `index`'s output for the tokens `hidden` [T, H], before its router weight."""
+    gate_up, down = fused_weights(experts)
+    gate, up = F.linear(hidden, gate_up[index]).chunk(2, dim=-1)
+    return F.linear(experts.act_fn(gate) * up, down[index])
+
+
+def keep_experts(moe: Any, kept: torch.Tensor) -> None:
+    """Leave only the routed experts `kept` (ascending indices) in a sparse block's MLP: their router rows and
+    fused weights. The router then chooses among them as the whole model chose with the others' logits at −∞."""
+    gate_up, down = fused_weights(moe.experts)
+    for owner, name, weight in ((moe.gate, "weight", moe.gate.weight), (moe.experts, "gate_up_proj", gate_up),
+                                (moe.experts, "down_proj", down)):
+        setattr(owner, name, nn.Parameter(weight.detach()[kept].clone(), requires_grad=weight.requires_grad))
+    moe.gate.num_experts = moe.experts.num_experts = kept.numel()
 
 
 class ExpertMLP(nn.Module):

@@ -204,7 +204,7 @@ def _checkpointed(blocks: Sequence[nn.Module], recomputing: Callable[[], Abstrac
 
 
 @contextmanager
-def _frozen(model: nn.Module) -> Iterator[None]:
+def frozen(model: nn.Module) -> Iterator[None]:
     """Weights do not require grad inside the block (only input gradients are computed)."""
     flags = [(p, p.requires_grad) for p in model.parameters()]
     for p, _ in flags:
@@ -233,7 +233,7 @@ def _logit_gradient(logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
     return probs.to(logits.dtype)
 
 
-def _backward(model: nn.Module, batch: torch.Tensor) -> None:
+def backward(model: nn.Module, batch: torch.Tensor) -> None:
     """One forward and input-gradient backward pass of the loss summed over the batch's tokens.
 
     The gradient starts at the embeddings' output, made a leaf that requires grad by a hook inside
@@ -299,9 +299,9 @@ def estimate(
     device = next(model.parameters()).device
     split = windows.to(device).split(batch_size)  # one copy: a copy from pageable memory waits for the device
     chosen = range(len(split)) if batches is None else batches
-    passes = (functools.partial(_backward if need_g else _forward, model, split[i])
+    passes = (functools.partial(backward if need_g else _forward, model, split[i])
               for i in tqdm(chosen, desc=desc, leave=False, disable=not progress))
-    with _frozen(model):
+    with frozen(model):
         factors = _collect(layers, passes, windows.numel(), need_g, backend, group_bytes,
                            checkpoint_blocks if need_g else ())
     for name, entry in factors.items():

@@ -30,6 +30,7 @@ from surgeon.pruning.elements import element_shot, per_layer_shot, propagated_sh
 from surgeon.pruning.report import PruneReport, ShotReport, clock, peak_memory_gb, removed_fractions, zero_fraction
 from surgeon.pruning.resume import Checkpoint
 from surgeon.pruning.structured import structured_shot
+from surgeon.pruning.whole_experts import prune_experts
 from surgeon.scale.block_groups import check_block_groups, group_edges
 from surgeon.scale.distributed import Ranks, sharded
 
@@ -92,6 +93,8 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
     experts = [module for module in decoder_blocks(model).modules() if is_fused_experts(module)]
     if any(isinstance(module.gate_up_proj, DTensor) for module in experts):
         raise SurgeonError("Mixture-of-Experts experts are pruned with their weights whole: launch without --fsdp")
+    if config.structure == "experts":
+        return prune_experts(model, calibration_ids, config, progress, after_shot, checkpoint, group)
     with experts_as_layers(decoder_blocks(model)):
         return _prune(model, calibration_ids, config, progress, after_shot, checkpoint, group)
 

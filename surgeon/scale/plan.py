@@ -408,7 +408,7 @@ def fit_to_gpu(model_name: str, dtype: str, nsamples: int, seqlen: int, config: 
     phase, its parts and the shortfall with every option.
 
     ranks, fsdp: a torchrun run's ranks and whether its weights are sharded; the peak is one rank's.
-    A model whose configuration transformers cannot build alone (a heterogeneous compact checkpoint,
+    A model whose configuration transformers cannot build alone (a DeciLM compact checkpoint,
     say), or one with fused Mixture-of-Experts experts, is not counted: `config` is returned with a warning.
     """
     try:
