@@ -347,7 +347,8 @@ class ExportConfig:
         "surgeon.load_compact)", EXPORT_FORMATS,
     )
     ffn_mult: bool = _opt(False, "decilm: round every MLP width up to a multiple of 256 and write it as ffn_mult, "
-                                 "for readers that need that key (llama.cpp's converter)")
+                                 "and keep an MLP of zero neurons beside a live attention, for llama.cpp's "
+                                 "converter and graph")
     output: str | None = _opt(None, "a new or empty folder for the exported checkpoint and report.json")
     overwrite: bool = _opt(False, "export into an existing non-empty --output folder, replacing only its files")
 

@@ -185,6 +185,23 @@ def test_decilm_keeps_biases_and_pads_with_dead_kv_groups():
     assert_same_logits(model, compact)
 
 
+def test_ffn_mult_keeps_an_mlp_of_zero_neurons_beside_a_live_attention():
+    """llama.cpp's DeciLM graph drops the attention output of a layer whose MLP is a no-op (measured,
+    bench/quality/llamacpp_roundtrip.py): with ffn_mult such a layer keeps 256 zero neurons instead, its output
+    unchanged; the exact-width export makes it a no-op."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**COMMON)).eval()
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight.zero_()
+    exact, padded = compact_model(model, "decilm"), compact_model(model, "decilm", ffn_mult=True)
+    assert exact.config.block_configs[1].ffn.no_op and not exact.config.block_configs[1].attention.no_op
+    assert not padded.config.block_configs[1].ffn.no_op
+    assert padded.model.layers[1].mlp.up_proj.out_features == 256
+    assert_same_logits(model, padded)
+
+
 def test_decilm_layers_replaced_by_linear_ones_are_refused():
     block = {"attention": {"no_op": False, "replace_with_linear": True, "n_heads_in_group": None},
              "ffn": {"no_op": False, "replace_with_linear": False, "ffn_mult": 3.0}}

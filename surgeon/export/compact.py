@@ -221,13 +221,15 @@ def _decilm_block(unit: BlockUnits, heads: int, per_kv: int, head_dim: int, bloc
     """One layer in DeciLM's schema: its block config and the weights of its parts that are not no-ops.
 
     The MLP keeps its live neurons, its width written as `intermediate_size` (or, with `ffn_mult`, padded
-    to a multiple of 256 and written as `ffn_mult`); attention the fewest KV groups g that hold its live
-    groups, with g dividing the query heads and each group's heads (heads / g) at least its live query heads.
+    to a multiple of 256 and written as `ffn_mult`, and never a no-op beside a live attention, whose output
+    llama.cpp's graph would drop); attention the fewest KV groups g that hold its live groups, with g dividing
+    the query heads and each group's heads (heads / g) at least its live query heads.
     """
     parts: dict[str, dict[str, torch.Tensor]] = {}
     live_groups = unit.heads.any(1)
     groups_needed, per_needed = int(live_groups.sum()), int(unit.heads.sum(1).max())
     attention_live, ffn_live = _live_parts(block, unit)
+    ffn_live = ffn_live or (ffn_mult and attention_live)  # llama.cpp drops the attention of a layer without MLP
     attention: dict[str, Any] = {"no_op": not attention_live, "replace_with_linear": False, "n_heads_in_group": None}
     if attention_live:
         kv = min(g for g in range(max(groups_needed, 1), heads + 1) if heads % g == 0 and heads // g >= per_needed)
