@@ -30,8 +30,8 @@ CODE = ("surgeon", "surgeon_kernels", "csrc")
 # What a pruning run executes: the code less what only writes, plans or draws its results afterwards.
 PRUNING = (*CODE, *(f":(exclude)surgeon/{name}.py" for name in ("export/compact", "models/compact_modeling",
                                                                   "scale/plan", "app/figures")))
-# What a serving row depends on: the export that wrote the checkpoint vLLM serves, and the benchmark
-SERVING = ("surgeon/export", "surgeon/models/compact_modeling.py", "bench/timing/serve_speed.py")
+# What a serving row depends on: the export that wrote the checkpoint vLLM serves
+SERVING = ("surgeon/export", "surgeon/models/compact_modeling.py")
 HEADLINE_START, HEADLINE_END = "<!-- results-table:start -->", "<!-- results-table:end -->"
 # The README's headline rows: (quality row prefix, label).
 HEADLINE = (("structured-0.8", "structured 80%"), ("unstructured-0.5", "unstructured 50%"), ("2of4-0.5", "2:4"))

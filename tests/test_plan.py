@@ -124,6 +124,8 @@ def test_experts_the_plan_cannot_count_are_named_not_undercounted(tmp_path, capl
         make_plan(PlanConfig(model=str(tmp_path)), STRUCTURED)
     assert fit_to_gpu(str(tmp_path), "bfloat16", 128, 2048, STRUCTURED, 1) is STRUCTURED
     assert "does not count Mixture-of-Experts experts" in caplog.text
+    with pytest.raises(SurgeonError, match=r"surgeon plan does not count whole-expert runs \(structure experts\)"):
+        make_plan(PlanConfig(model=str(tmp_path)), PruneConfig(structure="experts"))
 
 
 def test_plan_command_writes_json(tmp_path, capsys):

@@ -22,7 +22,6 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.quality.table import head_commit  # noqa: E402
+from bench.timing.in_turn import add_arguments, labels, median_of, run_in_turn  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
 from surgeon.models.adapter import load_model, prunable_layers  # noqa: E402
 from surgeon.pruning.report import peak_memory_gb  # noqa: E402
@@ -104,51 +104,37 @@ def measure(name: str, args: argparse.Namespace) -> dict:
     return result
 
 
-def _median_of(runs: list[dict]) -> dict:
-    """One result from several rounds of the same model: the median of each speed and of the peak memory."""
-    speeds = {key: {k: statistics.median(run[key][k] for run in runs) for k in runs[0][key]}
-              for key in ("prefill_tokens_per_s", "decode_tokens_per_s")}
-    return {**runs[0], **speeds, "peak_memory_gb": statistics.median(run["peak_memory_gb"] for run in runs),
-            "rounds": len(runs)}
+# the figures whose median over the rounds is kept
+FIELDS = ("prefill_tokens_per_s", "decode_tokens_per_s", "peak_memory_gb")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("models", nargs="+", help="built-in names, hub ids or saved directories")
-    parser.add_argument("--label", nargs="+", help="one name per model for the result files (default: dense, 1, 2…)")
+    add_arguments(parser, "built-in names, hub ids or saved directories", rounds=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--prefill", type=int, nargs="+", default=[512, 2048])
     parser.add_argument("--decode-batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--context", type=int, default=2048, help="prompt tokens before decoding")
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cache", choices=("dynamic", "static"), default="dynamic", help="the decode KV cache")
-    parser.add_argument("--rounds", type=int, default=1, help="measure every model this many times, in turn")
-    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # the fresh process: print JSON
     args = parser.parse_args()
     if args.one:
         print(json.dumps(measure(args.models[0], args)))
         return
-    labels = args.label or [Path(m).name for m in args.models]
-    if len(labels) != len(args.models):
-        parser.error("give one --label per model")
+    names = labels(parser, args.models, args.label)
     commit = head_commit()
     kind = "gpu" if args.device.startswith("cuda") else "cpu"
     machine = (torch.cuda.get_device_name(args.device) if kind == "gpu" else
                f"{platform.machine()} {torch.get_num_threads()} threads")
     settings = {k: v for k, v in vars(args).items() if k not in ("models", "label", "one")}
-    rounds: list[list[dict]] = [[] for _ in args.models]
-    for _ in range(args.rounds):
-        for name, runs in zip(args.models, rounds):
-            command = [sys.executable, __file__, name, "--one", "--device", args.device, "--dtype", args.dtype,
-                       "--prefill", *map(str, args.prefill), "--decode-batch", *map(str, args.decode_batch),
-                       "--context", str(args.context), "--new-tokens", str(args.new_tokens),
-                       "--repeats", str(args.repeats), "--cache", args.cache]
-            output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-            runs.append(json.loads(output.strip().splitlines()[-1]))
-    for label, runs in zip(labels, rounds):
-        result = {**_median_of(runs), "label": label, "machine": machine, "commit": commit, "torch": torch.__version__,
+    rounds = run_in_turn(__file__, args.models, args.rounds, [
+        "--device", args.device, "--dtype", args.dtype, "--prefill", *map(str, args.prefill),
+        "--decode-batch", *map(str, args.decode_batch), "--context", str(args.context),
+        "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats), "--cache", args.cache])
+    for label, runs in zip(names, rounds):
+        result = {**median_of(runs, FIELDS), "label": label, "machine": machine, "commit": commit,
+                  "torch": torch.__version__,
                   "command": " ".join(["python bench/timing/generation_speed.py", *sys.argv[1:]]), **settings}
         write_json(ROOT / "bench" / "results" / kind / f"generation-{label}@{commit}.json", result)
         print(f"{label}: {result['parameters'] / 1e6:.1f} M parameters · prefill "

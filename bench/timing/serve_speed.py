@@ -22,7 +22,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.quality.table import head_commit  # noqa: E402
+from bench.timing.in_turn import add_arguments, labels, median_of, run_in_turn  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
 
 
@@ -81,46 +81,30 @@ def measure(name: str, args: argparse.Namespace) -> dict:
     return out
 
 
-def _median_of(runs: list[dict]) -> dict:
-    """The first run's fields with each tokens/s figure replaced by its median over the runs."""
-    merged = dict(runs[0], rounds=len(runs))
-    for field in ("decode_tokens_per_s", "end_to_end_tokens_per_s"):
-        merged[field] = {key: statistics.median(run[field][key] for run in runs) for key in runs[0][field]}
-    return merged
+FIELDS = ("decode_tokens_per_s", "end_to_end_tokens_per_s")  # the figures whose median over the rounds is kept
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("models", nargs="+", help="hub ids or saved directories")
-    parser.add_argument("--label", nargs="+", help="one name per model for the result files (default: folder names)")
+    add_arguments(parser, "hub ids or saved directories", rounds=2)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--prompt", type=int, default=512, help="prompt tokens")
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=2, help="measure every model this many times, in turn")
-    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # the fresh process: print JSON
     args = parser.parse_args()
     if args.one:
         print(json.dumps(measure(args.models[0], args)))
         return
-    labels = args.label or [Path(m).name for m in args.models]
-    if len(labels) != len(args.models):
-        parser.error("give one --label per model")
+    names = labels(parser, args.models, args.label)
     commit = head_commit()
     machine = f"{platform.machine()} {os.cpu_count()} cores" if args.device == "cpu" else "cuda"
     settings = {k: v for k, v in vars(args).items() if k not in ("models", "label", "one")}
-    rounds: list[list[dict]] = [[] for _ in args.models]
-    for _ in range(args.rounds):
-        for name, runs in zip(args.models, rounds):
-            command = [sys.executable, __file__, name, "--one", "--device", args.device, "--batch",
-                       *map(str, args.batch), "--prompt", str(args.prompt), "--new-tokens", str(args.new_tokens),
-                       "--repeats", str(args.repeats)]
-            output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-            runs.append(json.loads(output.strip().splitlines()[-1]))
+    rounds = run_in_turn(__file__, args.models, args.rounds, [
+        "--device", args.device, "--batch", *map(str, args.batch), "--prompt", str(args.prompt),
+        "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)])
     kind = "cpu" if args.device == "cpu" else "gpu"
-    for label, runs in zip(labels, rounds):
-        result = {**_median_of(runs), "label": label, "machine": machine, "commit": commit,
+    for label, runs in zip(names, rounds):
+        result = {**median_of(runs, FIELDS), "label": label, "machine": machine, "commit": commit,
                   "command": " ".join(["python bench/timing/serve_speed.py", *sys.argv[1:]]), **settings}
         write_json(ROOT / "bench" / "results" / kind / f"serve-{label}@{commit}.json", result)
         print(f"{label}: decode " + ", ".join(f"batch {k} {v:.1f}/s" for k, v in result["decode_tokens_per_s"].items())

@@ -342,6 +342,8 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
     that fit it (`_variants`), or with all of them when none fits. The chosen strategy is the fastest
     that fits on the GPUs asked for, or else on one.
     """
+    if config.structure == "experts":
+        raise SurgeonError("surgeon plan does not count whole-expert runs (structure experts) yet")
     model = meta_model(plan.model, plan.dtype)
     check_prunable(model, config.leave_out_parts)
     experts = uncounted_experts(model)
