@@ -50,13 +50,14 @@ def reroute_costs(moe: Any, hidden: torch.Tensor, grad: torch.Tensor) -> torch.T
     base = _output(moe, hidden)
     _, chosen = routing(moe.gate, hidden)
     renormalized = getattr(moe.gate, "norm_topk_prob", True)
+    precision = torch.promote_types(grad.dtype, torch.float32)  # 16-bit models: the products summed in float32
     costs = torch.zeros(count, dtype=torch.float64, device=hidden.device)
     for expert in range(count):  # with renormalized weights only the tokens it served change
         tokens = (chosen == expert).any(-1).nonzero().squeeze(1) if renormalized else slice(None)
         dropped = torch.zeros(count, dtype=torch.bool, device=hidden.device)
         dropped[expert] = True
         delta = _output(moe, hidden[tokens], dropped) - base[tokens]
-        costs[expert] = 0.5 * (grad[tokens] * delta).sum(-1).double().square().sum()
+        costs[expert] = 0.5 * (grad[tokens].to(precision) * delta.to(precision)).sum(-1).double().square().sum()
     return costs
 
 
