@@ -303,3 +303,17 @@ def test_moe_export_refuses_what_its_config_cannot_hold():
         compact_model(mixed)
     with pytest.raises(SurgeonError, match="export in the standard format, not 'decilm'"):
         compact_model(family_model("mixtral"), "decilm")
+
+
+@pytest.mark.parametrize("structure", ["structured", "coupled"])
+def test_memory_options_prune_moe_blocks_as_the_plain_pass(structure):
+    """Activation checkpointing, offload and block groups hold the experts' factors as a dense layer's: the same
+    pruned weights, bit for bit."""
+    results = []
+    for settings in ({}, dict(activation_checkpointing=True, offload=True, block_groups=2)):
+        model = family_model("qwen2_moe")
+        prune(model, calibration(), PruneConfig(structure=structure, target_size=0.7, shots=2, **settings),
+              progress=False)
+        results.append({name: param.detach().clone() for name, param in model.named_parameters()})
+    assert all(torch.equal(results[0][name], results[1][name]) for name in results[0])
+    assert any(bool((results[0][name] == 0).any()) for name in results[0] if ".mlp.experts." in name)
