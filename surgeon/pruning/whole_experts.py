@@ -18,6 +18,7 @@ An expert that no calibration token reaches costs 0 by both and leaves first.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +35,8 @@ from surgeon.models.experts import EXPERT_COUNT, expert_outputs, fused_weights, 
 from surgeon.pruning import curvature
 from surgeon.pruning.report import PruneReport, ShotReport, clock, peak_memory_gb
 from surgeon.pruning.resume import Checkpoint
+
+logger = logging.getLogger(__name__)
 
 
 def _output(moe: Any, hidden: torch.Tensor, dropped: torch.Tensor | None = None) -> torch.Tensor:
@@ -169,6 +172,8 @@ def prune_experts(model: nn.Module, calibration_ids: torch.Tensor, config: Prune
         shot_report = ShotReport(shot, config.shot_target(shot), sparsity, 0,
                                  {"costs": t1 - t0, "prune": clock(device) - t1}, peak_memory_gb(device))
         report.shots.append(shot_report)
+        logger.info("shot %d/%d · %d of %d experts kept per block · sparsity %.4f · costs %.2fs · peak %.2f GB", shot,
+                    last, count, start_count, sparsity, t1 - t0, shot_report.peak_memory_gb)
         if after_shot is not None:
             after_shot(shot_report)
     report.layers = {name: 1 - _weights(moe) / weights for name, moe, weights in zip(names, moes, total)}
