@@ -50,8 +50,8 @@ def reroute_costs(moe: Any, hidden: torch.Tensor, grad: torch.Tensor) -> torch.T
     """½ Σ_t (g_tᵀ Δy_t)² for each routed expert of `moe` [E], float64: Δy_t the change of the routed output for
     token t (`hidden` [T, H]) when that expert leaves, g_t its loss gradient (`grad` [T, H])."""
     count = moe.gate.weight.shape[0]
-    base = _output(moe, hidden)
-    _, chosen = routing(moe.gate, hidden)
+    weights, chosen = routing(moe.gate, hidden)
+    base = moe.experts(hidden, chosen, weights)
     renormalized = getattr(moe.gate, "norm_topk_prob", True)
     precision = torch.promote_types(grad.dtype, torch.float32)  # 16-bit models: the products summed in float32
     costs = torch.zeros(count, dtype=torch.float64, device=hidden.device)
