@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from surgeon.config import EXPORT_FORMATS
 from surgeon.errors import SurgeonError
 from surgeon.models import compact_modeling
 from surgeon.models.adapter import attention_layout, causal_lm_class, decoder_blocks
@@ -330,8 +331,8 @@ def compact_model(model: nn.Module, format: str = "standard", ffn_mult: bool = F
 
     Its logits equal the pruned model's up to float rounding; the pruned model is left as it is.
     """
-    if format not in ("standard", "decilm"):
-        raise SurgeonError(f"compact export format {format!r}: use standard or decilm")
+    if format not in EXPORT_FORMATS:
+        raise SurgeonError(f"compact export format {format!r}: use {' or '.join(EXPORT_FORMATS)}")
     if ffn_mult and format != "decilm":
         raise SurgeonError("compact export: ffn_mult is a setting of the decilm format")
     units = live_units(model)
