@@ -35,6 +35,8 @@ NEEDS_A = ("surgeon", "kobd", "lobd")
 NEEDS_G = ("surgeon", "kobd")  # those whose pass runs backward, for the output-side factor G
 # where the curvature pass and the prune phase keep their tensors: they change time and memory, never a result
 MEMORY_OPTIONS = ("activation_checkpointing", "offload", "block_groups")
+EXPORT_FORMATS = ("standard", "decilm")
+LAYOUTS = ("per-block", "uniform", "decilm")  # coupled: how units may leave, by the export format that holds them
 Correlation = Literal["joint", "within"]
 _NM = re.compile(r"^(\d+):(\d+)$")
 
@@ -87,7 +89,12 @@ class PruneConfig:
     )
     shots: int | None = _opt(None, "number of pruning shots (linear schedule)",
                              shown="4 structured and coupled, 2 unstructured, 1 N:M and experts")
-    uniform: bool = _opt(False, "coupled: the same number of neurons and heads in every block")
+    layout: str = _opt(
+        "per-block", "coupled: per-block (each block its own widths; query heads leave in rounds, one of every KV "
+        "head at a time), uniform (the same number of neurons and heads in every block, which the standard export "
+        "holds exactly), or decilm (each block its own MLP width, its attention kept whole or removed, which the "
+        "decilm export, and vLLM, hold exactly)", LAYOUTS,
+    )
     width_multiple: int = _opt(
         1, "coupled: every block keeps a multiple of this many neurons, and heads whose width is one (64, 128, 256)"
     )
@@ -160,8 +167,11 @@ class PruneConfig:
             raise ValueError(f"target_size={self.target_size}: must be in (0, 1]")
         if self.width_multiple < 1:
             raise ValueError(f"width_multiple={self.width_multiple}: must be at least 1")
-        if (self.uniform or self.width_multiple > 1 or self.speed_context is not None) and self.structure != "coupled":
-            raise ValueError("uniform, width_multiple and speed_context allocate coupled units: use structure coupled")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout={self.layout!r}: choose one of {', '.join(LAYOUTS)}")
+        if (self.layout != "per-block" or self.width_multiple > 1 or self.speed_context is not None) \
+                and self.structure != "coupled":
+            raise ValueError("layout, width_multiple and speed_context allocate coupled units: use structure coupled")
         if self.speed_context is not None and self.speed_context < 1:
             raise ValueError(f"speed_context={self.speed_context}: must be at least 1")
         if self.shots is not None and self.shots < 1:
@@ -330,7 +340,6 @@ class RunConfig:
 
 
 
-EXPORT_FORMATS = ("standard", "decilm")
 
 
 @dataclass(frozen=True)

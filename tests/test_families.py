@@ -209,7 +209,7 @@ def test_expert_neurons_are_coupled_units_and_export_compactly(family):
     neurons; `uniform` keeps as many in every expert, and the standard export cuts them out with the same logits."""
     model = family_model(family)
     dense = sum(p.numel() for p in model.parameters())
-    report = prune(model, calibration(), PruneConfig(structure="coupled", target_size=0.7, shots=1, uniform=True),
+    report = prune(model, calibration(), PruneConfig(structure="coupled", target_size=0.7, shots=1, layout="uniform"),
                    progress=False)
     gate_ups = [w for w in expert_weights(model) if w.shape[1] != HIDDEN]
     downs = [w for w in expert_weights(model) if w.shape[1] == HIDDEN]

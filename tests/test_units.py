@@ -129,7 +129,8 @@ def test_coupled_structure_refuses_other_families_and_per_layer_methods():
 @pytest.mark.parametrize("uniform,multiple", [(True, 1), (False, 16), (True, 16)])
 def test_uniform_and_width_multiple_allocations_hold_in_every_block(uniform, multiple):
     model = family_model("llama")  # intermediate 64, head_dim 8: 16 neurons or 2 heads per chunk
-    config = PruneConfig(structure="coupled", target_size=0.6, shots=2, uniform=uniform, width_multiple=multiple)
+    config = PruneConfig(structure="coupled", target_size=0.6, shots=2, layout="uniform" if uniform else "per-block",
+                         width_multiple=multiple)
     report = prune(model, calibration(), config, progress=False)
     d = model.config.head_dim
     neurons = [int((~(block.mlp.down_proj.weight == 0).all(0)).sum()) for block in decoder_blocks(model)]
@@ -146,7 +147,9 @@ def test_uniform_and_width_multiple_allocations_hold_in_every_block(uniform, mul
 
 def test_allocation_options_need_the_coupled_structure():
     with pytest.raises(ValueError, match="use structure coupled"):
-        PruneConfig(structure="structured", uniform=True)
+        PruneConfig(structure="structured", layout="uniform")
+    with pytest.raises(ValueError, match="layout='rows': choose one of per-block, uniform, decilm"):
+        PruneConfig(structure="coupled", layout="rows")
     with pytest.raises(ValueError, match="use structure coupled"):
         PruneConfig(structure="unstructured", speed_context=2048)
     with pytest.raises(ValueError, match="width_multiple=0"):
@@ -324,4 +327,39 @@ def test_a_long_speed_context_removes_kv_groups_whole_and_the_export_keeps_the_l
     kept = [8 // block.attention.n_heads_in_group for block in compact.config.block_configs]
     assert [b.self_attn.k_proj.out_features for b in decoder_blocks(compact)] == [n * d for n in kept]
     assert [min(g for g in (1, 2, 4) if g >= n) for n in live_groups] == kept  # 8 query heads: g divides 8
+    assert_same_logits(model, compact)
+
+
+@pytest.mark.parametrize("width_multiple", [1, 16])
+def test_decilm_layout_keeps_each_attention_whole_or_removes_it_and_exports_without_padding(width_multiple):
+    """Under layout decilm a block's query heads leave together, so the decilm export holds the masked model
+    exactly: its parameters are the masked model's non-zero ones (plus the embeddings), its logits the same."""
+    import transformers
+
+    from tests._families import COMMON
+
+    torch.manual_seed(0)
+    settings = {**COMMON, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 8, "num_hidden_layers": 4}
+    model = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**settings)).eval()
+    config = PruneConfig(structure="coupled", target_size=0.4, shots=2, layout="decilm",
+                         width_multiple=width_multiple, speed_context=4096)
+    report = prune(model, calibration(), config, progress=False)
+    d, hidden = model.config.head_dim, model.config.hidden_size
+    attention_live = []
+    for block in decoder_blocks(model):
+        heads_live = ~(block.self_attn.o_proj.weight == 0).all(0).reshape(8, d).all(1)
+        assert heads_live.all() or not heads_live.any(), heads_live  # whole, or gone
+        for part in (block.self_attn.q_proj, block.self_attn.k_proj, block.self_attn.v_proj):
+            assert bool((part.weight == 0).all()) != bool(heads_live.any())
+        attention_live.append(bool(heads_live.any()))
+        neurons = int((~(block.mlp.down_proj.weight == 0).all(0)).sum())
+        assert neurons % width_multiple == 0, neurons
+    assert not all(attention_live), "no attention left: the test needs one removed"
+    whole_attention = 2 * 8 * d * hidden + 2 * 4 * d * hidden
+    assert_reaches_target(report.removed, shapes(model), 0.4, "coupled", freed=sum(s.freed for s in report.shots),
+                          largest=max(whole_attention, width_multiple * 3 * hidden))
+    compact = compact_model(model, "decilm")
+    masked_nonzero = sum(int((p != 0).sum()) for n, p in model.named_parameters() if "layers." in n and p.dim() == 2)
+    compact_weights = sum(p.numel() for n, p in compact.named_parameters() if "layers." in n and p.dim() == 2)
+    assert compact_weights == masked_nonzero
     assert_same_logits(model, compact)

@@ -115,7 +115,7 @@ def pruned_moe(path, tokenizer_dir, family: str, settings: dict) -> torch.nn.Mod
 
 @pytest.mark.parametrize("family,settings", [
     ("mixtral", dict(structure="experts", target_size=0.5)),
-    ("qwen3_moe", dict(structure="coupled", target_size=0.7, uniform=True)),
+    ("qwen3_moe", dict(structure="coupled", target_size=0.7, layout="uniform")),
 ])
 def test_vllm_serves_a_mixture_of_experts_export_with_the_masked_models_greedy_tokens(family, settings,
                                                                                       smollm2_tokenizer_dir, tmp_path):

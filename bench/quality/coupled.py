@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1] / "results" / "coupled"
 VARIANTS = {
     "rows-columns": (dict(structure="structured"), "decilm"),
     "coupled": (dict(structure="coupled"), "decilm"),
-    "coupled-uniform": (dict(structure="coupled", uniform=True), "standard"),
+    "coupled-uniform": (dict(structure="coupled", layout="uniform"), "standard"),
     "coupled-multiple64": (dict(structure="coupled", width_multiple=64), "decilm"),
     "coupled-magnitude": (dict(structure="coupled", method="magnitude"), "decilm"),
     "coupled-kobd": (dict(structure="coupled", method="kobd"), "decilm"),

@@ -217,7 +217,7 @@ def _add_run_command(sub: Any, name: str, cls: type, func: Any, help: str, descr
 # `surgeon prune --help` shows its options in these groups, in this order. Every other field of RunConfig
 # and PruneConfig is set in a settings file (`--config`), which any option given on the command line overrides.
 PRUNE_GROUPS = {
-    "what to prune": ("model", "tokenizer", "structure", "target_size", "shots", "method", "leave_out", "uniform",
+    "what to prune": ("model", "tokenizer", "structure", "target_size", "shots", "method", "leave_out", "layout",
                       "width_multiple", "speed_context"),
     "calibration": ("calibration", "nsamples", "seqlen"),
     "evaluation": ("dataset", "eval_windows", "eval_seqlen", "eval_every_shot", "tasks"),

@@ -121,9 +121,15 @@ class ExpertLayers(nn.ModuleList):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
+        """The routed experts' weighted outputs. On the meta device, where routing has no values, every expert
+        takes an equal share of the token slots: the balanced load that `surgeon plan` counts."""
         out = torch.zeros_like(hidden_states)
+        share = -(-top_k_index.numel() // len(self))
         for index, expert in enumerate(self):
-            token, slot = torch.where(top_k_index == index)
+            if hidden_states.is_meta:
+                token = slot = torch.zeros(share, dtype=torch.long, device="meta")
+            else:
+                token, slot = torch.where(top_k_index == index)
             if token.numel() == 0:
                 continue
             x = hidden_states[token]

@@ -66,15 +66,17 @@ class UnitKind:
 
 
 
-def coupled_units(model: nn.Module, names: list[str], width_multiple: int = 1) -> list[UnitKind]:
+def coupled_units(model: nn.Module, names: list[str], width_multiple: int = 1, layout: str = "per-block",
+                  ) -> list[UnitKind]:
     """The neuron, query-head and KV-group units of every decoder block of `model`, over its layers `names`.
 
     Every gated MLP (gate, up, down) among the layers is one kind of neuron unit: a block's dense MLP or
     shared expert ("neuron"), and each routed expert of a Mixture-of-Experts block, split into layers
-    (`experts.ExpertLayers`), on its own ("expert neuron"), so that `uniform` keeps as many neurons in every
+    (`experts.ExpertLayers`), on its own ("expert neuron"), so that layout uniform keeps as many neurons in every
     expert as in the others. KV groups are units under grouped-query attention when query heads leave in
     rounds (`width_multiple` at most `head_dim`, see `allocation`): every KV group then keeps as many query
-    heads as the others, so a group's kept columns of o are a set of the same size in every live group."""
+    heads as the others, so a group's kept columns of o are a set of the same size in every live group. Under
+    `layout` decilm a block's heads leave together (`allocation`), and so KV groups are no units of their own."""
     config: Any = model.config
     family = getattr(config, "model_type", "")
     if family not in FAMILIES:
@@ -113,7 +115,7 @@ def coupled_units(model: nn.Module, names: list[str], width_multiple: int = 1) -
             kv = ((parts["self_attn.k_proj"], parts["self_attn.v_proj"]), heads // kv_heads, head_dim)
         block_attention = [UnitKind("head", heads, head_members, kv)]
         per = heads // kv_heads
-        if family != "opt" and per > 1 and width_multiple <= head_dim:
+        if family != "opt" and per > 1 and width_multiple <= head_dim and layout != "decilm":
             block_attention.append(UnitKind("group", kv_heads, (
                 Member(parts["self_attn.q_proj"], "rows", per * head_dim),
                 Member(parts["self_attn.k_proj"], "rows", head_dim),
@@ -172,7 +174,7 @@ def decode_macs(kind: UnitKind, shapes: list[tuple[int, int]], context: int) -> 
     return kind.share * weights + attention
 
 
-def allocation(kinds: list[UnitKind], costs: list[torch.Tensor], uniform: bool, multiple: int,
+def allocation(kinds: list[UnitKind], costs: list[torch.Tensor], layout: str, multiple: int,
                ) -> tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], list[torch.Tensor]]]:
     """Groups of units that the global threshold takes or leaves together, their costs, and a map from chosen
     groups back to chosen units.
@@ -184,18 +186,22 @@ def allocation(kinds: list[UnitKind], costs: list[torch.Tensor], uniform: bool, 
 
     `multiple`: each block keeps a multiple of that many neurons (and of `multiple / head_dim` heads, so that
     heads × head_dim is a multiple too, chunked instead of in rounds): per block, units are sorted by cost and
-    cut into chunks, the first of `count mod chunk` units (to reach a multiple), then whole chunks. `uniform`:
-    every block keeps the same number of each kind, so the chunk at each position is taken in all blocks at
-    once. A group costs the sum of its units' costs; sorted units make these sums non-decreasing within a
-    block, so a prefix of the global order takes each block's chunks in order.
+    cut into chunks, the first of `count mod chunk` units (to reach a multiple), then whole chunks. `layout`
+    uniform: every block keeps the same number of each kind, so the chunk at each position is taken in all
+    blocks at once; decilm: a block's query heads are one chunk, its whole attention, since DeciLM's schema has
+    one query-head count for every layer whose attention stays. A group costs the sum of its units' costs;
+    sorted units make these sums non-decreasing within a block, so a prefix of the global order takes each
+    block's chunks in order.
     """
     families: dict[object, list[int]] = {}
     for index, kind in enumerate(kinds):
-        families.setdefault(kind.name if uniform else index, []).append(index)
+        families.setdefault(kind.name if layout == "uniform" else index, []).append(index)
     group_costs, group_of = [], {}
     for indices in families.values():
         kind = kinds[indices[0]]
         chunk = max(1, multiple // math.gcd(multiple, kind.members[0].size))
+        if layout == "decilm" and kind.name == "head":
+            chunk = kind.count
         per = kind.kv[1] if kind.kv is not None else 1
         if chunk == 1 and per > 1:  # rounds: the r-th cheapest query head of every KV head leave together
             total = torch.zeros(per, dtype=costs[indices[0]].dtype)

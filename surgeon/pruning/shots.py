@@ -194,7 +194,8 @@ def _resolve(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfi
     return _Run(layers, ranks, batches, _block_groups([block for block in hooked if block], config.block_groups),
                 list(decoder_blocks(model)) if config.activation_checkpointing else [],
                 channels.couplings(model, names),
-                units.coupled_units(model, names, config.width_multiple) if config.structure == "coupled" else None)
+                units.coupled_units(model, names, config.width_multiple, config.layout)
+                if config.structure == "coupled" else None)
 
 
 def _curvature(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, run: _Run, desc: str,

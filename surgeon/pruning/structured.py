@@ -178,7 +178,7 @@ def _select(layers: list[Layer], row_costs: list[torch.Tensor], col_costs: list[
         shapes = [(layer.module.out_features, layer.module.in_features) for layer in layers]
         unit_costs = [cost / units.decode_macs(kind, shapes, config.speed_context)
                       for cost, kind in zip(unit_costs, kinds)]
-    group_costs, chosen_units = units.allocation(kinds, unit_costs, config.uniform, config.width_multiple)
+    group_costs, chosen_units = units.allocation(kinds, unit_costs, config.layout, config.width_multiple)
 
     def zeros(groups: list[torch.Tensor]) -> int:
         masks = units.masks_of(kinds, chosen_units(groups), *before, free_kv=True)
