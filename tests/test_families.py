@@ -230,10 +230,33 @@ def test_expert_neurons_are_coupled_units_and_export_compactly(family):
     assert width == -(-int(live[0, 0]) // 8) * 8 and sum(p.numel() for p in compact.parameters()) < dense
 
 
-@pytest.mark.parametrize("family", ["olmoe", "deepseek_v3"])
-def test_coupled_refuses_moe_families_whose_attention_it_cannot_couple(family):
-    with pytest.raises(SurgeonError, match=f"structure coupled supports .*'{family}'"):
+@pytest.mark.parametrize("family,message", [
+    ("olmoe", "olmoe normalises q and k over all heads at once, so its heads cannot leave alone; leave its attention "
+              "out"),
+    ("deepseek_v3", "structure coupled supports .*'deepseek_v3'"),
+])
+def test_coupled_refuses_moe_attention_it_cannot_couple(family, message):
+    with pytest.raises(SurgeonError, match=message):
         prune(family_model(family), calibration(), PruneConfig(structure="coupled", shots=1), progress=False)
+
+
+def test_olmoe_expert_neurons_are_coupled_units_with_its_attention_left_out():
+    """olmoe's q/k norm spans all heads, so its heads stay; its expert neurons leave as units and export compactly."""
+    model = family_model("olmoe")
+    attention = [p.detach().clone() for n, p in model.named_parameters() if ".self_attn." in n]
+    config = PruneConfig(structure="coupled", target_size=0.7, shots=1, layout="uniform",
+                         leave_out="router,model.layers.*.self_attn.*")
+    report = prune(model, calibration(), config, progress=False)
+    assert all(torch.equal(a, p) for a, p in zip(attention, (p for n, p in model.named_parameters()
+                                                              if ".self_attn." in n)))
+    downs = [w for w in expert_weights(model) if w.shape[1] == HIDDEN]
+    assert_reaches_target(report.removed, expert_shapes(model), 0.7, "coupled", freed=report.shots[0].freed,
+                          largest=3 * HIDDEN * len(downs) * downs[0].shape[0])  # a neuron of every expert
+    live = torch.stack([(~(down == 0).all(1)).sum(1) for down in downs])  # [blocks, experts]
+    assert bool((live == live[0, 0]).all()) and 0 < int(live[0, 0]) < downs[0].shape[2]
+    compact = compact_model(model)
+    same_logits(model, compact)
+    assert compact.config.intermediate_size == -(-int(live[0, 0]) // 8) * 8
 
 
 def shapes_of(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:

@@ -13,7 +13,8 @@ import torch
 from surgeon.app.cli import main
 from surgeon.config import PlanConfig, PruneConfig, parse_bytes
 from surgeon.errors import SurgeonError
-from surgeon.models.adapter import prunable_layers
+from surgeon.models.adapter import decoder_blocks, prunable_layers
+from surgeon.models.experts import experts_as_layers
 from surgeon.pruning import curvature
 from surgeon.scale.plan import GIB, H100_SOURCES, HEADROOM, count, fit_to_gpu, held, make_plan, meta_model, packed_bytes
 from tests._families import family_model
@@ -63,11 +64,15 @@ def test_the_headroom_covers_every_measured_run(name):
     assert counted_peak(name) * (1 + HEADROOM) >= measured_peak(name)
 
 
-@pytest.mark.parametrize("family", ["llama", "opt", "qwen2", "gpt_neox"])
+@pytest.mark.parametrize("family", ["llama", "opt", "qwen2", "gpt_neox", "mixtral", "qwen2_moe", "qwen3_moe",
+                                    "deepseek_v3"])
 def test_counted_factors_are_the_bytes_the_curvature_pass_allocates(family):
+    """Each routed expert's projections are layers with their own factors, as a run splits them; deepseek_v3's
+    latent attention reads one input in two layers that do not run one after the other, so each has its A."""
     model = family_model(family)
-    layers = [pair for block in prunable_layers(model) for pair in block]
-    factors = curvature.estimate(model, layers, torch.randint(0, 128, (2, 16)), progress=False)
+    with experts_as_layers(decoder_blocks(model)):
+        layers = [pair for block in prunable_layers(model) for pair in block]
+        factors = curvature.estimate(model, layers, torch.randint(0, 128, (2, 16)), progress=False)
     tensors = {id(f.A): f.A.tiles for f in factors.values()} | {id(f.G): f.G.tiles for f in factors.values()}
     allocated = sum(t.numel() * t.element_size() for t in tensors.values())
     config = PruneConfig(structure="structured", shots=1)
@@ -116,14 +121,24 @@ def test_a_model_the_plan_cannot_build_is_not_refused(tmp_path, caplog):
         meta_model(str(tmp_path), "bfloat16")
 
 
-def test_experts_the_plan_cannot_count_are_named_not_undercounted(tmp_path, caplog):
-    """A Mixture-of-Experts model: `surgeon plan` refuses in one line; a run's fit check is skipped with a warning."""
+@pytest.mark.parametrize("gpus", [1, 8])
+def test_mixture_of_experts_plans_count_every_experts_factors_and_offer_no_fsdp(gpus):
+    """Qwen3-30B-A3B fits 80 GB GPUs with its factors offloaded; Mixtral-8x7B's weights alone (87 GiB in bfloat16)
+    do not, and FSDP2, which would shard them, does not hold experts: the plan says so."""
+    config = PruneConfig(structure="structured", target_size=0.8)
+    qwen = make_plan(PlanConfig(model=str(ROOT / "bench/configs/qwen3-30b-a3b.json"), gpus=gpus), config)
+    factors = qwen["phases"]["curvature"]["factors"]
+    expert = 3 * packed_bytes(2048) + 3 * packed_bytes(768)  # A and G of gate, up and down, gate and up share A
+    assert factors > 48 * 128 * (expert - packed_bytes(2048))  # every block's 128 experts
+    assert qwen["fits"] and "offload" in qwen["strategy"] and qwen["strategies"][-1]["gpus"] == gpus
+    mixtral = make_plan(PlanConfig(model=str(ROOT / "bench/configs/mixtral-8x7b.json"), gpus=gpus), config)
+    assert not mixtral["fits"] and mixtral["phases"]["curvature"]["weights"] > 80 * GIB
+    assert not any("fsdp" in s["name"] for s in mixtral["strategies"]) and "no FSDP2" in mixtral["notes"][0]
+    assert fit_to_gpu(str(ROOT / "bench/configs/qwen3-30b-a3b.json"), "bfloat16", 128, 2048, config, 80 * GIB).offload
+
+
+def test_whole_expert_runs_are_refused_by_the_plan(tmp_path):
     family_model("mixtral").config.save_pretrained(tmp_path)
-    with pytest.raises(SurgeonError, match=r"mixtral: surgeon plan does not count Mixture-of-Experts experts yet "
-                                           r"\(model\.layers\.0\.mlp\.experts, …\)"):
-        make_plan(PlanConfig(model=str(tmp_path)), STRUCTURED)
-    assert fit_to_gpu(str(tmp_path), "bfloat16", 128, 2048, STRUCTURED, 1) is STRUCTURED
-    assert "does not count Mixture-of-Experts experts" in caplog.text
     with pytest.raises(SurgeonError, match=r"surgeon plan does not count whole-expert runs \(structure experts\)"):
         make_plan(PlanConfig(model=str(tmp_path)), PruneConfig(structure="experts"))
 

@@ -132,9 +132,9 @@ def test_shots_remove_experts_on_the_linear_schedule():
 
 @pytest.mark.parametrize("family,config,message", [
     ("llama", PruneConfig(structure="experts"), "structure experts removes whole routed experts of mixtral, "
-                                                "qwen2_moe, qwen3_moe models; the model is 'llama'"),
+                                                "olmoe, qwen2_moe, qwen3_moe models; the model is 'llama'"),
     ("mixtral", PruneConfig(structure="experts", target_size=0.25), "keeps 1 of 4 experts per block, fewer than the 2"),
-    ("olmoe", PruneConfig(structure="experts"), "the model is 'olmoe'"),
+    ("deepseek_v3", PruneConfig(structure="experts"), "the model is 'deepseek_v3'"),
 ])
 def test_what_whole_experts_cannot_do_is_refused_in_one_line(family, config, message):
     model = family_model(family)

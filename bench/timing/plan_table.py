@@ -2,9 +2,9 @@
 
     python bench/timing/plan_table.py
 
-Counts OPT-125m … Llama-2-70B (bench/configs) in bfloat16, 128 × 2048 calibration tokens, structured
-(batch 2; Llama-2-70B batch 1) and unstructured 50%, on 1, 2 and 8 GPUs of 80 GB, from the
-configuration alone (no weights). Writes bench/results/plan/plan-table@<commit>.json;
+Counts OPT-125m … Llama-2-70B, Mixtral-8x7B and Qwen3-30B-A3B (bench/configs) in bfloat16, 128 × 2048
+calibration tokens, structured (batch 2; the last three batch 1) and unstructured 50%, on 1, 2 and 8 GPUs
+of 80 GB, from the configuration alone (no weights). Writes bench/results/plan/plan-table@<commit>.json;
 `python bench/results_md.py` puts the table into RESULTS.md.
 """
 
@@ -18,7 +18,9 @@ from surgeon.config import PlanConfig, PruneConfig
 from surgeon.scale.plan import make_plan
 
 ROOT = Path(__file__).resolve().parents[1]  # bench/
-MODELS = ("opt-125m", "opt-1.3b", "opt-2.7b", "opt-6.7b", "llama-2-7b", "llama-2-13b", "llama-2-70b")
+MODELS = ("opt-125m", "opt-1.3b", "opt-2.7b", "opt-6.7b", "llama-2-7b", "llama-2-13b", "llama-2-70b", "mixtral-8x7b",
+          "qwen3-30b-a3b")
+BATCH_1 = ("llama-2-70b", "mixtral-8x7b", "qwen3-30b-a3b")
 STRUCTURES = {"structured": PruneConfig(structure="structured", shots=40),
               "unstructured": PruneConfig(structure="unstructured", target_size=0.5, shots=5)}
 
@@ -32,7 +34,7 @@ def main() -> None:
     rows = []
     for model in MODELS:
         for structure, config in STRUCTURES.items():
-            batch = 1 if model == "llama-2-70b" else 2
+            batch = 1 if model in BATCH_1 else 2
             config = PruneConfig(**{**config.__dict__, "batch_size": batch})
             for gpus in (1, 2, 8):
                 plan = make_plan(PlanConfig(model=str(ROOT / "configs" / f"{model}.json"), dtype="bfloat16",

@@ -192,6 +192,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         time = f", {time['curvature']:.0f} + {time['prune']:.0f} s per shot" if time else ""
         print(f"  {strategy['name']}: GPU {strategy['peak_gpu_bytes'] / GIB:.1f} GiB per GPU{host}{time}, "
               f"{'fits' if strategy['fits'] else 'does not fit'} ({strategy['launch']})")
+    for note in result["notes"]:
+        print(f"  {note}")
     seconds = result["seconds_per_shot_h100"]
     print("  per shot on one H100: " + (", ".join(f"{phase} {value:.0f} s" for phase, value in seconds.items())
                                         + " (scaled from the measured Llama-2-7B rate)" if seconds else

@@ -15,8 +15,9 @@ every block: each block keeps the most units any block needs, its own live units
 ones (whose output is exactly zero) as padding. The head count stays a multiple of the KV heads and,
 for Llama (whose config requires it), a divisor of `hidden_size`; `head_dim` is written explicitly.
 OPT keeps its heads (its attention has no `head_dim`: q, k, v stay hidden × hidden) and compacts its MLP.
-Mixture-of-Experts models (mixtral, qwen2_moe, qwen3_moe) compact their fused experts the same way, in this
-format only: every expert keeps the widest expert's live neurons, rounded up to `EXPERT_ALIGN`.
+Mixture-of-Experts models (mixtral, olmoe, qwen2_moe, qwen3_moe) compact their fused experts the same way, in
+this format only (olmoe keeps its heads): every expert keeps the widest expert's live neurons, rounded up to
+`EXPERT_ALIGN`.
 The "decilm" format (Llama) is the per-layer one: DeciLM's `block_configs`, which vLLM serves natively
 and `compact_modeling` loads in transformers. Each layer keeps its own MLP width (exact, or rounded up
 to a multiple of 256 and written as `ffn_mult` for readers that need that key, such as llama.cpp's
@@ -44,8 +45,9 @@ from surgeon.models.experts import fused_weights, is_fused_experts, kept_neurons
 
 GATED = ("llama", "mistral", "qwen2", "qwen3", "smollm")  # gate/up/down MLP and q/k/v/o attention with head_dim
 # Mixture-of-Experts families of the gated layout with fused experts, and the config key of the experts' width
-EXPERT_WIDTH = {"mixtral": "intermediate_size", "qwen2_moe": "moe_intermediate_size",
+EXPERT_WIDTH = {"mixtral": "intermediate_size", "olmoe": "intermediate_size", "qwen2_moe": "moe_intermediate_size",
                 "qwen3_moe": "moe_intermediate_size"}
+WHOLE_QK_NORM = ("olmoe",)  # q_norm and k_norm over all heads at once: a head cannot leave on its own
 FAMILIES = (*GATED, "opt", *EXPERT_WIDTH)
 # transformers runs fused experts with torch's grouped GEMM, whose operands need rows of a multiple of 16 bytes:
 # the experts keep a multiple of 8 neurons (padding with removable ones), enough for 16-bit weights and wider
@@ -119,6 +121,9 @@ def live_units(model: nn.Module) -> list[BlockUnits]:
         kv_heads, per_kv, _ = _head_layout(config)
         dead_heads = _zero_cols(o.weight, kv_heads * per_kv).reshape(kv_heads, per_kv)
         dead_heads = dead_heads | _zero_rows(v.weight, v.bias, kv_heads).unsqueeze(1)
+        if family in WHOLE_QK_NORM and bool(dead_heads.any()):
+            raise SurgeonError(f"compact export: {family} normalises q and k over all heads at once, so its heads "
+                               "stay; this model has heads with zero output")
         units.append(BlockUnits(~dead, ~dead_heads, _live_experts(block, zero_act)))
     return units
 

@@ -49,7 +49,14 @@ def kept_neurons(module: nn.Module, kept: torch.Tensor) -> dict[str, torch.Tenso
 
 
 # Families whose routed experts can leave whole, and the config key of the count every sparse block holds
-EXPERT_COUNT = {"mixtral": "num_local_experts", "qwen2_moe": "num_experts", "qwen3_moe": "num_experts"}
+EXPERT_COUNT = {"mixtral": "num_local_experts", "olmoe": "num_experts", "qwen2_moe": "num_experts",
+                "qwen3_moe": "num_experts"}
+
+
+def routed_share(config: Any) -> float:
+    """The fraction of tokens a routed expert runs on average: experts per token over experts."""
+    experts = getattr(config, "num_local_experts", None) or config.num_experts
+    return config.num_experts_per_tok / experts
 
 
 def sparse_blocks(blocks: Any) -> list[tuple[int, Any]]:

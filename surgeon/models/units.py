@@ -26,9 +26,11 @@ from torch import nn
 
 from surgeon.errors import SurgeonError
 from surgeon.models.adapter import attention_layout
+from surgeon.models.experts import routed_share
 
 Axis = Literal["rows", "cols"]
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "smollm", "opt", "mixtral", "qwen2_moe", "qwen3_moe")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "smollm", "opt", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
+WHOLE_QK_NORM = ("olmoe",)  # q_norm and k_norm over all heads at once: heads are no units
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,8 @@ def coupled_units(model: nn.Module, names: list[str], width_multiple: int = 1, l
     (`experts.ExpertLayers`), on its own ("expert neuron"), so that layout uniform keeps as many neurons in every
     expert as in the others. KV groups are units under grouped-query attention when query heads leave in
     rounds (`width_multiple` at most `head_dim`, see `allocation`): every KV group then keeps as many query
-    heads as the others, so a group's kept columns of o are a set of the same size in every live group. Under
+    heads as the others, so a group's kept columns of o are a set of the same size in every live group. olmoe's
+    heads are no units (`WHOLE_QK_NORM`): its attention is left out or the run refused. Under
     `layout` decilm a block's heads leave together (`allocation`), and so KV groups are no units of their own."""
     config: Any = model.config
     family = getattr(config, "model_type", "")
@@ -101,8 +104,8 @@ def coupled_units(model: nn.Module, names: list[str], width_multiple: int = 1, l
             producers = tuple(Member(_member(index, prefix + part, name), "rows", 1) for part in mlp[:-1])
             kinds.append(UnitKind("expert neuron" if routed else "neuron", consumer.in_features,
                                   producers + (Member(index[name], "cols", 1),),
-                                  share=_routed_share(config) if routed else 1.0))
-        if not name.endswith("." + attention[-1]):
+                                  share=routed_share(config) if routed else 1.0))
+        if not name.endswith("." + attention[-1]) or family in WHOLE_QK_NORM:
             continue
         kinds += block_attention
         prefix = name[: -len(attention[-1])]
@@ -125,16 +128,14 @@ def coupled_units(model: nn.Module, names: list[str], width_multiple: int = 1, l
     covered = {member.layer for kind in kinds for member in kind.members} | {
         layer for kind in kinds if kind.kv is not None for layer in kind.kv[0]}  # k, v: freed with their query heads
     outside = [name for i, name in enumerate(names) if i not in covered]
+    if outside and family in WHOLE_QK_NORM:
+        raise SurgeonError(f"structure coupled: {family} normalises q and k over all heads at once, so its heads "
+                           "cannot leave alone; leave its attention out (--leave-out "
+                           "'router,model.layers.*.self_attn.*') to prune its neurons and expert neurons")
     if outside:
         raise SurgeonError(f"structure coupled: no neuron or head unit holds {', '.join(outside[:3])}"
                            f"{' …' if len(outside) > 3 else ''}; leave it out or use structure structured")
     return kinds
-
-
-def _routed_share(config: Any) -> float:
-    """The fraction of tokens a routed expert runs on average: experts per token over experts."""
-    experts = getattr(config, "num_local_experts", None) or config.num_experts
-    return config.num_experts_per_tok / experts
 
 
 def _member(index: dict[str, int], layer: str, beside: str) -> int:

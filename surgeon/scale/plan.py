@@ -28,7 +28,6 @@ import dataclasses
 import json
 import logging
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +38,9 @@ from surgeon.config import NEEDS_A, NEEDS_G, PlanConfig, PruneConfig, parse_byte
 from surgeon.errors import SurgeonError, first_line
 from surgeon.models import hub
 from surgeon.models.adapter import DTYPES, check_prunable, decoder_blocks, prunable_layers, resolve_source
-from surgeon.models.experts import is_fused_experts
+from surgeon.models.experts import experts_as_layers, is_fused_experts, routed_share
 from surgeon.scale.block_groups import check_block_groups, group_edges, groups_limit
+from surgeon.scale.trace import trace_forward
 
 logger = logging.getLogger(__name__)
 
@@ -88,92 +88,16 @@ def meta_model(name: str, dtype: str) -> nn.Module:
     return model.eval()
 
 
-@dataclass
-class _Trace:
-    """What one meta-device forward shows: which layers read one input, and what autograd saves."""
-
-    owners: dict[str, str]  # layer -> the first layer reading the same input tensor (shares its A)
-    saved_bytes: int
-    checkpointed_bytes: int  # saved with each decoder block checkpointed (`PruneConfig.activation_checkpointing`)
-
-
-def _trace(model: nn.Module, layers: list[tuple[str, nn.Linear]], batch: int, seqlen: int) -> _Trace:
-    """Run one forward of `batch × seqlen` tokens on the meta device, as the curvature pass runs it.
-
-    Attention is counted as the fused kernels (flash, memory-efficient, cuDNN) keep it for the
-    backward pass: query, key, value, output and one float32 statistic per query row, no scores.
-    Each saved tensor is put down to the decoder block that saved it: checkpointed, a block keeps
-    only its input hidden states, and the backward pass holds one block's own tensors again.
-    """
-    import torch.nn.functional as F
-
-    params = {id(p) for p in model.parameters()}
-    inputs: dict[str, torch.Tensor] = {}
-    saved: dict[int, torch.Tensor] = {}  # by id, the tensors themselves held so that no id is reused
-    where: dict[int, int | None] = {}  # saved tensor -> the block that saved it (None: outside the blocks)
-    statistics: dict[int | None, int] = {}
-    blocks = decoder_blocks(model)
-    current: list[int | None] = [None]
-    block_input = [0]  # bytes of the largest hidden states a block reads: what a checkpointed block keeps
-
-    def enter(index: int, args: tuple, kwargs: dict) -> None:
-        current[0] = index
-        hidden = args[0] if args else kwargs["hidden_states"]
-        block_input[0] = max(block_input[0], hidden.numel() * hidden.element_size())
-
-    def keep(t: torch.Tensor) -> torch.Tensor:
-        base = t if t._base is None else t._base
-        if id(base) not in params and id(t) not in params and id(base) not in saved:
-            saved[id(base)] = base
-            where[id(base)] = current[0]
-        return t
-
-    def fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any,
-                        **kwargs: Any) -> torch.Tensor:
-        out = (query[..., :1] * 0).expand(*query.shape[:-1], value.shape[-1]).clone()  # keeps nothing itself
-        for t in (query, key, value, out):
-            keep(t)
-        statistics[current[0]] = statistics.get(current[0], 0) + query.shape[:-1].numel() * 4  # log-sum-exp, fp32
-        return out
-
-    handles = [module.register_forward_pre_hook(lambda m, args, name=name: inputs.__setitem__(name, args[0]))
-               for name, module in layers]
-    for index, block in enumerate(blocks):
-        handles.append(block.register_forward_pre_hook(lambda m, args, kwargs, index=index: enter(index, args, kwargs),
-                                                       with_kwargs=True))
-        handles.append(block.register_forward_hook(lambda m, args, out: current.__setitem__(0, None)))
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    sdpa = F.scaled_dot_product_attention
-    try:
-        for p, _ in flags:
-            p.requires_grad_(False)
-        F.scaled_dot_product_attention = fused_attention
-        ids = torch.zeros(batch, seqlen, dtype=torch.long, device="meta")
-        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-            lm: Any = model  # a transformers causal LM
-            embeds = lm.get_input_embeddings()(ids).detach().requires_grad_(True)
-            lm(inputs_embeds=embeds)
-    finally:
-        F.scaled_dot_product_attention = sdpa
-        for handle in handles:
-            handle.remove()
-        for p, flag in flags:
-            p.requires_grad_(flag)
-    owners: dict[str, str] = {}
-    first: dict[int, str] = {}
-    for name, _ in layers:
-        owners[name] = first.setdefault(id(inputs[name]), name)
-    by_block = dict(statistics)
-    for key, tensor in saved.items():
-        by_block[where[key]] = by_block.get(where[key], 0) + tensor.numel() * tensor.element_size()
-    outside = by_block.pop(None, 0)
-    return _Trace(owners, outside + sum(by_block.values()),
-                  outside + len(blocks) * block_input[0] + max(by_block.values(), default=0))
-
-
 def count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, device: str) -> dict[str, Any]:
     """What a shot holds, counted part by part, and its phases (`phases`) in one process (docs/DESIGN.md,
-    "Planning")."""
+    "Planning"). Fused Mixture-of-Experts experts are counted as a run splits them, one layer per projection
+    of each expert, each reached by an equal share of the tokens (`experts.ExpertLayers` on the meta device)."""
+    with experts_as_layers(decoder_blocks(model)):
+        return _count(model, config, nsamples, seqlen, device)
+
+
+def _count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, device: str) -> dict[str, Any]:
+    """`count` once any fused experts are layers."""
     blocks = prunable_layers(model, config.leave_out_parts)
     layers = [pair for block in blocks for pair in block]
     settings: Any = model.config
@@ -189,9 +113,10 @@ def count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, dev
         "hessians": sum(packed_bytes(m.in_features) * 2 for _, m in blocks[0]),
     }
     block_factors: list[int] = []  # the packed factors of each decoder block's layers
-    layer_factors = accumulation = 0
+    layer_factors, accumulation = 0, 0.0
+    share = {name: routed_share(settings) if ".experts." in name else 1.0 for name, _ in layers}  # tokens reaching
     if config.method in NEEDS_A:
-        trace = _trace(model, layers, config.batch_size, seqlen)
+        trace = trace_forward(model, layers, config.batch_size, seqlen)
         need_g = config.method in NEEDS_G  # else the pass runs forward only, under no_grad: it saves nothing
         parts["activations"] = trace.saved_bytes * need_g
         parts["checkpointed_activations"] = trace.checkpointed_bytes * need_g
@@ -202,20 +127,22 @@ def count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, dev
                 A = packed_bytes(width) if trace.owners[name] == name else 0
                 sizes.append(A + packed_bytes(m.out_features) * need_g)
                 layer_factors = max(layer_factors, packed_bytes(width) + packed_bytes(m.out_features) * need_g)
-                accumulation += (width ** 2 // 2 if trace.owners[name] == name else 0) + \
-                    m.out_features ** 2 // 2 * need_g
+                accumulation += share[name] * ((width ** 2 // 2 if trace.owners[name] == name else 0)
+                                               + m.out_features ** 2 // 2 * need_g)
             block_factors.append(sum(sizes))
     decoder = decoder_blocks(model)
     in_blocks = sum(p.numel() for block in decoder for p in block.parameters()) * itemsize
     prunable = sum(m.weight.numel() for _, m in layers)
+    active = sum(m.weight.numel() * share[name] for name, m in layers)  # the weights a token runs through
     counts = {"parts": parts, "block_factor_bytes": block_factors, "layer_factor_bytes": layer_factors,
               "weights_bytes": sum(p.numel() for p in model.parameters()) * itemsize,
               "parameters": sum(p.numel() for p in model.parameters()),
-              "prunable_parameters": prunable, "prunable_bytes": prunable * itemsize, "layers": len(layers),
+              "prunable_parameters": prunable, "active_parameters": round(active),
+              "prunable_bytes": prunable * itemsize, "layers": len(layers),
               "blocks": len(decoder), "root_bytes": sum(p.numel() for p in model.parameters()) * itemsize - in_blocks,
               "block_bytes": max(sum(p.numel() for p in block.parameters()) * itemsize for block in decoder),
               # products per token: the forward and input-gradient passes, and the factors' upper triangles
-              "pass_products": 2 * prunable, "accumulation_products": accumulation}
+              "pass_products": 2 * active, "accumulation_products": accumulation}
     counts["phases"] = held(counts, config)
     return counts
 
@@ -259,8 +186,8 @@ def held(counts: dict[str, Any], config: PruneConfig, ranks: int = 1, fsdp: bool
 
 
 def _projected_seconds(counts: dict[str, Any], config: PruneConfig, nsamples: int, seqlen: int) -> dict[str, float]:
-    """Seconds per shot on one H100 from the measured Llama-2-7B rates: curvature scaled by parameters × tokens,
-    the prune phase by parameters.
+    """Seconds per shot on one H100 from the measured Llama-2-7B rates: curvature scaled by the weights a token
+    runs through (all of a dense model's, a share of the experts') × tokens, the prune phase by parameters.
 
     Only for LLM Surgeon, the runs those rates were measured on; empty otherwise.
     """
@@ -269,8 +196,9 @@ def _projected_seconds(counts: dict[str, Any], config: PruneConfig, nsamples: in
     kind = config.structure if config.nm is None else "N:M propagated" if config.propagates else "N:M"
     if kind not in H100_PRUNE_S:
         return {}
-    size = counts["prunable_parameters"] / H100_PARAMETERS
-    return {"curvature": H100_CURVATURE_S * size * nsamples * seqlen / H100_TOKENS, "prune": H100_PRUNE_S[kind] * size}
+    active, size = counts["active_parameters"] / H100_PARAMETERS, counts["prunable_parameters"] / H100_PARAMETERS
+    return {"curvature": H100_CURVATURE_S * active * nsamples * seqlen / H100_TOKENS,
+            "prune": H100_PRUNE_S[kind] * size}
 
 
 def _peak(phases: dict[str, dict[str, int]]) -> tuple[dict[str, dict[str, int]], str, int]:
@@ -346,10 +274,8 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
         raise SurgeonError("surgeon plan does not count whole-expert runs (structure experts) yet")
     model = meta_model(plan.model, plan.dtype)
     check_prunable(model, config.leave_out_parts)
-    experts = uncounted_experts(model)
-    if experts:
-        raise SurgeonError(f"{getattr(model.config, 'model_type', plan.model)}: surgeon plan does not count "
-                           f"Mixture-of-Experts experts yet ({experts[0]}, …)")
+    whole = any(is_fused_experts(module) for module in model.modules())  # experts are pruned unsharded
+    notes = ["no FSDP2: Mixture-of-Experts experts are pruned with their weights whole on every rank"] * whole
     counts = count(model, config, plan.nsamples, plan.seqlen, "cuda")
     budget = parse_bytes(plan.gpu_memory)
     phases, peak_phase, peak = _peak(counts["phases"])
@@ -360,8 +286,10 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
         torchrun = f"torchrun --nproc-per-node {plan.gpus} -m surgeon prune"
         if factors:
             launches.append((plan.gpus, False, "batches", f"{plan.gpus}-ranks-split-by-batches", torchrun))
-        launches.append((plan.gpus, True, "batches", f"{plan.gpus}-ranks-fsdp-split-by-batches", torchrun + " --fsdp"))
-        if factors:
+        if not whole:
+            launches.append((plan.gpus, True, "batches", f"{plan.gpus}-ranks-fsdp-split-by-batches",
+                             torchrun + " --fsdp"))
+        if factors and not whole:
             launches.append((plan.gpus, True, "blocks", f"{plan.gpus}-ranks-fsdp-split-by-blocks",
                              torchrun + " --fsdp --curvature-split blocks"))
     strategies: list[dict[str, Any]] = []
@@ -392,14 +320,9 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
         "strategy": chosen["name"] if chosen else None, "strategies": strategies,
         "headroom": HEADROOM, "shortfall_bytes": max(round(_needed(min(
             s["peak_gpu_bytes"] for s in strategies))) - budget, 0),
-        "seconds_per_shot_h100": seconds,
+        "seconds_per_shot_h100": seconds, "notes": notes,
         "time_source": H100_SOURCES,
     }
-
-
-def uncounted_experts(model: nn.Module) -> list[str]:
-    """Names of the fused experts modules, which `count` does not count (its meta forward cannot route tokens)."""
-    return [name for name, module in model.named_modules() if is_fused_experts(module)]
 
 
 def fit_to_gpu(model_name: str, dtype: str, nsamples: int, seqlen: int, config: PruneConfig, budget: int,
@@ -411,15 +334,12 @@ def fit_to_gpu(model_name: str, dtype: str, nsamples: int, seqlen: int, config: 
 
     ranks, fsdp: a torchrun run's ranks and whether its weights are sharded; the peak is one rank's.
     A model whose configuration transformers cannot build alone (a DeciLM compact checkpoint,
-    say), or one with fused Mixture-of-Experts experts, is not counted: `config` is returned with a warning.
+    say) is not counted: `config` is returned with a warning.
     """
     try:
         model = meta_model(model_name, dtype)
     except SurgeonError as error:
         logger.warning("memory not checked before loading: %s", error)
-        return config
-    if uncounted_experts(model):
-        logger.warning("memory not checked before loading: the plan does not count Mixture-of-Experts experts yet")
         return config
     counts = count(model, config, nsamples, seqlen, "cuda")
     check_block_groups(counts["blocks"], ranks, config)
