@@ -11,8 +11,9 @@ from surgeon.errors import SurgeonError
 from surgeon.export.compact import compact_model, same_logits
 from surgeon.models.adapter import block_weights, decoder_blocks, prunable_layers, unprunable_weights
 from surgeon.models.experts import experts_as_layers
+from surgeon.pruning import curvature
 from tests._families import COMMON, FAMILIES, HIDDEN, INTERMEDIATE, MOE_FAMILIES, VOCAB, family_model
-from tests._tolerances import FLOAT32, assert_reaches_target
+from tests._tolerances import FLOAT32, FLOAT64, assert_reaches_target
 
 
 def calibration() -> torch.Tensor:
@@ -312,6 +313,35 @@ def test_a_dense_model_rewritten_as_experts_prunes_as_the_dense_model():
         with torch.no_grad():
             expected, got = pruned(ids).logits, moe(ids).logits
         assert torch.allclose(got, expected, atol=1e-4 * float(expected.abs().max())), structure
+
+
+def test_experts_partitioning_a_dense_mlp_get_the_diagonal_blocks_of_its_factors():
+    """What the experts' own curvature is, exactly: with 2 experts splitting a dense MLP, each expert's gate and up
+    read every token (A the dense one), their G is the dense G over the expert's neurons, its down projection's A
+    the dense A over them, and its G the dense one over E² (the router weight 1/E before the scaled output)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    dense = LlamaForCausalLM(LlamaConfig(**COMMON)).double().eval()
+    moe = dense_as_moe(dense, 2).double()
+    ids = calibration()
+    with experts_as_layers(decoder_blocks(moe)):
+        layers = [pair for block in prunable_layers(moe) for pair in block]
+        got = curvature.estimate(moe, layers, ids, progress=False)
+    layers = [pair for block in prunable_layers(dense) for pair in block]
+    want = curvature.estimate(dense, layers, ids, progress=False)
+    half = INTERMEDIATE // 2
+    for block in range(COMMON["num_hidden_layers"]):
+        for e in range(2):
+            p = slice(e * half, (e + 1) * half)
+            expert, mlp = f"model.layers.{block}.mlp.experts.{e}.", f"model.layers.{block}.mlp."
+            for part in ("gate_proj", "up_proj"):
+                torch.testing.assert_close(got[expert + part].A.dense(), want[mlp + part].A.dense(), **FLOAT64)
+                torch.testing.assert_close(got[expert + part].G.dense(), want[mlp + part].G.dense()[p, p], **FLOAT64)
+            torch.testing.assert_close(got[expert + "down_proj"].A.dense(), want[mlp + "down_proj"].A.dense()[p, p],
+                                       **FLOAT64)
+            torch.testing.assert_close(got[expert + "down_proj"].G.dense(), want[mlp + "down_proj"].G.dense() / 4,
+                                       **FLOAT64)
 
 
 def test_moe_export_refuses_what_its_config_cannot_hold():

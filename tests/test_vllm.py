@@ -129,15 +129,26 @@ def test_vllm_serves_a_mixture_of_experts_export_with_the_masked_models_greedy_t
 
 @pytest.mark.slow
 def test_vllm_serves_a_smollm2_decilm_export_with_the_masked_models_greedy_tokens(tmp_path):
-    """SmolLM2 at 80% in coupled mode (a short calibration), exported in the DeciLM format with exact widths."""
+    """SmolLM2 at 80% in coupled mode with the DeciLM layout (a short calibration), exported in the DeciLM format:
+    the export holds exactly the masked model's non-zero weights, and vLLM serves it."""
+    from safetensors.torch import load_file
+
     run, out = tmp_path / "run", tmp_path / "decilm"
     assert main(["--quiet", "prune", "--model", "smollm2-135m", "--structure", "coupled", "--target-size", "0.8",
-                 "--shots", "1", "--nsamples", "4", "--seqlen", "256", "--calibration", "wikitext2-valid",
-                 "--eval-windows", "1", "--eval-seqlen", "256", "--output", str(run)]) == 0
+                 "--layout", "decilm", "--shots", "1", "--nsamples", "4", "--seqlen", "256", "--calibration",
+                 "wikitext2-valid", "--eval-windows", "1", "--eval-seqlen", "256", "--output", str(run)]) == 0
     assert main(["--quiet", "export", str(run), "--compact", "--format", "decilm", "--output", str(out)]) == 0
     tokenizer = AutoTokenizer.from_pretrained(run)
     prompts = [tokenizer(text).input_ids for text in (
         "The history of the city begins", "In mathematics, a prime number is", "The film was released in",
         "Robert Boulter is an English film and television actor")]
     model = AutoModelForCausalLM.from_pretrained(run, dtype="float32").eval()
+    live = 0  # the weights of the units left: every live neuron's gate, up and down; a live attention whole
+    for block in decoder_blocks(model):
+        mlp, attention = block.mlp, block.self_attn
+        live += int((mlp.down_proj.weight != 0).any(0).sum()) * 3 * model.config.hidden_size
+        if bool((attention.o_proj.weight != 0).any()):
+            live += sum(attention.get_submodule(f"{part}_proj").weight.numel() for part in "qkvo")
+    weights = load_file(out / "model.safetensors")
+    assert sum(t.numel() for n, t in weights.items() if ".layers." in n and t.dim() == 2) == live
     assert served_tokens(str(out), prompts, 24) == masked_tokens(model, prompts, 24)
