@@ -211,7 +211,7 @@ def test_decilm_layers_replaced_by_linear_ones_are_refused():
 
 
 def test_decilm_format_is_refused_for_other_families():
-    with pytest.raises(SurgeonError, match="format decilm writes Llama models; the model is 'qwen2'"):
+    with pytest.raises(SurgeonError, match="format decilm writes llama models; the model is 'qwen2'"):
         compact_model(family_model("qwen2"), "decilm")
 
 

@@ -12,12 +12,14 @@ from surgeon import PruneConfig, prune
 from surgeon.errors import SurgeonError
 from surgeon.export.compact import compact_model, same_logits
 from surgeon.models.adapter import decoder_blocks
-from surgeon.models.experts import EXPERT_COUNT, fused_weights, keep_experts, routing, sparse_blocks
+from surgeon.models.experts import fused_weights, keep_experts, routing, sparse_blocks
+from surgeon.models.families import FAMILIES as KNOWN
+from surgeon.models.families import supporting
 from surgeon.pruning.whole_experts import reap_scores, reroute_costs
 from tests._families import VOCAB, family_model
 from tests._helpers import logits
 
-FAMILIES = sorted(EXPERT_COUNT)
+FAMILIES = sorted(supporting("expert_count"))
 
 
 def calibration() -> torch.Tensor:
@@ -108,7 +110,7 @@ def test_whole_experts_leave_with_their_router_rows_and_the_model_loads_as_its_f
                 for _, moe in sparse_blocks(decoder_blocks(model))]
     report = prune(model, calibration(), PruneConfig(structure="experts", target_size=0.5, method=method),
                    progress=False)
-    assert getattr(model.config, EXPERT_COUNT[family]) == 2
+    assert getattr(model.config, KNOWN[family].expert_count) == 2
     assert report.sparsity == 0.5 and set(report.layers.values()) == {0.5} and len(report.shots) == 1
     for (_, moe), (router, gate_up, down) in zip(sparse_blocks(decoder_blocks(model)), original):
         kept = [next(e for e in range(4) if torch.equal(row, router[e])) for row in moe.gate.weight]
@@ -116,7 +118,7 @@ def test_whole_experts_leave_with_their_router_rows_and_the_model_loads_as_its_f
         assert torch.equal(moe.experts.gate_up_proj, gate_up[kept]) and torch.equal(moe.experts.down_proj, down[kept])
     model.save_pretrained(tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert getattr(loaded.config, EXPERT_COUNT[family]) == 2
+    assert getattr(loaded.config, KNOWN[family].expert_count) == 2
     ids = calibration()[:2, :16]
     assert torch.equal(logits(loaded, ids), logits(model, ids))
     same_logits(model, compact_model(model))

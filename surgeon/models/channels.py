@@ -21,18 +21,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from surgeon.models.adapter import attention_layout
-
-# Per family: the channels' (producer layers, consumer layer) inside a decoder block, MLP then attention.
-# Families with fused projections (phi3's gate_up_proj and qkv_proj, gpt_neox's query_key_value) have
-# no separate producer layers there, so only their unfused channels are listed.
-_LLAMA_LIKE = ((("mlp.gate_proj", "mlp.up_proj"), "mlp.down_proj"), (("self_attn.v_proj",), "self_attn.o_proj"))
-FAMILIES = {
-    "opt": ((("fc1",), "fc2"), (("self_attn.v_proj",), "self_attn.out_proj")),
-    "starcoder2": ((("mlp.c_fc",), "mlp.c_proj"), (("self_attn.v_proj",), "self_attn.o_proj")),
-    "gpt_neox": ((("mlp.dense_h_to_4h",), "mlp.dense_4h_to_h"),),
-    **{family: _LLAMA_LIKE for family in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
-                                           "olmo2", "granite", "stablelm", "smollm", "smollm3")},
-}
+from surgeon.models.families import family_of
 
 
 @dataclass(frozen=True)
@@ -71,8 +60,7 @@ def couplings(model: nn.Module, names: list[str]) -> list[Coupling]:
     heads, kv_heads, head_dim = attention_layout(config)
     found = []
     for name in names:
-        family = FAMILIES.get(getattr(config, "model_type", ""), ())
-        for (producers, consumer), attention in zip(family, (False, True)):
+        for (producers, consumer), attention in zip(family_of(config).channels, (False, True)):
             if not name.endswith("." + consumer):
                 continue
             prefix = name[: -len(consumer)]

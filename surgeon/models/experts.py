@@ -48,11 +48,6 @@ def kept_neurons(module: nn.Module, kept: torch.Tensor) -> dict[str, torch.Tenso
             "down_proj": down.gather(2, kept.unsqueeze(1).expand(-1, down.shape[1], -1))}
 
 
-# Families whose routed experts can leave whole, and the config key of the count every sparse block holds
-EXPERT_COUNT = {"mixtral": "num_local_experts", "olmoe": "num_experts", "qwen2_moe": "num_experts",
-                "qwen3_moe": "num_experts"}
-
-
 def routed_share(config: Any) -> float:
     """The fraction of tokens a routed expert runs on average: experts per token over experts."""
     experts = getattr(config, "num_local_experts", None) or config.num_experts

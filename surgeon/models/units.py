@@ -27,10 +27,9 @@ from torch import nn
 from surgeon.errors import SurgeonError
 from surgeon.models.adapter import attention_layout
 from surgeon.models.experts import routed_share
+from surgeon.models.families import family_of, supporting
 
 Axis = Literal["rows", "cols"]
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "smollm", "opt", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
-WHOLE_QK_NORM = ("olmoe",)  # q_norm and k_norm over all heads at once: heads are no units
 
 
 @dataclass(frozen=True)
@@ -78,12 +77,13 @@ def coupled_units(model: nn.Module, names: list[str], width_multiple: int = 1, l
     expert as in the others. KV groups are units under grouped-query attention when query heads leave in
     rounds (`width_multiple` at most `head_dim`, see `allocation`): every KV group then keeps as many query
     heads as the others, so a group's kept columns of o are a set of the same size in every live group. olmoe's
-    heads are no units (`WHOLE_QK_NORM`): its attention is left out or the run refused. Under
+    heads are no units (`Family.whole_qk_norm`): its attention is left out or the run refused. Under
     `layout` decilm a block's heads leave together (`allocation`), and so KV groups are no units of their own."""
     config: Any = model.config
     family = getattr(config, "model_type", "")
-    if family not in FAMILIES:
-        raise SurgeonError(f"structure coupled supports {', '.join(FAMILIES)}; the model is {family!r}")
+    if not family_of(config).coupled:
+        raise SurgeonError(f"structure coupled supports {', '.join(supporting('coupled'))}; the model is {family!r}")
+    whole_qk_norm = family_of(config).whole_qk_norm
     index = {name: i for i, name in enumerate(names)}
     heads, kv_heads, head_dim = attention_layout(config)
     mlp: tuple[str, ...]
@@ -105,7 +105,7 @@ def coupled_units(model: nn.Module, names: list[str], width_multiple: int = 1, l
             kinds.append(UnitKind("expert neuron" if routed else "neuron", consumer.in_features,
                                   producers + (Member(index[name], "cols", 1),),
                                   share=routed_share(config) if routed else 1.0))
-        if not name.endswith("." + attention[-1]) or family in WHOLE_QK_NORM:
+        if not name.endswith("." + attention[-1]) or whole_qk_norm:
             continue
         kinds += block_attention
         prefix = name[: -len(attention[-1])]
@@ -128,7 +128,7 @@ def coupled_units(model: nn.Module, names: list[str], width_multiple: int = 1, l
     covered = {member.layer for kind in kinds for member in kind.members} | {
         layer for kind in kinds if kind.kv is not None for layer in kind.kv[0]}  # k, v: freed with their query heads
     outside = [name for i, name in enumerate(names) if i not in covered]
-    if outside and family in WHOLE_QK_NORM:
+    if outside and whole_qk_norm:
         raise SurgeonError(f"structure coupled: {family} normalises q and k over all heads at once, so its heads "
                            "cannot leave alone; leave its attention out (--leave-out "
                            "'router,model.layers.*.self_attn.*') to prune its neurons and expert neurons")

@@ -31,7 +31,8 @@ from tqdm.auto import tqdm
 from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
 from surgeon.models.adapter import block_weights, decoder_blocks
-from surgeon.models.experts import EXPERT_COUNT, expert_outputs, fused_weights, keep_experts, routing, sparse_blocks
+from surgeon.models.experts import expert_outputs, fused_weights, keep_experts, routing, sparse_blocks
+from surgeon.models.families import family_of, supporting
 from surgeon.pruning import curvature
 from surgeon.pruning.report import PruneReport, ShotReport, clock, peak_memory_gb
 from surgeon.pruning.resume import Checkpoint
@@ -135,10 +136,10 @@ def prune_experts(model: nn.Module, calibration_ids: torch.Tensor, config: Prune
     `layers` that fraction per block (`model.layers.3.mlp.experts`).
     """
     config_of: Any = model.config
-    family = config_of.model_type
-    if family not in EXPERT_COUNT:
-        raise SurgeonError(f"structure experts removes whole routed experts of {', '.join(EXPERT_COUNT)} models; the "
-                           f"model is {family!r}")
+    count_key = family_of(config_of).expert_count
+    if count_key is None:
+        raise SurgeonError(f"structure experts removes whole routed experts of {', '.join(supporting('expert_count'))} "
+                           f"models; the model is {config_of.model_type!r}")
     if group is not None:
         raise SurgeonError("structure experts runs in one process; launch without torchrun")
     if checkpoint is not None and checkpoint.state is not None:
@@ -167,7 +168,7 @@ def prune_experts(model: nn.Module, calibration_ids: torch.Tensor, config: Prune
         count = round(start_count - (start_count - keep) * shot / last)
         for moe, cost in zip(moes, costs):
             keep_experts(moe, cost.argsort(descending=True, stable=True)[:count].sort().values.to(device))
-        setattr(config_of, EXPERT_COUNT[family], count)
+        setattr(config_of, count_key, count)
         sparsity = 1 - sum(_weights(moe) for moe in moes) / sum(total)
         shot_report = ShotReport(shot, config.shot_target(shot), sparsity, 0,
                                  {"costs": t1 - t0, "prune": clock(device) - t1}, peak_memory_gb(device))
