@@ -8,6 +8,7 @@ import torch
 from surgeon import PruneConfig, prune
 from surgeon.models import channels
 from surgeon.models.adapter import prunable_layers
+from surgeon.models.families import family_of
 from tests._families import FAMILIES, VOCAB, family_model
 from tests._helpers import tiny_model
 from tests._tolerances import assert_reaches_target
@@ -81,7 +82,7 @@ def test_every_family_couples_its_unfused_channels_and_their_dead_ends_change_no
     model = family_model(family)
     layers = layers_of(model)
     found = channels.couplings(model, [name for name, _ in layers])
-    expected = len(channels.FAMILIES.get(model.config.model_type, ())) * model.config.num_hidden_layers
+    expected = len(family_of(model.config).channels) * model.config.num_hidden_layers
     assert len(found) == expected and (expected > 0) == (family != "phi3")  # phi3 fuses both producers
     generator = torch.Generator().manual_seed(0)
     rows = [torch.rand(m.out_features, generator=generator) < 0.3 for _, m in layers]
