@@ -289,9 +289,9 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
         if not whole:
             launches.append((plan.gpus, True, "batches", f"{plan.gpus}-ranks-fsdp-split-by-batches",
                              torchrun + " --fsdp"))
-        if factors and not whole:
-            launches.append((plan.gpus, True, "blocks", f"{plan.gpus}-ranks-fsdp-split-by-blocks",
-                             torchrun + " --fsdp --curvature-split blocks"))
+        if factors:  # experts are not sharded: their ranks split the blocks with the weights whole
+            launches.append((plan.gpus, not whole, "blocks", f"{plan.gpus}-ranks{'' if whole else '-fsdp'}-split-"
+                             "by-blocks", torchrun + ("" if whole else " --fsdp") + " --curvature-split blocks"))
     strategies: list[dict[str, Any]] = []
     for ranks, fsdp, split, name, launch in launches:
         variants = _variants(config, counts, ranks, split)
