@@ -4,11 +4,12 @@ Protocol: the quality table's (bench/quality/table.py: 8 calibration windows of 
 WikiText-2 validation split, seed 0, 4 shots, perplexity on the first 8 windows of 2048 test
 tokens), at 90, 80 and 70% of the prunable weights kept. Rows: the paper's rows and columns
 (exported compactly: what its dead channels free), coupled LLM Surgeon with global allocation,
-`--uniform`, `--width-multiple 64`, `--width-multiple 256` exported with `ffn_mult` (multiples of 256), and
+`--layout uniform`, `--layout decilm` (with and without `--width-multiple 64`), `--width-multiple 64`,
+`--width-multiple 256` exported with `ffn_mult` (multiples of 256), and
 `--speed-context 512`, `768` and `2048` (units ranked by cost per multiply-accumulate saved at that context;
 the decode speed is measured at 2048), and λ_A = 0.01 and 1 around coupled LLM Surgeon's default 0.3; coupled
 magnitude and K-OBD. Each pruned model is exported compactly
-(`--uniform` in the standard format, the others in the per-layer DeciLM one) and its
+(`--layout uniform` in the standard format, the others in the per-layer DeciLM one) and its
 parameters counted, embeddings included; its decode speed is measured at batch 1 after a 2048-token
 prompt (`generation_speed.py`).
 
@@ -44,6 +45,8 @@ VARIANTS = {
     "rows-columns": (dict(structure="structured"), "decilm"),
     "coupled": (dict(structure="coupled"), "decilm"),
     "coupled-uniform": (dict(structure="coupled", layout="uniform"), "standard"),
+    "coupled-layout-decilm": (dict(structure="coupled", layout="decilm"), "decilm"),
+    "coupled-layout-decilm-multiple64": (dict(structure="coupled", layout="decilm", width_multiple=64), "decilm"),
     "coupled-multiple64": (dict(structure="coupled", width_multiple=64), "decilm"),
     "coupled-magnitude": (dict(structure="coupled", method="magnitude"), "decilm"),
     "coupled-kobd": (dict(structure="coupled", method="kobd"), "decilm"),
