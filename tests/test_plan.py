@@ -137,10 +137,14 @@ def test_mixture_of_experts_plans_count_every_experts_factors_and_offer_no_fsdp(
     assert fit_to_gpu(str(ROOT / "bench/configs/qwen3-30b-a3b.json"), "bfloat16", 128, 2048, config, 80 * GIB).offload
 
 
-def test_whole_expert_runs_are_refused_by_the_plan(tmp_path):
+def test_whole_expert_runs_are_refused_by_the_plan_and_not_checked_before_a_run(tmp_path, caplog):
+    """Their own pass holds no factors: counted as layers, they would be refused for memory they never use."""
     family_model("mixtral").config.save_pretrained(tmp_path)
+    experts = PruneConfig(structure="experts")
     with pytest.raises(SurgeonError, match=r"surgeon plan does not count whole-expert runs \(structure experts\)"):
-        make_plan(PlanConfig(model=str(tmp_path)), PruneConfig(structure="experts"))
+        make_plan(PlanConfig(model=str(tmp_path)), experts)
+    assert fit_to_gpu(str(tmp_path), "bfloat16", 128, 2048, experts, 1) is experts
+    assert "does not count whole-expert runs" in caplog.text
 
 
 def test_plan_command_writes_json(tmp_path, capsys):
