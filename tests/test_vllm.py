@@ -130,7 +130,7 @@ def test_vllm_serves_a_mixture_of_experts_export_with_the_masked_models_greedy_t
 @pytest.mark.slow
 def test_vllm_serves_a_smollm2_decilm_export_with_the_masked_models_greedy_tokens(tmp_path):
     """SmolLM2 at 80% in coupled mode with the DeciLM layout (a short calibration), exported in the DeciLM format:
-    the export holds exactly the masked model's non-zero weights, and vLLM serves it."""
+    the export holds exactly the weights of the units left, no padding, and vLLM serves it."""
     from safetensors.torch import load_file
 
     run, out = tmp_path / "run", tmp_path / "decilm"
