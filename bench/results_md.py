@@ -30,6 +30,8 @@ CODE = ("surgeon", "surgeon_kernels", "csrc")
 # What a pruning run executes: the code less what only writes, plans or draws its results afterwards.
 PRUNING = (*CODE, *(f":(exclude)surgeon/{name}.py" for name in ("export/compact", "models/compact_modeling",
                                                                   "scale/plan", "app/figures")))
+# What a pruning run and its compact export execute: the code less what only plans or draws afterwards
+EXPORTED = (*CODE, *(f":(exclude)surgeon/{name}.py" for name in ("scale/plan", "app/figures")))
 # What a serving row depends on: the export that wrote the checkpoint vLLM serves
 SERVING = ("surgeon/export", "surgeon/models/compact_modeling.py")
 HEADLINE_START, HEADLINE_END = "<!-- results-table:start -->", "<!-- results-table:end -->"
@@ -350,9 +352,9 @@ def coupled_section() -> list[str]:
            "prune s |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for path in paths:
         run = load(path)
-        out.append(f"| {run['row']} | {mark(commit_of(path))} | {run['ppl']:.3f} | {run['parameters'] / 1e6:.1f} M "
-                   f"({run['parameters'] / run['dense_parameters']:.3f}) | {run['format']} | "
-                   f"{run['decode_tokens_per_s']:.1f} | {run['seconds']:.0f} |")
+        size = f"{run['parameters'] / 1e6:.1f} M ({run['parameters'] / run['dense_parameters']:.3f})"
+        out.append(f"| {run['row']} | {mark(commit_of(path), EXPORTED)} | {run['ppl']:.3f} | {size} | "
+                   f"{run['format']} | {run['decode_tokens_per_s']:.1f} | {run['seconds']:.0f} |")
     return out
 
 
