@@ -33,6 +33,7 @@ DEFAULT_DAMP_A, COUPLED_DAMP_A = 0.01, 0.3  # λ_A; coupled LLM Surgeon measured
 # methods with one whole-model curvature pass per shot (and whose last N:M shot can run block by block)
 NEEDS_A = ("surgeon", "kobd", "lobd")
 NEEDS_G = ("surgeon", "kobd")  # those whose pass runs backward, for the output-side factor G
+PER_LAYER = ("sparsegpt", "sparsegpt-exact", "wanda")  # estimate each block's inputs themselves, block by block
 # where the curvature pass and the prune phase keep their tensors: they change time and memory, never a result
 MEMORY_OPTIONS = ("activation_checkpointing", "offload", "block_groups")
 EXPORT_FORMATS = ("standard", "decilm")

@@ -112,6 +112,28 @@ def test_a_run_takes_the_memory_options_it_needs_or_is_refused_before_its_weight
     assert code == 2 and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("settings, problem", [({"structure": "2:7"}, "M=7 does not divide the 576 columns"),
+                                               ({"structure": "structured", "offload": True, "block_groups": 31},
+                                                "block_groups=31: more groups than the 30")])
+def test_settings_the_model_cannot_run_are_refused_before_its_weights_load(monkeypatch, tmp_path, capsys, settings,
+                                                                          problem):
+    import surgeon.app.run
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were loaded")
+
+    (tmp_path / "settings.json").write_text(json.dumps(settings))
+    monkeypatch.setattr(surgeon.app.run, "load_model", no_load)
+    options = ["--model", "smollm2-135m", "--config", str(tmp_path / "settings.json")]
+    assert main(["prune", *options, "--output", str(tmp_path / "out")]) == 2
+    assert problem in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_the_plan_refuses_settings_the_model_cannot_run(capsys):
+    assert main(["plan", "--model", "smollm2-135m", "--structure", "2:7"]) == 2
+    assert "M=7 does not divide the 576 columns" in capsys.readouterr().err
+
+
 def test_a_model_the_plan_cannot_build_is_not_refused(tmp_path, caplog):
     """The fit check is a guard, not a gate: a config transformers cannot build alone skips it with a warning."""
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "not-a-transformers-family"}))

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from surgeon import __version__
 from surgeon.app.data import calibration_text, calibration_windows, evaluation_text, tokenize
@@ -19,13 +20,13 @@ from surgeon.app.tasks import load_tasks, zero_shot
 from surgeon.config import MEMORY_OPTIONS, ExportConfig, PruneConfig, RunConfig
 from surgeon.errors import SurgeonError, first_line
 from surgeon.io import OutputDirectory, read_run, write_checkpoint
-from surgeon.models.adapter import check_prunable, decoder_blocks, load_model, max_seqlen
+from surgeon.models.adapter import load_model, max_seqlen
 from surgeon.pruning.report import ShotReport
 from surgeon.pruning.resume import Checkpoint, has_state, read_state
 from surgeon.pruning.shots import prune
-from surgeon.scale.block_groups import check_block_groups
 from surgeon.scale.distributed import local_device, shard_model, whole_state_dict
 from surgeon.scale.plan import fit_to_gpu, meta_model
+from surgeon.scale.settings import check_skeleton
 
 logger = logging.getLogger(__name__)
 
@@ -86,13 +87,13 @@ def run_fingerprint(run: RunConfig, config: PruneConfig) -> dict[str, Any]:
     return {"surgeon": __version__, "prune": prune, "run": own}
 
 
-def _check_before_load(run: RunConfig, config: PruneConfig) -> None:
-    """Refuse weight matrices the run cannot prune (`check_prunable`) from the model's configuration alone."""
+def _skeleton(run: RunConfig) -> nn.Module | None:
+    """The model built on the meta device from its configuration alone (no weights); None where transformers
+    cannot build it so (a DeciLM compact checkpoint, say): `prune` then checks the settings once it is loaded."""
     try:
-        skeleton = meta_model(run.model, run.dtype)
+        return meta_model(run.model, run.dtype)
     except SurgeonError:
-        return  # a model its configuration alone cannot build is checked once loaded, by `prune`
-    check_prunable(skeleton, config.leave_out_parts)
+        return None
 
 
 def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
@@ -112,13 +113,14 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
     calibration = calibration_text(run.calibration)
     tasks = load_tasks(run.task_list, run.task_path) if run.tasks else None
     device = run.device if group is None else local_device(run.device)
-    _check_before_load(run, config)
+    world = 1 if group is None else dist.get_world_size(group)
+    skeleton = _skeleton(run)
+    if skeleton is not None:  # what the run cannot prune is refused before the slow model load
+        check_skeleton(skeleton, config, world)
     budget = gpu_memory(device)
     if budget is not None:  # a run that cannot fit the GPU stops before any weight loads, or takes memory options
-        config = fit_to_gpu(run.model, run.dtype, run.nsamples, run.seqlen, config, budget,
-                            1 if group is None else dist.get_world_size(group), run.fsdp)
+        config = fit_to_gpu(run.model, run.dtype, run.nsamples, run.seqlen, config, budget, world, run.fsdp)
     model, tokenizer = load_model(run.model, run.tokenizer, run.dtype, "cpu" if run.fsdp else device)
-    check_block_groups(len(decoder_blocks(model)), 1 if group is None else dist.get_world_size(group), config)
     if run.fsdp:
         shard_model(model, device)
     limit = max_seqlen(model)

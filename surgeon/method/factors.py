@@ -31,6 +31,16 @@ class LayerFactors:
     col_quadratic: torch.Tensor | None = None
 
 
+def input_owner(owners: Mapping[str, str], previous: tuple[str, torch.Tensor, bool] | None, name: str,
+                x: torch.Tensor, bias: bool) -> str:
+    """The layer whose A layer `name` (input `x`, with a bias column or not) holds: the owner of the `previous`
+    layer run (name, input, bias) when that one read the very same tensor object with a bias alike (q/k/v,
+    gate/up), else `name` itself. The curvature pass and the memory plan's trace both decide it here."""
+    if previous is not None and previous[1] is x and previous[2] == bias:
+        return owners[previous[0]]
+    return name
+
+
 def _moved(entry: LayerFactors, device: torch.device | str, memo: dict[int, PackedSymmetric]) -> LayerFactors:
     """`entry` with its packed factors on `device`; a factor already in `memo` (by the id of the one it was
     moved from) is taken from there, so that siblings sharing one A share one copy of it."""

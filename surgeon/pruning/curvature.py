@@ -35,7 +35,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from surgeon.errors import SurgeonError
-from surgeon.method.factors import LayerFactors
+from surgeon.method.factors import LayerFactors, input_owner
 from surgeon_kernels import ops
 from surgeon_kernels.ops import PackedSymmetric
 
@@ -98,7 +98,7 @@ class _Collector:
         self.scale = 1.0 / math.sqrt(tokens)
         self.factors: dict[str, LayerFactors] = {}
         self.owner: dict[str, str] = {}
-        self._last: tuple[torch.Tensor, str] | None = None
+        self._last: tuple[str, torch.Tensor, bool] | None = None  # the layer run last: name, input, bias
         self._queue: list[tuple[str, PackedSymmetric, torch.Tensor, bool, int]] = []
         self._queued_bytes = 0
         self.recomputing = False
@@ -137,16 +137,10 @@ class _Collector:
             return (x.view_as(x), *args[1:]) if self.need_g and x.requires_grad else None
         bias = module.bias is not None
         if name not in self.owner:
-            # A layer reading the very tensor object its predecessor read (q/k/v, gate/up) shares A.
-            last = self._last
-            shares = last is not None and last[0] is x and (self.layers_by_name[last[1]].bias is not None) == bias
-            self.owner[name] = self.owner[last[1]] if last is not None and shares else name
-            width = module.in_features + int(bias)
-            if not shares:
-                self.factors[name] = LayerFactors(PackedSymmetric.zeros(width, x.device), None)
-            else:
-                self.factors[name] = LayerFactors(self.factors[self.owner[name]].A, None)
-        self._last = (x, name)
+            self.owner[name] = owner = input_owner(self.owner, self._last, name, x, bias)
+            self.factors[name] = LayerFactors(PackedSymmetric.zeros(module.in_features + int(bias), x.device)
+                                              if owner == name else self.factors[owner].A, None)
+        self._last = (name, x, bias)
         if self.owner[name] == name:
             self._add(name, self.factors[name].A, x.detach().reshape(-1, x.shape[-1]), bias)
         if not (self.need_g and x.requires_grad):
@@ -173,7 +167,6 @@ class _Collector:
 
     @contextmanager
     def hooks(self) -> Iterator[_Collector]:
-        self.layers_by_name = dict(self.layers)
         try:
             with _layer_hooks(self.layers, self._before, self._after):
                 yield self

@@ -18,11 +18,11 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
-from surgeon.config import NEEDS_A, NEEDS_G, PruneConfig
+from surgeon.config import NEEDS_A, NEEDS_G, PER_LAYER, PruneConfig
 from surgeon.errors import SurgeonError
 from surgeon.method.factors import HostFactors, LayerFactors
 from surgeon.models import channels, units
-from surgeon.models.adapter import block_weights, check_prunable, decoder_blocks, max_seqlen, prunable_layers
+from surgeon.models.adapter import block_weights, check_prunable, decoder_blocks, max_seqlen
 from surgeon.models.experts import experts_as_layers, is_fused_experts
 from surgeon.models.layer import Layer
 from surgeon.pruning import curvature
@@ -31,12 +31,11 @@ from surgeon.pruning.report import PruneReport, ShotReport, clock, peak_memory_g
 from surgeon.pruning.resume import Checkpoint
 from surgeon.pruning.structured import structured_shot
 from surgeon.pruning.whole_experts import prune_experts
-from surgeon.scale.block_groups import check_block_groups, group_edges
+from surgeon.scale.block_groups import group_edges
 from surgeon.scale.distributed import Ranks, sharded
+from surgeon.scale.settings import check_settings
 
 logger = logging.getLogger(__name__)
-
-PER_LAYER = ("sparsegpt", "sparsegpt-exact", "wanda")  # estimate each block's inputs themselves, block by block
 
 
 def _block_groups(blocks: list[list[tuple[str, nn.Linear]]], count: int) -> list[list[tuple[str, nn.Linear]]]:
@@ -169,22 +168,11 @@ def _resolve(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfi
              group: dist.ProcessGroup | None) -> _Run:
     """The layers `config` prunes, the ranks that share them, and the passes each shot runs; what the model or
     the number of ranks cannot run is refused here, before the first shot."""
-    blocks = prunable_layers(model, config.leave_out_parts)
+    world = 1 if group is None else dist.get_world_size(group)
+    blocks = check_settings(model, config, world)
     named = [pair for block in blocks for pair in block]
-    if not named:
-        raise SurgeonError(f"leave_out {config.leave_out!r} leaves no layer of the decoder blocks to prune")
-    layers = []
-    for name, module in named:
-        C = module.in_features
-        if config.nm and C % config.nm[1]:
-            raise SurgeonError(f"{config.structure}: M={config.nm[1]} does not divide the {C} columns of {name}")
-        layers.append(Layer.unpruned(name, module))
-    if config.method in PER_LAYER and config.nm and config.shot_count != 1:
-        raise SurgeonError(f"{config.method} prunes N:M in one shot; use --shots 1")
+    layers = [Layer.unpruned(name, module) for name, module in named]
     ranks = Ranks(group, [[name for name, _ in block] for block in blocks])
-    check_block_groups(len(blocks), ranks.world, config)
-    if ranks.world > 1 and config.lora_steps:
-        raise SurgeonError("lora_steps run in one process; launch without torchrun")
     count = -(-calibration_ids.shape[0] // config.batch_size)
     batches = ranks.batches(count, even=any(sharded(module) for _, module in named)) \
         if config.curvature_split == "batches" else list(range(count))

@@ -37,9 +37,10 @@ from torch import nn
 from surgeon.config import NEEDS_A, NEEDS_G, PlanConfig, PruneConfig, parse_bytes
 from surgeon.errors import SurgeonError, first_line
 from surgeon.models import hub
-from surgeon.models.adapter import DTYPES, check_prunable, decoder_blocks, prunable_layers, resolve_source
+from surgeon.models.adapter import DTYPES, decoder_blocks, prunable_layers, resolve_source
 from surgeon.models.experts import experts_as_layers, is_fused_experts, routed_share
-from surgeon.scale.block_groups import check_block_groups, group_edges, groups_limit
+from surgeon.scale.block_groups import group_edges, groups_limit
+from surgeon.scale.settings import check_skeleton
 from surgeon.scale.trace import trace_forward
 
 logger = logging.getLogger(__name__)
@@ -273,7 +274,7 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
     if config.structure == "experts":
         raise SurgeonError("surgeon plan does not count whole-expert runs (structure experts) yet")
     model = meta_model(plan.model, plan.dtype)
-    check_prunable(model, config.leave_out_parts)
+    check_skeleton(model, config, 1)
     whole = any(is_fused_experts(module) for module in model.modules())  # experts are pruned unsharded
     notes = ["no FSDP2: Mixture-of-Experts experts are pruned with their weights whole on every rank"] * whole
     counts = count(model, config, plan.nsamples, plan.seqlen, "cuda")
@@ -345,8 +346,8 @@ def fit_to_gpu(model_name: str, dtype: str, nsamples: int, seqlen: int, config: 
     except SurgeonError as error:
         logger.warning("memory not checked before loading: %s", error)
         return config
+    check_skeleton(model, config, ranks)
     counts = count(model, config, nsamples, seqlen, "cuda")
-    check_block_groups(counts["blocks"], ranks, config)
     chosen = [config] + [variant for variant in _variants(config, counts, ranks, config.curvature_split)
                          if variant.activation_checkpointing >= config.activation_checkpointing
                          and variant.offload >= config.offload and variant.block_groups >= config.block_groups]

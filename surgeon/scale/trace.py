@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from surgeon.method.factors import input_owner
 from surgeon.models.adapter import decoder_blocks
 
 
@@ -91,9 +92,9 @@ def trace_forward(model: nn.Module, layers: list[tuple[str, nn.Linear]], batch: 
             p.requires_grad_(flag)
     owners: dict[str, str] = {}
     bias = {name: module.bias is not None for name, module in layers}
-    for before, name in zip([None, *order], order):  # the pass's rule: the layer run just before read the same x
-        shares = before is not None and inputs[before] is inputs[name] and bias[before] == bias[name]
-        owners[name] = owners[before] if shares and before is not None else name
+    for before, name in zip([None, *order], order):
+        owners[name] = input_owner(owners, None if before is None else (before, inputs[before], bias[before]),
+                                   name, inputs[name], bias[name])
     by_block = dict(statistics)
     for key, tensor in saved.items():
         by_block[where[key]] = by_block.get(where[key], 0) + tensor.numel() * tensor.element_size()
