@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-METHODS = ("surgeon", "magnitude", "lobd", "kobd", "sparsegpt", "sparsegpt-exact", "wanda", "reap")
+METHODS = ("surgeon", "magnitude", "lobd", "kobd", "sparsegpt", "sparsegpt-exact", "sparsegpt-refine", "wanda",
+           "reap")
 METHOD_HELP = (
     "surgeon: LLM Surgeon, Kronecker-factored curvature G ⊗ A with correlated weight updates; "
     "magnitude: |w|, no update; "
@@ -19,6 +20,8 @@ METHOD_HELP = (
     "kobd: K-OBD, optimal brain damage with the Kronecker diagonal diag(G) ⊗ diag(A), no update; "
     "sparsegpt: SparseGPT's per-layer OBS with lazy batches; "
     "sparsegpt-exact: SparseGPT's mask, then every row's kept weights solved exactly (G = I, surgeon.solve); "
+    "sparsegpt-refine: SparseGPT's mask and weights, then 8 conjugate-gradient steps toward that exact solve "
+    "(the SparseGPT drop-in's update); "
     "wanda: |w|·‖x‖ per output row; "
     "reap (structure experts): REAP, the router-weighted norm of an expert's output over its tokens"
 )
@@ -33,7 +36,8 @@ DEFAULT_DAMP_A, COUPLED_DAMP_A = 0.01, 0.3  # λ_A; coupled LLM Surgeon measured
 # methods with one whole-model curvature pass per shot (and whose last N:M shot can run block by block)
 NEEDS_A = ("surgeon", "kobd", "lobd")
 NEEDS_G = ("surgeon", "kobd")  # those whose pass runs backward, for the output-side factor G
-PER_LAYER = ("sparsegpt", "sparsegpt-exact", "wanda")  # estimate each block's inputs themselves, block by block
+# methods that estimate each block's inputs themselves, block by block
+PER_LAYER = ("sparsegpt", "sparsegpt-exact", "sparsegpt-refine", "wanda")
 # where the curvature pass and the prune phase keep their tensors: they change time and memory, never a result
 MEMORY_OPTIONS = ("activation_checkpointing", "offload", "block_groups")
 EXPORT_FORMATS = ("standard", "decilm")
@@ -179,7 +183,7 @@ class PruneConfig:
             raise ValueError(f"shots={self.shots}: must be at least 1")
         if self.method not in METHODS:
             raise ValueError(f"method={self.method!r}: choose one of {', '.join(METHODS)}")
-        if self.method in ("sparsegpt", "sparsegpt-exact", "wanda") and self.structure in ("structured", "coupled"):
+        if self.method in PER_LAYER and self.structure in ("structured", "coupled"):
             raise ValueError(f"method={self.method!r} prunes unstructured or N:M, not {self.structure}")
         if (self.structure == "experts") != (self.method == "reap") and self.method != "surgeon":
             raise ValueError(f"method={self.method!r} with structure {self.structure}: whole experts are priced by "

@@ -54,7 +54,7 @@ def removed_by_rule(shapes: Sequence[tuple[int, int]], target_size: float, metho
     s = 1 - target_size
     if method == "wanda":
         return sum(R * round(s * C) for R, C in shapes)
-    if method in ("sparsegpt", "sparsegpt-exact"):
+    if method.startswith("sparsegpt"):
         return sum(round(s * R * min(SPARSEGPT_BLOCK, C - j)) for R, C in shapes for j in range(0, C, SPARSEGPT_BLOCK))
     return round(s * sum(R * C for R, C in shapes))
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from surgeon import PruneConfig, prune
+from surgeon.config import PER_LAYER
 from surgeon.errors import SurgeonError
 from surgeon.method.damping import damp
 from surgeon.models.adapter import prunable_layers
@@ -18,8 +19,9 @@ from tests._tolerances import FLOAT32, assert_reaches_target, removed_by_rule
 CASES = [
     ("structured", "surgeon"), ("structured", "magnitude"), ("structured", "lobd"), ("structured", "kobd"),
     ("unstructured", "surgeon"), ("unstructured", "magnitude"), ("unstructured", "kobd"),
-    ("unstructured", "sparsegpt"), ("unstructured", "sparsegpt-exact"), ("unstructured", "wanda"),
-    ("2:4", "surgeon"), ("2:4", "magnitude"), ("2:4", "sparsegpt"), ("2:4", "sparsegpt-exact"), ("2:4", "wanda"),
+    ("unstructured", "sparsegpt"), ("unstructured", "sparsegpt-exact"), ("unstructured", "sparsegpt-refine"),
+    ("unstructured", "wanda"), ("2:4", "surgeon"), ("2:4", "magnitude"), ("2:4", "sparsegpt"),
+    ("2:4", "sparsegpt-exact"), ("2:4", "sparsegpt-refine"), ("2:4", "wanda"),
 ]
 
 
@@ -45,7 +47,7 @@ def assert_report_reaches_target(report, model):
 def test_reaches_target_and_keeps_pruned_zero(arch, structure, method):
     model = tiny_model(arch)
     embed = model.get_input_embeddings().weight.detach().clone()
-    shots = 1 if method in ("sparsegpt", "sparsegpt-exact", "wanda") and structure == "2:4" else 2
+    shots = 1 if method in PER_LAYER and structure == "2:4" else 2
     size = None if structure == "2:4" else 0.6
     config = PruneConfig(structure=structure, target_size=size, shots=shots, method=method, max_correlate=40)
     report = prune(model, calibration(), config, progress=False)
@@ -233,8 +235,8 @@ def test_backends_give_the_same_pruned_model(structure, max_correlate):
 
 
 @pytest.mark.parametrize("structure", ["unstructured", "2:4"])
-def test_sparsegpt_exact_keeps_sparsegpts_mask_and_lowers_its_error(structure):
-    """In the first block (same inputs for both), the same mask and a lower output error ½ tr(ΔW A ΔWᵀ) per layer."""
+def test_sparsegpt_exact_and_refine_keep_sparsegpts_mask_and_lower_its_error(structure):
+    """In the first block (same inputs for all), the same mask and a lower output error ½ tr(ΔW A ΔWᵀ) per layer."""
     from surgeon.pruning import curvature
 
     dense, ids = tiny_model("llama"), calibration()
@@ -242,19 +244,20 @@ def test_sparsegpt_exact_keeps_sparsegpts_mask_and_lowers_its_error(structure):
     A = {name: f.A.dense() for name, f in curvature.estimate(dense, first, ids, need_g=False).items()}
     before = weights(dense)
     pruned = {}
-    for method in ("sparsegpt", "sparsegpt-exact"):
+    for method in ("sparsegpt", "sparsegpt-exact", "sparsegpt-refine"):
         model = tiny_model("llama")
         prune(model, ids, PruneConfig(structure=structure, target_size=None if structure == "2:4" else 0.5, shots=1,
                                       method=method), progress=False)
         pruned[method] = weights(model)
     for name, _ in first:
-        theirs, ours = pruned["sparsegpt"][name], pruned["sparsegpt-exact"][name]
-        assert torch.equal(theirs == 0, ours == 0), name
-        errors = [float(((before[name] - W) @ A[name] * (before[name] - W)).sum()) for W in (theirs, ours)]
-        assert errors[1] < errors[0], name
+        theirs = pruned["sparsegpt"][name]
+        for ours in (pruned["sparsegpt-exact"][name], pruned["sparsegpt-refine"][name]):
+            assert torch.equal(theirs == 0, ours == 0), name
+            errors = [float(((before[name] - W) @ A[name] * (before[name] - W)).sum()) for W in (theirs, ours)]
+            assert errors[1] < errors[0], name
 
 
-@pytest.mark.parametrize("method", ["sparsegpt", "sparsegpt-exact", "wanda"])
+@pytest.mark.parametrize("method", PER_LAYER)
 def test_per_layer_methods_see_inputs_of_pruned_blocks(method, monkeypatch):
     from surgeon.pruning import curvature
 

@@ -12,8 +12,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from surgeon.config import PruneConfig
+from surgeon.config import DEFAULT_DAMP_A, PruneConfig
 from surgeon.method import baselines, costs, inverses, solver, threshold, updates
+from surgeon.method.damping import damp
 from surgeon.method.factors import LayerFactors
 from surgeon.method.threshold import Elsewhere
 from surgeon.models.adapter import decoder_blocks, prunable_layers
@@ -180,5 +181,8 @@ def _prune_one_layer(layer: Layer, A: torch.Tensor, target_size: float, config: 
         layer.mask = mask | layer.mask
         if config.method == "sparsegpt-exact":  # the row-wise exact minimiser for the same mask (docs/DESIGN.md)
             pruned = solver.solve(W[:, :C], A, mask=layer.mask).weight
+        elif config.method == "sparsegpt-refine":  # a few steps toward it from the sweep's weights (docs/DESIGN.md)
+            pruned = solver.refine_rows(W[:, :C].float(), damp(A.float(), DEFAULT_DAMP_A), pruned.float(), layer.mask,
+                                        solver.REFINE_ITERATIONS).to(W.dtype)
         W[:, :C] = pruned
     layer.store(W)
