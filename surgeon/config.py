@@ -42,6 +42,7 @@ PER_LAYER = ("sparsegpt", "sparsegpt-exact", "sparsegpt-refine", "wanda")
 MEMORY_OPTIONS = ("activation_checkpointing", "offload", "block_groups")
 EXPORT_FORMATS = ("standard", "decilm")
 LAYOUTS = ("per-block", "uniform", "decilm")  # coupled: how units may leave, by the export format that holds them
+NM_UPDATES = ("select", "exact", "refine")  # LLM Surgeon's propagated N:M shot: its update (docs/DESIGN.md)
 Correlation = Literal["joint", "within"]
 _NM = re.compile(r"^(\d+):(\d+)$")
 
@@ -132,6 +133,12 @@ class PruneConfig:
         None, "N:M: prune the last shot block by block, each block's A from the inputs of the blocks already pruned "
         "(as SparseGPT; G from the shot's pass)", shown="on for N:M with surgeon, kobd or lobd"
     )
+    nm_update: str | None = _opt(
+        None, "N:M surgeon with propagate: exact (LLM Surgeon's mask and exact update), refine (SparseGPT's mask and "
+        "weights, then 8 conjugate-gradient steps toward the exact row update), or select (both in turn, keeping the "
+        "one with the lower loss on held-out calibration windows; exact where none are given)", NM_UPDATES,
+        shown="select",
+    )
     curvature_split: str = _opt(
         "batches", "under torchrun: each rank runs a share of the calibration batches and the factors are summed onto "
         "each block's owner (batches: fastest), or each runs every batch and accumulates only its own blocks' factors "
@@ -203,6 +210,11 @@ class PruneConfig:
         if self.propagate and (self.nm is None or self.method not in NEEDS_A):
             raise ValueError("propagate prunes the last N:M shot of surgeon, kobd or lobd block by block: use an N:M "
                              "structure")
+        if self.nm_update is not None and self.nm_update not in NM_UPDATES:
+            raise ValueError(f"nm_update={self.nm_update!r}: choose one of {', '.join(NM_UPDATES)}")
+        if self.nm_update is not None and self.update_rule is None:
+            raise ValueError("nm_update chooses the update of surgeon's propagated N:M shot: use an N:M structure with "
+                             "method surgeon and propagate on")
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size}: must be at least 1")
         if self.cg_dtype not in (None, "bfloat16", "float16"):
@@ -258,11 +270,16 @@ class PruneConfig:
             if self.structure == "coupled" and self.method == "surgeon" else DEFAULT_DAMP_A
         return damp_g, damp_a
 
+    @property
+    def update_rule(self) -> str | None:
+        """The propagated N:M shot's update (`nm_update`, else select); None where no shot runs one."""
+        return (self.nm_update or "select") if self.propagates and self.method == "surgeon" else None
+
     def resolved(self) -> dict[str, object]:
         """Every field, those left at None replaced by the value the run uses (what report.json records)."""
         damp_g, damp_a = self.strengths
         return {**dataclasses.asdict(self), "target_size": self.target, "shots": self.shot_count,
-                "propagate": self.propagates, "damp_g": damp_g, "damp_a": damp_a}
+                "propagate": self.propagates, "damp_g": damp_g, "damp_a": damp_a, "nm_update": self.update_rule}
 
     @property
     def nm(self) -> tuple[int, int] | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from surgeon.app.data import calibration_text, calibration_windows, evaluation_text, tokenize
+from surgeon.app.data import calibration_text, calibration_windows, evaluation_text, held_out_windows, tokenize
 from surgeon.errors import SurgeonError
 
 
@@ -75,3 +75,14 @@ def test_offline_calibration_falls_back_saying_so_once(unreachable_hub, caplog):
 def test_offline_hub_dataset_is_one_clear_error(unreachable_hub):
     with pytest.raises(SurgeonError, match="'c4'.*unreachable"):
         calibration_text("c4")
+
+
+def test_held_out_windows_share_no_token_with_the_calibration_windows():
+    ids = torch.arange(2000).unsqueeze(0)  # every token its position
+    taken = set(calibration_windows(ids, 12, 64, seed=3).flatten().tolist())
+    held = held_out_windows(ids, 12, 64, seed=3)
+    assert held.shape == (3, 64) and torch.equal(held, held_out_windows(ids, 12, 64, seed=3))  # a quarter, seeded
+    assert not taken & set(held.flatten().tolist())
+    assert len(set(held.flatten().tolist())) == 3 * 64  # nor with each other
+    assert held_out_windows(ids, 1, 64, seed=3).shape == (2, 64)  # at least two
+    assert held_out_windows(torch.arange(300).unsqueeze(0), 3, 64, seed=0) is None  # no room beside 3 windows

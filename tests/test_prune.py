@@ -444,6 +444,58 @@ def test_nm_defaults_to_one_propagated_shot_with_stronger_damping_of_g():
     assert dataclasses.replace(given, propagate=True).strengths[0] == 0.3  # a given value stays given
 
 
+def test_nm_chooses_its_update_by_held_out_loss_and_keeps_that_updates_weights():
+    """select runs the exact update and refine from the same weights and keeps the one with the lower loss on
+    the held-out windows: the result is, bit for bit, the run of that update alone; without held-out windows,
+    the exact update's."""
+    from surgeon.pruning.held_out import held_out_loss
+
+    ids, held = calibration(), calibration(seed=1)
+    alone = {}
+    for update in ("exact", "refine"):
+        model = tiny_model("llama")
+        report = prune(model, ids, PruneConfig(structure="2:4", nm_update=update), progress=False)
+        assert report.shots[-1].held_out_loss is None and report.config["nm_update"] == update
+        alone[update] = (weights(model), held_out_loss(model, held, 1))
+    assert any(not torch.equal(a, alone["refine"][0][name]) for name, a in alone["exact"][0].items())
+    model = tiny_model("llama")
+    report = prune(model, ids, PruneConfig(structure="2:4"), progress=False, held_out_ids=held)
+    losses = report.shots[-1].held_out_loss
+    assert report.config["nm_update"] == "select" and set(losses) == {"exact", "refine"}
+    for update, (_, loss) in alone.items():
+        assert losses[update] == pytest.approx(loss, rel=1e-6)
+    chosen = min(losses, key=losses.__getitem__)
+    assert all(torch.equal(value, alone[chosen][0][name]) for name, value in weights(model).items())
+    unheld = tiny_model("llama")
+    assert prune(unheld, ids, PruneConfig(structure="2:4"), progress=False).shots[-1].held_out_loss is None
+    assert all(torch.equal(value, alone["exact"][0][name]) for name, value in weights(unheld).items())
+
+
+@pytest.mark.parametrize("chosen", ["exact", "refine"])
+def test_nm_select_keeps_either_update_when_its_held_out_loss_is_lower(chosen, monkeypatch):
+    from surgeon.pruning import held_out
+
+    ids = calibration()
+    alone = tiny_model("llama")
+    prune(alone, ids, PruneConfig(structure="2:4", nm_update=chosen), progress=False)
+    losses = iter([1.0, 2.0] if chosen == "exact" else [2.0, 1.0])  # the exact update runs first
+    monkeypatch.setattr(held_out, "held_out_loss", lambda *args: next(losses))
+    model = tiny_model("llama")
+    report = prune(model, ids, PruneConfig(structure="2:4"), progress=False, held_out_ids=calibration(seed=1))
+    assert min(report.shots[-1].held_out_loss.items(), key=lambda item: item[1])[0] == chosen
+    assert all(torch.equal(value, weights(alone)[name]) for name, value in weights(model).items())
+
+
+def test_nm_update_is_for_surgeons_propagated_shot():
+    assert PruneConfig(structure="2:4").update_rule == "select"
+    assert PruneConfig(structure="unstructured").update_rule is None
+    assert PruneConfig(structure="2:4", method="sparsegpt", shots=1).update_rule is None
+    with pytest.raises(ValueError, match="nm_update chooses the update of surgeon's propagated N:M shot"):
+        PruneConfig(structure="2:4", propagate=False, nm_update="refine")
+    with pytest.raises(ValueError, match="nm_update='best': choose one of select, exact, refine"):
+        PruneConfig(structure="2:4", nm_update="best")
+
+
 def test_replace_resolves_the_defaults_again():
     """A field left at its default is resolved for the structure it ends with, so `replace` keeps working, and
     `resolved()` shows every value the run uses."""

@@ -34,10 +34,10 @@ from typing import Any
 import torch
 
 from surgeon import PruneConfig, prune
-from surgeon.app.data import calibration_text, calibration_windows, evaluation_text, tokenize
+from surgeon.app.data import calibration_text, calibration_windows, evaluation_text, held_out_windows, tokenize
 from surgeon.app.evaluate import perplexity
 from surgeon.io import write_json
-from surgeon.models.adapter import load_model
+from surgeon.models.adapter import load_model, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1] / "results" / "quality"
 STRUCTURED = ("magnitude", "lobd", "kobd", "surgeon-within", "surgeon")
@@ -89,12 +89,19 @@ def smollm2_protocol(calib_windows: int = 8, calib_seqlen: int = 512) -> tuple[A
     return model, dense_state, test_ids, windows
 
 
+def smollm2_held_out(calib_windows: int = 8, calib_seqlen: int = 512) -> torch.Tensor | None:
+    """The held-out windows `surgeon prune` draws beside the protocol's calibration windows (`held_out_windows`)."""
+    ids = tokenize(load_tokenizer("smollm2-135m"), calibration_text("wikitext2-valid"))
+    return held_out_windows(ids, calib_windows, calib_seqlen, seed=0)
+
+
 def measure(model: Any, dense_state: dict, windows: torch.Tensor, test_ids: torch.Tensor, config: PruneConfig,
-            eval_windows: int) -> dict[str, Any]:
-    """Prune the dense model with `config` and evaluate it: perplexity, seconds of the pruning, and the report."""
+            eval_windows: int, held_out: torch.Tensor | None = None) -> dict[str, Any]:
+    """Prune the dense model with `config` (N:M's update chosen on `held_out`, as `surgeon prune` does) and evaluate
+    it: perplexity, seconds of the pruning, and the report."""
     model.load_state_dict(dense_state)
     start = time.perf_counter()
-    report = prune(model, windows, config, progress=False)
+    report = prune(model, windows, config, progress=False, held_out_ids=held_out)
     seconds = time.perf_counter() - start
     result = perplexity(model, test_ids, 2048, eval_windows, progress=False)
     return {"ppl": result.ppl, "seconds": seconds, **report.to_dict()}
@@ -128,6 +135,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ROOT.mkdir(parents=True, exist_ok=True)
     model, dense_state, test_ids, windows = smollm2_protocol(args.calib_windows, args.calib_seqlen)
+    held_out = smollm2_held_out(args.calib_windows, args.calib_seqlen)
     protocol = protocol_of(args)
     commit = protocol["commit"]
     dense_path = ROOT / f"dense@{commit}.json"
@@ -138,7 +146,7 @@ def main() -> None:
         path = ROOT / f"{name}@{commit}.json"
         if path.exists() or args.only not in name:
             continue
-        result = measure(model, dense_state, windows, test_ids, config, args.eval_windows)
+        result = measure(model, dense_state, windows, test_ids, config, args.eval_windows, held_out)
         logging.info("%s: ppl %.3f sparsity %.4f (%.0f s)", name, result["ppl"], result["sparsity"], result["seconds"])
         write_json(path, {**result, **protocol})
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.quality.table import measure, protocol_of, protocol_parser, smollm2_protocol  # noqa: E402
+from bench.quality.table import measure, protocol_of, protocol_parser, smollm2_held_out, smollm2_protocol  # noqa: E402
 from surgeon import PruneConfig  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
 
@@ -75,13 +75,14 @@ def main() -> None:
         return
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     model, dense_state, test_ids, protocol_windows = smollm2_protocol(args.calib_windows, args.calib_seqlen)
+    held_out = smollm2_held_out(args.calib_windows, args.calib_seqlen)
     ROOT.mkdir(parents=True, exist_ok=True)
     for name, config in POINTS.items():
         protocol = protocol_of(args)
         path = ROOT / f"{name}@{protocol['commit']}.json"
         if path.exists() or args.only not in name:
             continue
-        result = measure(model, dense_state, protocol_windows, test_ids, config, args.eval_windows)
+        result = measure(model, dense_state, protocol_windows, test_ids, config, args.eval_windows, held_out)
         logging.info("%s: ppl %.3f (%.0f s)", name, result["ppl"], result["seconds"])
         write_json(path, {**result, **protocol})
 

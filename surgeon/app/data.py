@@ -124,3 +124,22 @@ def calibration_windows(ids: torch.Tensor, nsamples: int, seqlen: int, seed: int
     rng = random.Random(seed)
     starts = [rng.randint(0, total - seqlen - 1) for _ in range(nsamples)]
     return torch.stack([ids[0, s : s + seqlen] for s in starts])
+
+
+def held_out_windows(ids: torch.Tensor, nsamples: int, seqlen: int, seed: int) -> torch.Tensor | None:
+    """max(2, nsamples // 4) windows [count, seqlen] that share no token with `calibration_windows(ids, nsamples,
+    seqlen, seed)`: the same seeded draws continued, a window overlapping one drawn before drawn again; None where
+    the text has no room for them."""
+    total, count = ids.shape[1], max(2, nsamples // 4)
+    rng = random.Random(seed)
+    taken = [rng.randint(0, total - seqlen - 1) for _ in range(nsamples)]
+    starts: list[int] = []
+    for _ in range(100 * count):
+        if len(starts) == count:
+            break
+        start = rng.randint(0, total - seqlen - 1)
+        if all(abs(start - other) >= seqlen for other in taken + starts):
+            starts.append(start)
+    if len(starts) < count:
+        return None
+    return torch.stack([ids[0, s : s + seqlen] for s in starts])

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from surgeon import __version__
-from surgeon.app.data import calibration_text, calibration_windows, evaluation_text, tokenize
+from surgeon.app.data import calibration_text, calibration_windows, evaluation_text, held_out_windows, tokenize
 from surgeon.app.evaluate import perplexity
 from surgeon.app.tasks import load_tasks, zero_shot
 from surgeon.config import MEMORY_OPTIONS, ExportConfig, PruneConfig, RunConfig
@@ -127,7 +127,10 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
     if limit is not None and max(run.seqlen, run.test_seqlen) > limit:
         raise SurgeonError(f"seqlen {max(run.seqlen, run.test_seqlen)} is longer than the model allows ({limit})")
     test_ids = tokenize(tokenizer, test)
-    windows = calibration_windows(tokenize(tokenizer, calibration), run.nsamples, run.seqlen, config.seed)
+    calibration_ids = tokenize(tokenizer, calibration)
+    windows = calibration_windows(calibration_ids, run.nsamples, run.seqlen, config.seed)
+    held_out = held_out_windows(calibration_ids, run.nsamples, run.seqlen, config.seed) \
+        if config.update_rule == "select" else None  # N:M's update choice scores its candidates on them
     if checkpoint is not None and checkpoint.state is not None:
         before = checkpoint.state["before"]
     elif not evaluates:
@@ -146,7 +149,7 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
         logger.info("perplexity after shot %d: %.4f", shot.shot, shot.ppl)
 
     report = prune(model, windows, config, progress, evaluate_shot if run.eval_every_shot and evaluates else None,
-                   checkpoint, group)
+                   checkpoint, group, held_out)
     after = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress) if evaluates else None
     if after is None or not lead:
         return {}, model, tokenizer

@@ -111,13 +111,15 @@ def _layer_element_costs(layer: Layer, weigh: Callable[[torch.Tensor], torch.Ten
 
 
 def propagated_shot(model: nn.Module, layers: list[Layer], raw: dict, calibration: torch.Tensor,
-                    config: PruneConfig, ranks: Ranks, progress: bool) -> None:
+                    config: PruneConfig, ranks: Ranks, progress: bool, update: str = "exact") -> None:
     """The N:M shot that prunes every group left, block by block (`PruneConfig.propagate`).
 
     Every group goes, so each layer's mask is its own N of every M (no global threshold, sec. 3.3);
     each block's A is estimated again from the inputs the blocks before it give, already pruned and
     updated in this shot (as SparseGPT prunes), G is the shot's (docs/DESIGN.md). Over `ranks`, the
-    block's owner, which holds its G, prunes it (`_pruned_block_by_block`).
+    block's owner, which holds its G, prunes it (`_pruned_block_by_block`). `update`: exact, the
+    method's mask and update (eqs. 4-5); refine, SparseGPT's mask and weights then steps toward each
+    row's exact update on the fresh A (`_sparsegpt_layer`).
     """
     assert config.nm is not None  # PruneConfig allows propagate only with an N:M structure
     n, m = config.nm
@@ -125,6 +127,9 @@ def propagated_shot(model: nn.Module, layers: list[Layer], raw: dict, calibratio
         sibling: inverses.Sibling | None = None
         for layer, fresh in block:
             entry = dataclasses.replace(raw.pop(layer.name), A=fresh.A)  # propagate: methods with a curvature pass
+            if update == "refine":
+                _sparsegpt_layer(layer, fresh.A.dense(), 1 - n / m, config.nm, "refine")
+                continue
             kept, layer_costs, sibling = _element_plan(layer, entry, config, sibling)
             mask = ops.nm_select(layer_costs(), n, m, config.backend)[1]
             inverse = next(inverses.unpacked([kept]))
@@ -170,19 +175,32 @@ def per_layer_shot(model: nn.Module, layers: list[Layer], calibration: torch.Ten
 
 
 def _prune_one_layer(layer: Layer, A: torch.Tensor, target_size: float, config: PruneConfig) -> None:
-    """SparseGPT (as published, or its mask with the exact update) or Wanda on one layer, given its input factor A."""
+    """SparseGPT (as published, or its mask with the exact update or steps toward it) or Wanda on one layer, given
+    its input factor A."""
+    if config.method == "wanda":
+        W, C = layer.weight(), layer.module.in_features
+        layer.mask = layer.mask | baselines.per_row_mask(
+            baselines.wanda_scores(W[:, :C], A.diagonal()[:C]), 1 - target_size, layer.mask, config.nm)
+        layer.store(W)
+        return
+    _sparsegpt_layer(layer, A, 1 - target_size, config.nm, SPARSEGPT_UPDATES[config.method])
+
+
+SPARSEGPT_UPDATES = {"sparsegpt": "sweep", "sparsegpt-exact": "exact", "sparsegpt-refine": "refine"}
+
+
+def _sparsegpt_layer(layer: Layer, A: torch.Tensor, sparsity: float, nm: tuple[int, int] | None, update: str) -> None:
+    """SparseGPT's mask on one layer with its sweep's weights (sweep), every row's kept weights solved exactly for
+    that mask (exact, G = I), or `solver.REFINE_ITERATIONS` conjugate-gradient steps from the sweep toward that
+    solve (refine: an early stop, which on scarce calibration tokens generalises better; docs/DESIGN.md)."""
     W, C = layer.weight(), layer.module.in_features
     A = A[:C, :C]
-    if config.method == "wanda":
-        layer.mask = layer.mask | baselines.per_row_mask(
-            baselines.wanda_scores(W[:, :C], A.diagonal()), 1 - target_size, layer.mask, config.nm)
-    else:
-        pruned, mask = baselines.sparsegpt(W[:, :C], A, 1 - target_size, layer.mask, config.nm)
-        layer.mask = mask | layer.mask
-        if config.method == "sparsegpt-exact":  # the row-wise exact minimiser for the same mask (docs/DESIGN.md)
-            pruned = solver.solve(W[:, :C], A, mask=layer.mask).weight
-        elif config.method == "sparsegpt-refine":  # a few steps toward it from the sweep's weights (docs/DESIGN.md)
-            pruned = solver.refine_rows(W[:, :C].float(), damp(A.float(), DEFAULT_DAMP_A), pruned.float(), layer.mask,
-                                        solver.REFINE_ITERATIONS).to(W.dtype)
-        W[:, :C] = pruned
+    pruned, mask = baselines.sparsegpt(W[:, :C], A, sparsity, layer.mask, nm)
+    layer.mask = mask | layer.mask
+    if update == "exact":
+        pruned = solver.solve(W[:, :C], A, mask=layer.mask).weight
+    elif update == "refine":
+        pruned = solver.refine_rows(W[:, :C].float(), damp(A.float(), DEFAULT_DAMP_A), pruned.float(), layer.mask,
+                                    solver.REFINE_ITERATIONS).to(W.dtype)
+    W[:, :C] = pruned
     layer.store(W)

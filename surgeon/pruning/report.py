@@ -21,7 +21,9 @@ class ShotReport:
     after it; freed: weights removed this shot only because the chosen structures left them dead
     (channel ends, `surgeon.models.channels`), included in `sparsity`; seconds: per phase; peak_memory_gb:
     peak GPU allocation on CUDA, else the process's peak resident memory, in GiB; ppl: perplexity
-    after the shot when the run evaluates every shot (`--eval-every-shot`), else None.
+    after the shot when the run evaluates every shot (`--eval-every-shot`), else None; held_out_loss: N:M's
+    shot chosen by held-out windows (`PruneConfig.nm_update` select), the loss of each update tried, the lower
+    one's weights kept.
     """
 
     shot: int
@@ -31,6 +33,7 @@ class ShotReport:
     seconds: dict[str, float]
     peak_memory_gb: float
     ppl: float | None = None
+    held_out_loss: dict[str, float] | None = None
 
 
 @dataclass

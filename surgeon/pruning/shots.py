@@ -27,6 +27,7 @@ from surgeon.models.experts import experts_as_layers, is_fused_experts
 from surgeon.models.layer import Layer
 from surgeon.pruning import curvature
 from surgeon.pruning.elements import element_shot, per_layer_shot, propagated_shot
+from surgeon.pruning.held_out import selected_shot
 from surgeon.pruning.report import PruneReport, ShotReport, clock, peak_memory_gb, removed_fractions, zero_fraction
 from surgeon.pruning.resume import Checkpoint
 from surgeon.pruning.structured import structured_shot
@@ -69,7 +70,7 @@ def _check_inputs(model: nn.Module, calibration_ids: torch.Tensor) -> None:
 
 def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, progress: bool = True,
           after_shot: Callable[[ShotReport], None] | None = None, checkpoint: Checkpoint | None = None,
-          group: dist.ProcessGroup | None = None) -> PruneReport:
+          group: dist.ProcessGroup | None = None, held_out_ids: torch.Tensor | None = None) -> PruneReport:
     """Prune `model` in place to `config.target` in `config.shot_count` shots (Algorithm 1).
 
     model: a transformers causal LM whose decoder blocks hold `nn.Linear` layers (embeddings and
@@ -81,6 +82,9 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
         saved state continues that run after its last saved shot. Split over ranks, only rank 0 writes it.
     group: a torch.distributed process group whose ranks all call `prune` with the same model and
         arguments and share the work (`surgeon.scale.distributed`); each ends with the same pruned model.
+    held_out_ids: `torch.LongTensor [h, seqlen]`, windows of the calibration text not in `calibration_ids`, on
+        which N:M's default update choice (`PruneConfig.nm_update` select) scores its two candidates; without
+        them, or over several ranks, that shot runs the exact update.
     Returns a `PruneReport`: `sparsity` (fraction of zero prunable weights), `layers` (that fraction
     per layer, by qualified name), `shots` (per shot: target size, sparsity reached, seconds per
     phase, peak memory in GiB), `config` and `seconds`.
@@ -88,6 +92,8 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
     if not isinstance(config, PruneConfig):
         raise TypeError(f"config must be a surgeon.PruneConfig, not {type(config).__name__}")
     _check_inputs(model, calibration_ids)
+    if held_out_ids is not None:
+        _check_inputs(model, held_out_ids)
     check_prunable(model, config.leave_out_parts)
     experts = [module for module in decoder_blocks(model).modules() if is_fused_experts(module)]
     if any(isinstance(module.gate_up_proj, DTensor) for module in experts):
@@ -95,12 +101,12 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
     if config.structure == "experts":
         return prune_experts(model, calibration_ids, config, progress, after_shot, checkpoint, group)
     with experts_as_layers(decoder_blocks(model)):
-        return _prune(model, calibration_ids, config, progress, after_shot, checkpoint, group)
+        return _prune(model, calibration_ids, config, progress, after_shot, checkpoint, group, held_out_ids)
 
 
 def _prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, progress: bool,
            after_shot: Callable[[ShotReport], None] | None, checkpoint: Checkpoint | None,
-           group: dist.ProcessGroup | None) -> PruneReport:
+           group: dist.ProcessGroup | None, held_out_ids: torch.Tensor | None) -> PruneReport:
     """`prune` once its inputs are checked and any fused experts are layers (`experts.experts_as_layers`)."""
     run = _resolve(model, calibration_ids, config, group)
     layers, ranks = run.layers, run.ranks
@@ -119,8 +125,8 @@ def _prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig,
         raw = _curvature(model, calibration_ids, config, run, f"shot {shot}/{last} · curvature", progress)
         t1 = clock(device)
         with torch.no_grad():
-            phases, freed = _remove(model, calibration_ids, config, run, raw, shot, target_size,
-                                    round((1.0 - target_size) * total), progress)
+            phases, freed, losses = _remove(model, calibration_ids, held_out_ids, config, run, raw, shot, target_size,
+                                            round((1.0 - target_size) * total), progress)
         t2 = clock(device)
         seconds = {"curvature": t1 - t0, "prune": t2 - t1, **phases}
         if ranks.world > 1:
@@ -131,7 +137,8 @@ def _prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig,
             lora_correction(model, layers, calibration_ids, config)
             seconds["lora"] = time.perf_counter() - t2
         _, _, sparsity = removed_fractions([(layer.name, layer.mask) for layer in layers])
-        shot_report = ShotReport(shot, target_size, sparsity, freed, seconds, peak_memory_gb(device))
+        shot_report = ShotReport(shot, target_size, sparsity, freed, seconds, peak_memory_gb(device),
+                                 held_out_loss=losses)
         report.shots.append(shot_report)
         logger.info("shot %d/%d · target size %.3f · sparsity %.4f · %s · peak %.2f GB", shot, last,
                     target_size, sparsity, " · ".join(f"{k} {v:.2f}s" for k, v in seconds.items()),
@@ -206,19 +213,26 @@ def _curvature(model: nn.Module, calibration_ids: torch.Tensor, config: PruneCon
     return raw
 
 
-def _remove(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, run: _Run,
-            raw: dict[str, LayerFactors] | HostFactors, shot: int, target_size: float, target_zeros: int,
-            progress: bool) -> tuple[dict[str, float], int]:
+def _remove(model: nn.Module, calibration_ids: torch.Tensor, held_out_ids: torch.Tensor | None, config: PruneConfig,
+            run: _Run, raw: dict[str, LayerFactors] | HostFactors, shot: int, target_size: float, target_zeros: int,
+            progress: bool) -> tuple[dict[str, float], int, dict[str, float] | None]:
     """The shot's costs, threshold and updates, by the structure and method; the seconds of each phase where
-    they are apart, and the dead weights freed."""
+    they are apart, the dead weights freed, and N:M's held-out losses where it chose its update by them."""
     layers, ranks = run.layers, run.ranks
     if config.method in PER_LAYER:  # "prune" time includes their input estimation
         per_layer_shot(model, layers, calibration_ids, target_size, config, ranks, progress)
-        return {}, 0
+        return {}, 0, None
     if config.structure in ("structured", "coupled"):
-        return structured_shot(layers, raw, target_zeros, config, run.coupled, ranks, run.kinds)
+        return (*structured_shot(layers, raw, target_zeros, config, run.coupled, ranks, run.kinds), None)
     assert isinstance(raw, dict)  # offload is for structured and coupled runs (PruneConfig)
     if config.propagates and shot == config.shot_count:
-        propagated_shot(model, layers, raw, calibration_ids, config, ranks, progress)
-        return {}, 0
-    return element_shot(layers, raw, target_zeros, config, ranks), 0
+        rule = config.update_rule
+        if rule == "select" and (held_out_ids is None or ranks.world > 1):
+            logger.info("N:M update: exact (no held-out windows to choose it by, or several processes)")
+            rule = "exact"
+        if rule == "select":
+            assert held_out_ids is not None
+            return {}, 0, selected_shot(model, layers, raw, calibration_ids, held_out_ids, config, ranks, progress)
+        propagated_shot(model, layers, raw, calibration_ids, config, ranks, progress, rule or "exact")
+        return {}, 0, None
+    return element_shot(layers, raw, target_zeros, config, ranks), 0, None
