@@ -43,6 +43,8 @@ def test_exports_what_the_readme_example_uses():
 def test_prune_names_a_bad_calibration_argument(bad, error, message):
     with pytest.raises(error, match=message):
         prune(tiny_model("llama"), bad, PruneConfig(shots=1), progress=False)
+    with pytest.raises(error, match=message.replace("calibration_ids", "held_out_ids")):
+        prune(tiny_model("llama"), calibration(), PruneConfig(structure="2:4"), progress=False, held_out_ids=bad)
 
 
 def test_prune_names_a_bad_model_or_config():

@@ -26,6 +26,8 @@ from surgeon.scale.distributed import Ranks
 from surgeon_kernels import ops
 from surgeon_kernels.ops import Deferred
 
+SPARSEGPT_UPDATES = {"sparsegpt": "sweep", "sparsegpt-exact": "exact", "sparsegpt-refine": "refine"}  # by method
+
 
 def element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig,
                  ranks: Ranks) -> dict[str, float]:
@@ -184,9 +186,6 @@ def _prune_one_layer(layer: Layer, A: torch.Tensor, target_size: float, config: 
         layer.store(W)
         return
     _sparsegpt_layer(layer, A, 1 - target_size, config.nm, SPARSEGPT_UPDATES[config.method])
-
-
-SPARSEGPT_UPDATES = {"sparsegpt": "sweep", "sparsegpt-exact": "exact", "sparsegpt-refine": "refine"}
 
 
 def _sparsegpt_layer(layer: Layer, A: torch.Tensor, sparsity: float, nm: tuple[int, int] | None, update: str) -> None:

@@ -44,7 +44,7 @@ def selected_shot(model: nn.Module, layers: list[Layer], raw: dict, calibration:
                   held_out: torch.Tensor, config: PruneConfig, ranks: Ranks, progress: bool) -> dict[str, float]:
     """`propagated_shot` with the exact update, then from the same weights with refine; the weights of the one
     with the lower `held_out_loss` stay (exact on a tie). The held-out loss of each."""
-    start = _state(layers)
+    start = _state(layers)  # the exact pass pops a copy of `raw`: every factor stays held until refine's pass
     propagated_shot(model, layers, dict(raw), calibration, config, ranks, progress, "exact")
     losses = {"exact": held_out_loss(model, held_out, config.batch_size)}
     exact = _state(layers)

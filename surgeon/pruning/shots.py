@@ -46,25 +46,25 @@ def _block_groups(blocks: list[list[tuple[str, nn.Linear]]], count: int) -> list
     return [[pair for block in blocks[start:end] for pair in block] for start, end in zip(edges, edges[1:])]
 
 
-def _check_inputs(model: nn.Module, calibration_ids: torch.Tensor) -> None:
-    """Refuse a model or calibration batch that `prune` cannot use, naming the argument."""
+def _check_inputs(model: nn.Module, ids: torch.Tensor, name: str = "calibration_ids") -> None:
+    """Refuse a model, or token ids `ids` (the argument `name`), that `prune` cannot use, naming the argument."""
     if not isinstance(model, nn.Module) or not hasattr(model, "config"):
         raise TypeError(f"model must be a transformers causal LM (e.g. from surgeon.load_model or "
                         f"AutoModelForCausalLM.from_pretrained), not {type(model).__name__}")
-    if not isinstance(calibration_ids, torch.Tensor):
-        raise TypeError(f"calibration_ids must be a torch.LongTensor [n, seqlen] of token ids (see "
-                        f"surgeon.calibration_windows), not {type(calibration_ids).__name__}")
-    if calibration_ids.dim() != 2 or calibration_ids.shape[0] < 1 or calibration_ids.shape[1] < 2:
-        raise ValueError(f"calibration_ids must have shape [n, seqlen] with n >= 1 and seqlen >= 2, not "
-                         f"{list(calibration_ids.shape)} (a single sequence [seqlen] is ids.unsqueeze(0))")
-    if calibration_ids.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"calibration_ids must hold integer token ids (torch.long), not {calibration_ids.dtype}")
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.LongTensor [n, seqlen] of token ids (see "
+                        f"surgeon.calibration_windows), not {type(ids).__name__}")
+    if ids.dim() != 2 or ids.shape[0] < 1 or ids.shape[1] < 2:
+        raise ValueError(f"{name} must have shape [n, seqlen] with n >= 1 and seqlen >= 2, not "
+                         f"{list(ids.shape)} (a single sequence [seqlen] is ids.unsqueeze(0))")
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must hold integer token ids (torch.long), not {ids.dtype}")
     vocab = getattr(model.config, "vocab_size", None)
-    if vocab is not None and (int(calibration_ids.min()) < 0 or int(calibration_ids.max()) >= vocab):
-        raise ValueError(f"calibration_ids holds ids outside the model's vocabulary [0, {vocab})")
+    if vocab is not None and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        raise ValueError(f"{name} holds ids outside the model's vocabulary [0, {vocab})")
     limit = max_seqlen(model)
-    if limit is not None and calibration_ids.shape[1] > limit:
-        raise ValueError(f"calibration_ids has seqlen {calibration_ids.shape[1]}, longer than the model allows "
+    if limit is not None and ids.shape[1] > limit:
+        raise ValueError(f"{name} has seqlen {ids.shape[1]}, longer than the model allows "
                          f"({limit})")
 
 
@@ -93,7 +93,7 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
         raise TypeError(f"config must be a surgeon.PruneConfig, not {type(config).__name__}")
     _check_inputs(model, calibration_ids)
     if held_out_ids is not None:
-        _check_inputs(model, held_out_ids)
+        _check_inputs(model, held_out_ids, "held_out_ids")
     check_prunable(model, config.leave_out_parts)
     experts = [module for module in decoder_blocks(model).modules() if is_fused_experts(module)]
     if any(isinstance(module.gate_up_proj, DTensor) for module in experts):
