@@ -129,6 +129,12 @@ def test_settings_the_model_cannot_run_are_refused_before_its_weights_load(monke
     assert problem in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
+def test_the_nm_plan_says_its_update_choice_runs_the_shot_twice():
+    plan = make_plan(PlanConfig(model="smollm2-135m"), PruneConfig(structure="2:4"))
+    assert any("runs twice" in note for note in plan["notes"])
+    assert not make_plan(PlanConfig(model="smollm2-135m"), PruneConfig(structure="2:4", nm_update="exact"))["notes"]
+
+
 def test_the_plan_refuses_settings_the_model_cannot_run(capsys):
     assert main(["plan", "--model", "smollm2-135m", "--structure", "2:7"]) == 2
     assert "M=7 does not divide the 576 columns" in capsys.readouterr().err

@@ -277,6 +277,9 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
     check_skeleton(model, config, 1)
     whole = any(is_fused_experts(module) for module in model.modules())  # experts are pruned unsharded
     notes = ["no FSDP2: Mixture-of-Experts experts are pruned with their weights whole on every rank"] * whole
+    if config.update_rule == "select":
+        notes.append("the N:M shot runs twice, with LLM Surgeon's and SparseGPT's updates, to keep the one with the "
+                     "lower held-out loss (nm_update select): the projected prune time counts the first only")
     counts = count(model, config, plan.nsamples, plan.seqlen, "cuda")
     budget = parse_bytes(plan.gpu_memory)
     phases, peak_phase, peak = _peak(counts["phases"])
