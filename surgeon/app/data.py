@@ -8,9 +8,10 @@ split through `datasets` when the hub is reachable and otherwise the packaged va
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,13 +117,19 @@ def tokenize(tokenizer, text: Text) -> torch.Tensor:
     return tokenizer(text.text, return_tensors="pt").input_ids
 
 
+def _window_starts(total: int, seqlen: int, seed: int) -> Iterator[int]:
+    """The seeded random starts of windows of `seqlen` tokens in a text of `total`, drawn one after another."""
+    rng = random.Random(seed)
+    while True:
+        yield rng.randint(0, total - seqlen - 1)
+
+
 def calibration_windows(ids: torch.Tensor, nsamples: int, seqlen: int, seed: int) -> torch.Tensor:
     """`nsamples` random windows [nsamples, seqlen] of consecutive tokens, seeded (as in the paper)."""
     total = ids.shape[1]
     if total <= seqlen:
         raise SurgeonError(f"calibration text has {total} tokens, not more than one window of {seqlen}")
-    rng = random.Random(seed)
-    starts = [rng.randint(0, total - seqlen - 1) for _ in range(nsamples)]
+    starts = list(itertools.islice(_window_starts(total, seqlen, seed), nsamples))
     return torch.stack([ids[0, s : s + seqlen] for s in starts])
 
 
@@ -130,14 +137,13 @@ def held_out_windows(ids: torch.Tensor, nsamples: int, seqlen: int, seed: int) -
     """max(2, nsamples // 4) windows [count, seqlen] that share no token with `calibration_windows(ids, nsamples,
     seqlen, seed)`: the same seeded draws continued, a window overlapping one drawn before drawn again; None where
     the text has no room for them."""
-    total, count = ids.shape[1], max(2, nsamples // 4)
-    rng = random.Random(seed)
-    taken = [rng.randint(0, total - seqlen - 1) for _ in range(nsamples)]
+    count = max(2, nsamples // 4)
+    draws = _window_starts(ids.shape[1], seqlen, seed)
+    taken = list(itertools.islice(draws, nsamples))
     starts: list[int] = []
-    for _ in range(100 * count):
+    for start in itertools.islice(draws, 100 * count):
         if len(starts) == count:
             break
-        start = rng.randint(0, total - seqlen - 1)
         if all(abs(start - other) >= seqlen for other in taken + starts):
             starts.append(start)
     if len(starts) < count:

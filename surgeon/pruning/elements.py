@@ -128,10 +128,11 @@ def propagated_shot(model: nn.Module, layers: list[Layer], raw: dict, calibratio
     for block in _pruned_block_by_block(model, layers, calibration, config, ranks, progress):
         sibling: inverses.Sibling | None = None
         for layer, fresh in block:
-            entry = dataclasses.replace(raw.pop(layer.name), A=fresh.A)  # propagate: methods with a curvature pass
-            if update == "refine":
+            if update == "refine":  # the shot's G is not used
+                raw.pop(layer.name)
                 _sparsegpt_layer(layer, fresh.A.dense(), 1 - n / m, config.nm, "refine")
                 continue
+            entry = dataclasses.replace(raw.pop(layer.name), A=fresh.A)  # propagate: methods with a curvature pass
             kept, layer_costs, sibling = _element_plan(layer, entry, config, sibling)
             mask = ops.nm_select(layer_costs(), n, m, config.backend)[1]
             inverse = next(inverses.unpacked([kept]))

@@ -337,8 +337,9 @@ def fit_to_gpu(model_name: str, dtype: str, nsamples: int, seqlen: int, config: 
     phase, its parts and the shortfall with every option.
 
     ranks, fsdp: a torchrun run's ranks and whether its weights are sharded; the peak is one rank's.
-    A model whose configuration transformers cannot build alone (a DeciLM compact checkpoint,
-    say), and a whole-expert run, whose own pass the plan does not count, are not checked: `config` is
+    `config` is one `settings.check_skeleton` accepted for the model and ranks. A model whose configuration
+    transformers cannot build alone (a DeciLM compact checkpoint, say), and a whole-expert run, whose own pass
+    the plan does not count, are not checked: `config` is
     returned with a warning.
     """
     if config.structure == "experts":
@@ -349,7 +350,6 @@ def fit_to_gpu(model_name: str, dtype: str, nsamples: int, seqlen: int, config: 
     except SurgeonError as error:
         logger.warning("memory not checked before loading: %s", error)
         return config
-    check_skeleton(model, config, ranks)
     counts = count(model, config, nsamples, seqlen, "cuda")
     chosen = [config] + [variant for variant in _variants(config, counts, ranks, config.curvature_split)
                          if variant.activation_checkpointing >= config.activation_checkpointing
