@@ -113,16 +113,21 @@ def mark(commit: str, paths: tuple[str, ...] = CODE) -> str:
 # ---------------------------------------------------------------- quality
 
 
-def quality_runs() -> tuple[str, dict[str, dict[str, Any]]]:
-    """The newest commit with a complete set of quality runs, and its runs by row name."""
-    order = commit_order()
-    denses = [p for p in (RESULTS / "quality").glob("dense@*.json") if commit_of(p) in order]
+def quality_runs(folder: str = "quality") -> tuple[str, dict[str, dict[str, Any]]]:
+    """The newest commit with a complete set of quality runs in `bench/results/<folder>`, and its runs by row."""
+    order, root = commit_order(), RESULTS / folder
+    denses = [p for p in root.glob("dense@*.json") if commit_of(p) in order]
     if not denses:
-        raise SystemExit("no bench/results/quality/dense@<commit>.json: run `python bench/quality/table.py`")
-    count = {commit_of(p): len(list((RESULTS / "quality").glob(f"*@{commit_of(p)}.json"))) for p in denses}
+        raise SystemExit(f"no bench/results/{folder}/dense@<commit>.json: run `python bench/quality/table.py`")
+    count = {commit_of(p): len(list(root.glob(f"*@{commit_of(p)}.json"))) for p in denses}
     commit = min(count, key=lambda c: (-count[c], order[c]))  # the most rows; among equals the newest
-    runs = {p.stem.rsplit("@", 1)[0]: load(p) for p in sorted((RESULTS / "quality").glob(f"*@{commit}.json"))}
+    runs = {p.stem.rsplit("@", 1)[0]: load(p) for p in sorted(root.glob(f"*@{commit}.json"))}
     return commit, runs
+
+
+def second_models() -> list[str]:
+    """The folders of the quality rows on other models and calibration budgets (`quality-<model>-<n>x<seqlen>`)."""
+    return sorted(path.name for path in RESULTS.glob("quality-*") if path.is_dir())
 
 
 def method_label(config: dict[str, Any]) -> str:
@@ -146,32 +151,35 @@ def quality_table(runs: dict[str, dict[str, Any]]) -> str:
         if name == "dense":
             continue
         c = run["config"]
-        lines.append(f"| {name} | {c['structure']} | {c['target_size']:g} | {method_label(c)} | {c['shots']} | "
+        method = method_label(c) + (f"; kept {run['choice']['kept']} by held-out loss" if run.get("choice") else "")
+        lines.append(f"| {name} | {c['structure']} | {c['target_size']:g} | {method} | {c['shots']} | "
                      f"{c['damp_g']} / {c['damp_a']} | {run['sparsity']:.4f} | {run['ppl']:.3f} | "
                      f"{run['seconds']:.0f} |")
     return "\n".join(lines)
 
 
-def headline_table(runs: dict[str, dict[str, Any]]) -> str:
-    """Per structure: magnitude, the best other baseline, LLM Surgeon and surgeon's SparseGPT-exact; the lowest
-    perplexity of the row in bold (the README's table)."""
-    lines = ["| structure | magnitude | best other baseline | LLM Surgeon | SparseGPT mask + exact update |",
-             "| --- | --- | --- | --- | --- |"]
-    names = {"lobd": "L-OBD", "kobd": "K-OBD", "sparsegpt": "SparseGPT", "wanda": "Wanda",
-             "llmc-sparsegpt": "llm-compressor SparseGPT", "llmc-wanda": "llm-compressor Wanda"}
+NAMES = {"lobd": "L-OBD", "kobd": "K-OBD", "sparsegpt": "SparseGPT", "wanda": "Wanda",
+         "llmc-sparsegpt": "llm-compressor SparseGPT", "llmc-wanda": "llm-compressor Wanda"}
+
+
+def headline_cells(runs: dict[str, dict[str, Any]], prefix: str) -> str:
+    """The best baseline's and LLM Surgeon's perplexity at one structure, the lower in bold; '- | -' if not run."""
+    rows = {name[len(prefix) + 1:]: run for name, run in runs.items() if name.startswith(prefix + "-")}
+    baselines = {m: r["ppl"] for m, r in rows.items() if m in NAMES}
+    if not baselines or "surgeon" not in rows:
+        return "- | -"
+    best = min(baselines, key=baselines.__getitem__)
+    cells = [(NAMES[best] + " ", baselines[best]), ("", rows["surgeon"]["ppl"])]
+    lowest = min(value for _, value in cells)
+    return " | ".join(f"{label}**{value:.1f}**" if value == lowest else f"{label}{value:.1f}" for label, value in cells)
+
+
+def headline_table(models: list[tuple[str, dict[str, dict[str, Any]]]]) -> str:
+    """Per structure and model: the best baseline and LLM Surgeon, the lower perplexity in bold (the README's)."""
+    lines = ["| structure | " + " | ".join(f"{label}: best baseline | LLM Surgeon" for label, _ in models) + " |",
+             "| --- |" + " --- | --- |" * len(models)]
     for prefix, label in HEADLINE:
-        rows = {name[len(prefix) + 1:]: run for name, run in runs.items() if name.startswith(prefix + "-")}
-        baselines = {m: r["ppl"] for m, r in rows.items() if m in names}
-        if not baselines or "magnitude" not in rows or "surgeon" not in rows:
-            continue  # not run yet
-        best = min(baselines, key=baselines.__getitem__)
-        cells = {"baseline": baselines[best], "surgeon": rows["surgeon"]["ppl"]}
-        if "sparsegpt-exact" in rows:
-            cells["exact"] = rows["sparsegpt-exact"]["ppl"]
-        lowest = min(cells.values())
-        shown = {key: f"**{value:.1f}**" if value == lowest else f"{value:.1f}" for key, value in cells.items()}
-        lines.append(f"| {label} | {rows['magnitude']['ppl']:.4g} | {names[best]} {shown['baseline']} | "
-                     f"{shown['surgeon']} | {shown.get('exact', '-')} |")
+        lines.append(f"| {label} | " + " | ".join(headline_cells(runs, prefix) for _, runs in models) + " |")
     return "\n".join(lines)
 
 
@@ -471,7 +479,10 @@ def machines(runs: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def quality_block(commit: str, runs: dict[str, dict[str, Any]]) -> list[str]:
-    return [f"All rows at {mark(commit, PRUNING)}.", "", quality_table(runs)]
+    dense = runs["dense"]
+    budget = f"{dense['calib_windows']} × {dense['calib_seqlen']} calibration tokens, "
+    return [f"All rows at {mark(commit, PRUNING)}: {dense.get('model', 'smollm2-135m')}, {budget}perplexity on the "
+            f"first {dense['eval_windows']} test windows of 2048.", "", quality_table(runs)]
 
 
 def blocks() -> dict[str, list[str]]:
@@ -480,6 +491,7 @@ def blocks() -> dict[str, list[str]]:
     return {
         "machines": machines(runs),
         "quality": quality_block(commit, runs),
+        **{folder: quality_block(*quality_runs(folder)) for folder in second_models()},
         "time-to-quality": time_to_quality_section(runs, commit),
         "cpu-time": cpu_time_section(),
         "gpu-time": gpu_time_section(),
@@ -506,10 +518,21 @@ def filled(text: str, generated: dict[str, list[str]]) -> str:
     return text
 
 
-def readme_with_headline(readme: str, runs: dict[str, dict[str, Any]], commit: str) -> str:
-    note = (f"Perplexity on WikiText-2 (dense {runs['dense']['ppl']:.2f}), all at commit `{commit}`; every row and "
-            "method in `bench/RESULTS.md`.")
-    table = f"{HEADLINE_START}\n{headline_table(runs)}\n\n{note}\n{HEADLINE_END}"
+# The README's second model: the quality folder of its rows, and its label.
+SECOND = ("quality-gemma3-270m-8x256", "Gemma-3-270M")
+
+
+def readme_with_headline(readme: str) -> str:
+    """`readme` with its results table filled from the newest complete quality runs of both models."""
+    commit, runs = quality_runs()
+    models = [("SmolLM2-135M", runs)]
+    note = f"SmolLM2 (dense {runs['dense']['ppl']:.2f}) at `{commit}`"
+    if (RESULTS / SECOND[0]).is_dir():
+        second_commit, second = quality_runs(SECOND[0])
+        models.append((SECOND[1], second))
+        note += f", {SECOND[1]} (dense {second['dense']['ppl']:.2f}) at `{second_commit}`"
+    note = f"Perplexity on WikiText-2: {note}; every row and method in `bench/RESULTS.md`."
+    table = f"{HEADLINE_START}\n{headline_table(models)}\n\n{note}\n{HEADLINE_END}"
     pattern = re.compile(re.escape(HEADLINE_START) + ".*?" + re.escape(HEADLINE_END), re.S)
     if not pattern.search(readme):
         raise SystemExit(f"README.md has no {HEADLINE_START} … {HEADLINE_END} block")
@@ -520,10 +543,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="only check that README.md's table is current")
     args = parser.parse_args()
-    commit, runs = quality_runs()
     readme_path = ROOT / "README.md"
     readme = readme_path.read_text()
-    updated = readme_with_headline(readme, runs, commit)
+    updated = readme_with_headline(readme)
     if args.check:
         if updated != readme:
             print("README.md's results table differs from bench/results/quality: run `make results`", file=sys.stderr)

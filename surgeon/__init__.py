@@ -27,6 +27,7 @@ _EXPORTS = {
     "tokenize": "surgeon.app.data",
     "calibration_windows": "surgeon.app.data",
     "held_out_windows": "surgeon.app.data",
+    "leading_token": "surgeon.app.data",
     "prune": "surgeon.pruning.shots",
     "PruneReport": "surgeon.pruning.report",
     "ShotReport": "surgeon.pruning.report",
@@ -39,12 +40,19 @@ _EXPORTS = {
 }
 __all__ = [
     "EvalResult", "PruneConfig", "PruneReport", "RunConfig", "ShotReport", "Solution", "SurgeonError", "__version__",
-    "calibration_text", "calibration_windows", "evaluation_text", "held_out_windows", "load_compact", "load_model",
-    "load_tokenizer", "perplexity", "prune", "save_model", "solve", "tokenize",
+    "calibration_text", "calibration_windows", "evaluation_text", "held_out_windows", "leading_token", "load_compact",
+    "load_model", "load_tokenizer", "perplexity", "prune", "save_model", "solve", "tokenize",
 ]
 
 if TYPE_CHECKING:
-    from surgeon.app.data import calibration_text, calibration_windows, evaluation_text, held_out_windows, tokenize
+    from surgeon.app.data import (
+        calibration_text,
+        calibration_windows,
+        evaluation_text,
+        held_out_windows,
+        leading_token,
+        tokenize,
+    )
     from surgeon.app.evaluate import EvalResult, perplexity
     from surgeon.config import PruneConfig, RunConfig
     from surgeon.errors import SurgeonError

@@ -42,7 +42,8 @@ PER_LAYER = ("sparsegpt", "sparsegpt-exact", "sparsegpt-refine", "wanda")
 MEMORY_OPTIONS = ("activation_checkpointing", "offload", "block_groups")
 EXPORT_FORMATS = ("standard", "decilm")
 LAYOUTS = ("per-block", "uniform", "decilm")  # coupled: how units may leave, by the export format that holds them
-NM_UPDATES = ("select", "exact", "refine")  # LLM Surgeon's propagated N:M shot: its update (docs/DESIGN.md)
+# LLM Surgeon's unstructured and N:M runs are weighed against this method in one shot (`PruneConfig.held_out_choice`)
+ALTERNATIVE = "sparsegpt-refine"
 Correlation = Literal["joint", "within"]
 _NM = re.compile(r"^(\d+):(\d+)$")
 
@@ -133,11 +134,11 @@ class PruneConfig:
         None, "N:M: prune the last shot block by block, each block's A from the inputs of the blocks already pruned "
         "(as SparseGPT; G from the shot's pass)", shown="on for N:M with surgeon, kobd or lobd"
     )
-    nm_update: str | None = _opt(
-        None, "N:M surgeon with propagate: exact (LLM Surgeon's mask and exact update), refine (SparseGPT's mask and "
-        "weights, then 8 conjugate-gradient steps toward the exact row update), or select (both in turn, keeping the "
-        "one with the lower loss on held-out calibration windows; exact where none are given)", NM_UPDATES,
-        shown="select",
+    held_out_choice: bool | None = _opt(
+        None, "unstructured and N:M surgeon: also prune the dense model in one shot with sparsegpt-refine "
+        "(SparseGPT's mask and weights, then 8 conjugate-gradient steps toward the exact row update) and keep "
+        "whichever model has the lower loss on held-out calibration windows (LLM Surgeon's alone where none are "
+        "given, or over several processes)", shown="on for unstructured and N:M with surgeon",
     )
     curvature_split: str = _opt(
         "batches", "under torchrun: each rank runs a share of the calibration batches and the factors are summed onto "
@@ -210,11 +211,10 @@ class PruneConfig:
         if self.propagate and (self.nm is None or self.method not in NEEDS_A):
             raise ValueError("propagate prunes the last N:M shot of surgeon, kobd or lobd block by block: use an N:M "
                              "structure")
-        if self.nm_update is not None and self.nm_update not in NM_UPDATES:
-            raise ValueError(f"nm_update={self.nm_update!r}: choose one of {', '.join(NM_UPDATES)}")
-        if self.nm_update is not None and self.update_rule is None:
-            raise ValueError("nm_update chooses the update of surgeon's propagated N:M shot: use an N:M structure with "
-                             "method surgeon and propagate on")
+        if self.held_out_choice and (self.method != "surgeon" or self.structure in ("structured", "coupled",
+                                                                                    "experts")):
+            raise ValueError("held_out_choice weighs an unstructured or N:M surgeon run against sparsegpt-refine: use "
+                             "method surgeon with structure unstructured or N:M")
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size}: must be at least 1")
         if self.cg_dtype not in (None, "bfloat16", "float16"):
@@ -271,15 +271,19 @@ class PruneConfig:
         return damp_g, damp_a
 
     @property
-    def update_rule(self) -> str | None:
-        """The propagated N:M shot's update (`nm_update`, else select); None where no shot runs one."""
-        return (self.nm_update or "select") if self.propagates and self.method == "surgeon" else None
+    def chooses(self) -> bool:
+        """Whether the run is weighed against `ALTERNATIVE` by held-out loss: `held_out_choice`, else on for
+        unstructured and N:M surgeon."""
+        if self.held_out_choice is not None:
+            return self.held_out_choice
+        return self.method == "surgeon" and (self.structure == "unstructured" or self.nm is not None)
 
     def resolved(self) -> dict[str, object]:
         """Every field, those left at None replaced by the value the run uses (what report.json records)."""
         damp_g, damp_a = self.strengths
         return {**dataclasses.asdict(self), "target_size": self.target, "shots": self.shot_count,
-                "propagate": self.propagates, "damp_g": damp_g, "damp_a": damp_a, "nm_update": self.update_rule}
+                "propagate": self.propagates, "damp_g": damp_g, "damp_a": damp_a,
+                "held_out_choice": self.chooses}
 
     @property
     def nm(self) -> tuple[int, int] | None:

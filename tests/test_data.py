@@ -86,3 +86,20 @@ def test_held_out_windows_share_no_token_with_the_calibration_windows():
     assert len(set(held.flatten().tolist())) == 3 * 64  # nor with each other
     assert held_out_windows(ids, 1, 64, seed=3).shape == (2, 64)  # at least two
     assert held_out_windows(torch.arange(300).unsqueeze(0), 3, 64, seed=0) is None  # no room beside 3 windows
+
+
+@pytest.mark.parametrize("name, bos", [("smollm2-135m", None), ("gemma3-270m", 2)])
+def test_windows_begin_as_the_tokenizer_begins_a_text(name, bos):
+    """Gemma's tokenizer puts its BOS before every text, so each calibration and held-out window begins with it;
+    SmolLM2's puts none, and its windows are the text's tokens."""
+    from surgeon.app.data import leading_token
+    from surgeon.models.adapter import load_tokenizer
+
+    tokenizer = load_tokenizer(name)
+    assert leading_token(tokenizer) == bos
+    ids = torch.arange(3, 2003).unsqueeze(0)
+    plain = calibration_windows(ids, 4, 64, seed=0)
+    for windows, text in ((calibration_windows(ids, 4, 64, 0, bos), plain),
+                          (held_out_windows(ids, 4, 64, 0, bos), held_out_windows(ids, 4, 64, 0))):
+        assert torch.equal(windows[:, 1:], text[:, 1:])
+        assert torch.equal(windows[:, 0], text[:, 0] if bos is None else torch.full((windows.shape[0],), bos))

@@ -129,10 +129,12 @@ def test_settings_the_model_cannot_run_are_refused_before_its_weights_load(monke
     assert problem in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
-def test_the_nm_plan_says_its_update_choice_runs_the_shot_twice():
-    plan = make_plan(PlanConfig(model="smollm2-135m"), PruneConfig(structure="2:4"))
-    assert any("runs twice" in note for note in plan["notes"])
-    assert not make_plan(PlanConfig(model="smollm2-135m"), PruneConfig(structure="2:4", nm_update="exact"))["notes"]
+@pytest.mark.parametrize("structure", ["2:4", "unstructured"])
+def test_the_plan_says_the_held_out_choice_runs_a_second_pruning(structure):
+    plan = make_plan(PlanConfig(model="smollm2-135m"), PruneConfig(structure=structure))
+    assert any("sparsegpt-refine shot" in note for note in plan["notes"])
+    alone = PruneConfig(structure=structure, held_out_choice=False)
+    assert not make_plan(PlanConfig(model="smollm2-135m"), alone)["notes"]
 
 
 def test_the_plan_refuses_settings_the_model_cannot_run(capsys):

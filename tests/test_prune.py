@@ -444,57 +444,62 @@ def test_nm_defaults_to_one_propagated_shot_with_stronger_damping_of_g():
     assert dataclasses.replace(given, propagate=True).strengths[0] == 0.3  # a given value stays given
 
 
-def test_nm_chooses_its_update_by_held_out_loss_and_keeps_that_updates_weights():
-    """select runs the exact update and refine from the same weights and keeps the one with the lower loss on
-    the held-out windows: the result is, bit for bit, the run of that update alone; without held-out windows,
-    the exact update's."""
+@pytest.mark.parametrize("structure", ["2:4", "unstructured"])
+def test_the_run_is_weighed_against_sparsegpt_refine_and_keeps_the_lower_held_out_loss(structure):
+    """held_out_choice prunes the dense model with sparsegpt-refine in one shot and with LLM Surgeon, and keeps the
+    one with the lower loss on the held-out windows: the result is, bit for bit, that run alone; without held-out
+    windows, LLM Surgeon's."""
     from surgeon.pruning.held_out import held_out_loss
 
     ids, held = calibration(), calibration(seed=1)
+    target = {"target_size": 0.5} if structure == "unstructured" else {}
+    runs = {"surgeon": PruneConfig(structure=structure, held_out_choice=False, **target),
+            "sparsegpt-refine": PruneConfig(structure=structure, method="sparsegpt-refine", shots=1, **target)}
     alone = {}
-    for update in ("exact", "refine"):
+    for method, config in runs.items():
         model = tiny_model("llama")
-        report = prune(model, ids, PruneConfig(structure="2:4", nm_update=update), progress=False)
-        assert report.shots[-1].held_out_loss is None and report.config["nm_update"] == update
-        alone[update] = (weights(model), held_out_loss(model, held, 1))
-    assert any(not torch.equal(a, alone["refine"][0][name]) for name, a in alone["exact"][0].items())
+        report = prune(model, ids, config, progress=False, held_out_ids=held)
+        assert report.choice is None and report.config["held_out_choice"] is False
+        alone[method] = (weights(model), held_out_loss(model, held, 1))
+    assert any(not torch.equal(a, alone["sparsegpt-refine"][0][name]) for name, a in alone["surgeon"][0].items())
     model = tiny_model("llama")
-    report = prune(model, ids, PruneConfig(structure="2:4"), progress=False, held_out_ids=held)
-    losses = report.shots[-1].held_out_loss
-    assert report.config["nm_update"] == "select" and set(losses) == {"exact", "refine"}
-    for update, (_, loss) in alone.items():
-        assert losses[update] == pytest.approx(loss, rel=1e-6)
-    chosen = min(losses, key=losses.__getitem__)
-    assert all(torch.equal(value, alone[chosen][0][name]) for name, value in weights(model).items())
+    report = prune(model, ids, PruneConfig(structure=structure, **target), progress=False, held_out_ids=held)
+    assert report.config["held_out_choice"] is True and report.choice["seconds"] > 0
+    losses = report.choice["held_out_loss"]
+    assert losses == pytest.approx({method: loss for method, (_, loss) in alone.items()}, rel=1e-6)
+    assert report.choice["kept"] == min(losses, key=losses.__getitem__)
+    assert all(torch.equal(value, alone[report.choice["kept"]][0][name]) for name, value in weights(model).items())
     unheld = tiny_model("llama")
-    assert prune(unheld, ids, PruneConfig(structure="2:4"), progress=False).shots[-1].held_out_loss is None
-    assert all(torch.equal(value, alone["exact"][0][name]) for name, value in weights(unheld).items())
+    assert prune(unheld, ids, PruneConfig(structure=structure, **target), progress=False).choice is None
+    assert all(torch.equal(value, alone["surgeon"][0][name]) for name, value in weights(unheld).items())
 
 
-@pytest.mark.parametrize("chosen", ["exact", "refine"])
-def test_nm_select_keeps_either_update_when_its_held_out_loss_is_lower(chosen, monkeypatch):
+@pytest.mark.parametrize("kept", ["surgeon", "sparsegpt-refine"])
+def test_the_held_out_choice_keeps_either_model_when_its_loss_is_lower(kept, monkeypatch):
     from surgeon.pruning import held_out
 
     ids = calibration()
     alone = tiny_model("llama")
-    prune(alone, ids, PruneConfig(structure="2:4", nm_update=chosen), progress=False)
-    losses = iter([1.0, 2.0] if chosen == "exact" else [2.0, 1.0])  # the exact update runs first
+    prune(alone, ids, PruneConfig(structure="2:4", held_out_choice=False) if kept == "surgeon"
+          else PruneConfig(structure="2:4", method="sparsegpt-refine"), progress=False)
+    losses = iter([2.0, 1.0] if kept == "surgeon" else [1.0, 2.0])  # sparsegpt-refine is scored first
     monkeypatch.setattr(held_out, "held_out_loss", lambda *args: next(losses))
     model = tiny_model("llama")
     report = prune(model, ids, PruneConfig(structure="2:4"), progress=False, held_out_ids=calibration(seed=1))
-    assert min(report.shots[-1].held_out_loss.items(), key=lambda item: item[1])[0] == chosen
+    assert report.choice["kept"] == kept
     expected = weights(alone)
     assert all(torch.equal(value, expected[name]) for name, value in weights(model).items())
 
 
-def test_nm_update_is_for_surgeons_propagated_shot():
-    assert PruneConfig(structure="2:4").update_rule == "select"
-    assert PruneConfig(structure="unstructured").update_rule is None
-    assert PruneConfig(structure="2:4", method="sparsegpt", shots=1).update_rule is None
-    with pytest.raises(ValueError, match="nm_update chooses the update of surgeon's propagated N:M shot"):
-        PruneConfig(structure="2:4", propagate=False, nm_update="refine")
-    with pytest.raises(ValueError, match="nm_update='best': choose one of select, exact, refine"):
-        PruneConfig(structure="2:4", nm_update="best")
+def test_the_held_out_choice_is_for_unstructured_and_nm_surgeon():
+    assert PruneConfig(structure="2:4").chooses and PruneConfig(structure="unstructured").chooses
+    assert PruneConfig(structure="2:4", shots=4, propagate=False).chooses
+    assert not PruneConfig(structure="structured").chooses
+    assert not PruneConfig(structure="2:4", method="sparsegpt", shots=1).chooses
+    assert not PruneConfig(structure="unstructured", held_out_choice=False).chooses
+    for config in (dict(structure="structured"), dict(structure="2:4", method="kobd")):
+        with pytest.raises(ValueError, match="held_out_choice weighs an unstructured or N:M surgeon run"):
+            PruneConfig(held_out_choice=True, **config)
 
 
 def test_replace_resolves_the_defaults_again():

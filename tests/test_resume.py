@@ -22,6 +22,7 @@ from tests._helpers import one_error_line, run_cli, tiny_model
 pytestmark = pytest.mark.slow  # whole runs stopped and continued, some in subprocesses
 
 WINDOWS = torch.randint(0, 96, (4, 24), generator=torch.Generator().manual_seed(0))
+HELD_OUT = torch.randint(0, 96, (2, 24), generator=torch.Generator().manual_seed(1))
 FINGERPRINT = {"test": 1}
 
 
@@ -42,9 +43,12 @@ def weights(model) -> dict[str, torch.Tensor]:
 ])
 @pytest.mark.parametrize("stop_after", [1, 3])
 def test_a_run_continued_after_any_shot_equals_the_uninterrupted_run(arch, settings, stop_after, tmp_path):
+    """Unstructured and 2:4 are weighed against sparsegpt-refine on held-out windows: the continued run weighs the
+    same two models."""
     config = PruneConfig(shots=4, **settings)
     uninterrupted = tiny_model(arch)
-    expected = prune(uninterrupted, WINDOWS, config, progress=False)
+    expected = prune(uninterrupted, WINDOWS, config, progress=False, held_out_ids=HELD_OUT)
+    assert (expected.choice is not None) == config.chooses
 
     def stop(shot):
         if shot.shot == stop_after + 1:  # the checkpoint of shot `stop_after` is on disk, this shot's is not
@@ -52,15 +56,16 @@ def test_a_run_continued_after_any_shot_equals_the_uninterrupted_run(arch, setti
 
     with pytest.raises(Stop):
         prune(tiny_model(arch), WINDOWS, config, progress=False, after_shot=stop,
-              checkpoint=Checkpoint(tmp_path, FINGERPRINT))
+              checkpoint=Checkpoint(tmp_path, FINGERPRINT), held_out_ids=HELD_OUT)
     assert json.loads((tmp_path / STATE).read_text())["shot"] == stop_after
     model = tiny_model(arch)
-    continued = prune(model, WINDOWS, config, progress=False,
+    continued = prune(model, WINDOWS, config, progress=False, held_out_ids=HELD_OUT,
                       checkpoint=Checkpoint(tmp_path, FINGERPRINT, state=read_state(tmp_path, FINGERPRINT)))
     for name, value in weights(uninterrupted).items():
         assert torch.equal(value, weights(model)[name]), name
     assert [s.sparsity for s in continued.shots] == [s.sparsity for s in expected.shots]
     assert continued.layers == expected.layers
+    assert (continued.choice or {}).get("held_out_loss") == (expected.choice or {}).get("held_out_loss")
     assert len(list(tmp_path.glob("checkpoint-shot-*.safetensors"))) == 1
 
 

@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.quality.table import head_commit, smollm2_protocol  # noqa: E402
+from bench.quality.table import head_commit, load_protocol  # noqa: E402
 from bench.timing.generation_speed import decode_tokens_per_s  # noqa: E402
 from surgeon import PruneConfig, prune  # noqa: E402
 from surgeon.app.evaluate import perplexity  # noqa: E402
@@ -68,7 +68,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ROOT.mkdir(parents=True, exist_ok=True)
-    model, dense_state, test_ids, windows = smollm2_protocol()
+    model, dense_state, test_ids, windows, _ = load_protocol()
     commit = head_commit()
     machine = f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}"
     dense_parameters = sum(p.numel() for p in model.parameters())

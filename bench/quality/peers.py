@@ -5,25 +5,23 @@ Beside them run surgeon's own modifiers inside the same llm-compressor `oneshot`
 conjugate-gradient refinement, or with `-exact` the exact per-row solve) and
 `SurgeonModifier` (LLM Surgeon with the table's shots: 4 unstructured, N:M's default of one shot
 propagated block by block; it should reproduce bench/quality/table.py's surgeon rows).
-Same model (SmolLM2-135M, float32), the same calibration windows as `bench/quality/table.py` (passed to
-`oneshot` as a dataset, in order), the same evaluation. Peer settings: block size 128, dampening
-fraction 0.01, the sequential pipeline with pruned activations propagated block by block,
-`lm_head` ignored. Times are whole `oneshot` calls.
+Same model (SmolLM2-135M, float32; `--model gemma3-270m`: Gemma-3-270M on its protocol), the same calibration
+windows as `bench/quality/table.py` (passed to `oneshot` as a dataset, in order), the same evaluation. Peer
+settings: block size 128, dampening fraction 0.01, the sequential pipeline with pruned activations
+propagated block by block, `lm_head` ignored. Times are whole `oneshot` calls.
 
 Runs in the llm-compressor environment (llm-compressor 0.14 pins transformers 5.15-5.17), created by
 one command, `make install-llmcompressor`:
 
     .venv-llmcompressor/bin/python bench/quality/peers.py [--only 2of4]   # --only: a regular expression
 
-Each run is bench/results/quality/<row>@<commit>.json beside bench/quality/table.py's rows and skipped when
-that file exists; `make results` puts them into RESULTS' quality table.
+Each run is saved beside bench/quality/table.py's rows (bench/results/quality/<row>@<commit>.json for SmolLM2)
+and skipped when that file exists; `make results` puts them into RESULTS' quality tables.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
-import platform
 import re
 import sys
 import tempfile
@@ -36,11 +34,10 @@ from llmcompressor import __version__ as llmcompressor_version
 from llmcompressor import oneshot
 from llmcompressor.modifiers.pruning import SparseGPTModifier, WandaPruningModifier
 from transformers import AutoModelForCausalLM
-from transformers import __version__ as transformers_version
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.quality.table import ROOT, head_commit, smollm2_protocol  # noqa: E402
+from bench.quality.table import folder, load_protocol, parse_protocol, protocol_of, protocol_parser  # noqa: E402
 from surgeon.app.evaluate import perplexity  # noqa: E402
 from surgeon.integrations.llmcompressor import SurgeonModifier, SurgeonSparseGPTModifier  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
@@ -64,30 +61,27 @@ def zero_fraction(model: torch.nn.Module) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--eval-windows", type=int, default=8)
-    parser.add_argument("--only", default="", help="run only the rows whose name this regular expression finds")
-    args = parser.parse_args()
+    args = parse_protocol(protocol_parser(__doc__))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    ROOT.mkdir(parents=True, exist_ok=True)
-    model, _, test_ids, windows = smollm2_protocol()
-    commit = head_commit()
-    machine = (f"{platform.machine()} {torch.get_num_threads()} threads, Python {platform.python_version()}, "
-               f"torch {torch.__version__}, transformers {transformers_version}, "
-               f"llm-compressor {llmcompressor_version}")
+    root = folder(args.model, args.calib_windows, args.calib_seqlen)
+    root.mkdir(parents=True, exist_ok=True)
+    model, _, test_ids, windows, _ = load_protocol(args.model, args.calib_windows, args.calib_seqlen)
+    protocol = protocol_of(args)
+    commit = protocol["commit"]
+    protocol["machine"] += f", llm-compressor {llmcompressor_version}"
     ones = torch.ones_like(windows)
     calibration = Dataset.from_dict({"input_ids": windows.tolist(), "attention_mask": ones.tolist()})
-    with tempfile.TemporaryDirectory() as folder:  # oneshot reads the model's config from its name_or_path
-        model.save_pretrained(folder)
-        load_tokenizer("smollm2-135m").save_pretrained(folder)
+    with tempfile.TemporaryDirectory() as saved:  # oneshot reads the model's config from its name_or_path
+        model.save_pretrained(saved)
+        load_tokenizer(args.model).save_pretrained(saved)
         del model
         for structure in ("unstructured", "2:4", "4:8"):
             for suffix, (modifier, settings) in PEERS.items():
                 name = f"{structure.replace(':', 'of')}-0.5-{suffix}"
-                path = ROOT / f"{name}@{commit}.json"
+                path = root / f"{name}@{commit}.json"
                 if path.exists() or not re.search(args.only, name):
                     continue
-                model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+                model = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32).eval()
                 if modifier is SurgeonModifier:  # prunes the decoder blocks' linear layers, never the LM head
                     nm = ":" in structure
                     recipe = modifier(sparsity=None if nm else 0.5, structure=structure, shots=None if nm else 4)
@@ -110,9 +104,7 @@ def main() -> None:
                     config.update({key: resolved[key] for key in ("shots", "damp_g", "damp_a", "propagate")})
                 logging.info("%s: ppl %.3f (%.0f s)", name, result.ppl, seconds)
                 write_json(path, {"ppl": result.ppl, "seconds": seconds, "sparsity": zero_fraction(model),
-                                  "config": config, "calib_windows": windows.shape[0],
-                                  "calib_seqlen": windows.shape[1], "eval_windows": args.eval_windows,
-                                  "eval_seqlen": 2048, "machine": machine, "commit": commit})
+                                  "config": config, **protocol})
 
 
 if __name__ == "__main__":

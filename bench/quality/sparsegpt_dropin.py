@@ -31,7 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.quality.table import head_commit, smollm2_protocol  # noqa: E402
+from bench.quality.table import head_commit, load_protocol  # noqa: E402
 from surgeon.integrations.sparsegpt import REFINE_ITERATIONS, SparseGPT, sparsegpt_solve  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
 from surgeon.method.baselines import sparsegpt  # noqa: E402
@@ -104,7 +104,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     if args.shapes == "smollm2":
-        model, _, _, windows = smollm2_protocol()
+        model, _, _, windows, _ = load_protocol()
         layers = layer_hessians(model.to(args.device), windows.to(args.device), args.blocks)
     else:
         layers = random_layers(args.layers, args.device)

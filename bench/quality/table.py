@@ -1,4 +1,4 @@
-"""Quality table on SmolLM2-135M: dense and every method at each structure and size, one command.
+"""Quality table on SmolLM2-135M, and on Gemma-3-270M the rows that decide the defaults, one command each.
 
 Protocol (runs on a 2-core CPU): 8 calibration windows of 512 tokens from the packaged WikiText-2
 validation split (`wiki.valid.tokens`, seed 0), 4 shots for structured and unstructured rows,
@@ -13,11 +13,18 @@ run in one shot, as published; so does `sparsegpt-exact` (SparseGPT's mask with 
 update). Structured 80% with 20 LoRA steps per shot and unstructured in 2 shots are the settings
 that reached the goals in bench/quality/time_to_quality.py.
 
-Each run is saved as bench/results/quality/<row>@<commit>.json and skipped when that file exists,
-so an interrupted table resumes; `python bench/results_md.py` writes the table into RESULTS.md.
+Gemma-3-270M (`--model gemma3-270m`, GGUF Q4_K_M, a second family): 8 calibration windows of 256 tokens, the
+first 2 test windows of 2048; each structure's CLI defaults (LLM Surgeon) against its baselines: structured 80%
+against K-OBD, unstructured 50% and 2:4 against SparseGPT, Wanda and sparsegpt-refine (one shot each).
+
+Each run is saved as bench/results/quality/<row>@<commit>.json (another model or calibration budget:
+bench/results/quality-<model>-<n>x<seqlen>/) and skipped when that file exists, so an interrupted table
+resumes; `python bench/results_md.py` writes the tables into RESULTS.md.
 
     python bench/quality/table.py                        # every row (about 1.5 hours on 2 cores)
     python bench/quality/table.py --only structured-0.8  # rows whose id contains this text
+    python bench/quality/table.py --model gemma3-270m    # Gemma-3-270M's rows (about 20 minutes)
+    python bench/quality/table.py --model gemma3-270m --calib-windows 16 --calib-seqlen 512 --only 2of4
 """
 
 from __future__ import annotations
@@ -34,12 +41,22 @@ from typing import Any
 import torch
 
 from surgeon import PruneConfig, prune
-from surgeon.app.data import calibration_text, calibration_windows, evaluation_text, held_out_windows, tokenize
+from surgeon.app.data import (
+    calibration_text,
+    calibration_windows,
+    evaluation_text,
+    held_out_windows,
+    leading_token,
+    tokenize,
+)
 from surgeon.app.evaluate import perplexity
 from surgeon.io import write_json
-from surgeon.models.adapter import load_model, load_tokenizer
+from surgeon.models.adapter import load_model
 
-ROOT = Path(__file__).resolve().parents[1] / "results" / "quality"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+ROOT = RESULTS / "quality"
+# model -> (calibration windows, their tokens, evaluation windows of 2048): each model's protocol
+PROTOCOLS = {"smollm2-135m": (8, 512, 8), "gemma3-270m": (8, 256, 2)}
 STRUCTURED = ("magnitude", "lobd", "kobd", "surgeon-within", "surgeon")
 ELEMENT = ("magnitude", "wanda", "sparsegpt", "sparsegpt-exact", "kobd", "surgeon")
 
@@ -73,32 +90,47 @@ def rows(shots_structured: int, shots_element: int) -> list[tuple[str, PruneConf
     return out
 
 
+def second_model_rows() -> list[tuple[str, PruneConfig]]:
+    """(id, config) of the rows on a second model: each structure's defaults against its baselines."""
+    out = [(f"structured-0.8-{method}", PruneConfig(structure="structured", target_size=0.8, method=method))
+           for method in ("kobd", "surgeon")]
+    for structure in ("unstructured", "2:4"):
+        for method in ("wanda", "sparsegpt", "sparsegpt-refine", "surgeon"):
+            shots = None if method == "surgeon" else 1
+            out.append((f"{structure.replace(':', 'of')}-0.5-{method}",
+                        PruneConfig(structure=structure, target_size=0.5, shots=shots, method=method)))
+    return out
+
+
 def head_commit() -> str:
     """The short hash of the checked-out commit, which names the result files ($COMMIT where set: a copied tree)."""
     return os.environ.get("COMMIT") or subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True,
                                                       text=True, cwd=Path(__file__).parent).stdout.strip()
 
 
-def smollm2_protocol(calib_windows: int = 8, calib_seqlen: int = 512) -> tuple[Any, dict, torch.Tensor, torch.Tensor]:
-    """SmolLM2-135M, a copy of its dense weights, the WikiText-2 test ids and the calibration windows (seed 0)."""
-    model, tokenizer = load_model("smollm2-135m")
+def folder(model: str, calib_windows: int, calib_seqlen: int) -> Path:
+    """Where the rows of `model` at this calibration budget are saved (SmolLM2's protocol: `ROOT`)."""
+    if (model, calib_windows, calib_seqlen) == ("smollm2-135m", *PROTOCOLS["smollm2-135m"][:2]):
+        return ROOT
+    return RESULTS / f"quality-{model}-{calib_windows}x{calib_seqlen}"
+
+
+def load_protocol(model_name: str = "smollm2-135m", calib_windows: int = 8, calib_seqlen: int = 512
+                  ) -> tuple[Any, dict, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The model, a copy of its dense weights, the WikiText-2 test ids, the calibration windows (seed 0) and the
+    held-out windows `surgeon prune` draws beside them (`held_out_windows`)."""
+    model, tokenizer = load_model(model_name)
     dense_state = {k: v.clone() for k, v in model.state_dict().items()}
     test_ids = tokenize(tokenizer, evaluation_text("wikitext2"))
-    windows = calibration_windows(tokenize(tokenizer, calibration_text("wikitext2-valid")), calib_windows,
-                                  calib_seqlen, seed=0)
-    return model, dense_state, test_ids, windows
-
-
-def smollm2_held_out(calib_windows: int = 8, calib_seqlen: int = 512) -> torch.Tensor | None:
-    """The held-out windows `surgeon prune` draws beside the protocol's calibration windows (`held_out_windows`)."""
-    ids = tokenize(load_tokenizer("smollm2-135m"), calibration_text("wikitext2-valid"))
-    return held_out_windows(ids, calib_windows, calib_seqlen, seed=0)
+    ids, bos = tokenize(tokenizer, calibration_text("wikitext2-valid")), leading_token(tokenizer)
+    windows = calibration_windows(ids, calib_windows, calib_seqlen, 0, bos)
+    return model, dense_state, test_ids, windows, held_out_windows(ids, calib_windows, calib_seqlen, 0, bos)
 
 
 def measure(model: Any, dense_state: dict, windows: torch.Tensor, test_ids: torch.Tensor, config: PruneConfig,
             eval_windows: int, held_out: torch.Tensor | None = None) -> dict[str, Any]:
-    """Prune the dense model with `config` (N:M's update chosen on `held_out`, as `surgeon prune` does) and evaluate
-    it: perplexity, seconds of the pruning, and the report."""
+    """Prune the dense model with `config` (weighed against sparsegpt-refine on `held_out`, as `surgeon prune`
+    does) and evaluate it: perplexity, seconds of the pruning, and the report."""
     model.load_state_dict(dense_state)
     start = time.perf_counter()
     report = prune(model, windows, config, progress=False, held_out_ids=held_out)
@@ -107,14 +139,24 @@ def measure(model: Any, dense_state: dict, windows: torch.Tensor, test_ids: torc
     return {"ppl": result.ppl, "seconds": seconds, **report.to_dict()}
 
 
-def protocol_parser(description: str) -> argparse.ArgumentParser:
-    """A parser with the protocol's options (calibration and evaluation windows) and `--only`."""
+def protocol_parser(description: str, models: tuple[str, ...] = tuple(PROTOCOLS)) -> argparse.ArgumentParser:
+    """A parser with the protocol's options (one of `models`, calibration and evaluation windows) and `--only`."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calib-windows", type=int, default=8)
-    parser.add_argument("--calib-seqlen", type=int, default=512)
-    parser.add_argument("--eval-windows", type=int, default=8)
+    parser.add_argument("--model", default=models[0], choices=models)
+    parser.add_argument("--calib-windows", type=int, help="default: the model's protocol")
+    parser.add_argument("--calib-seqlen", type=int, help="default: the model's protocol")
+    parser.add_argument("--eval-windows", type=int, help="default: the model's protocol")
     parser.add_argument("--only", default="", help="rows whose id contains this text")
     return parser
+
+
+def parse_protocol(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The parsed arguments, the model's protocol filling what was not given."""
+    args = parser.parse_args()
+    for name, value in zip(("calib_windows", "calib_seqlen", "eval_windows"), PROTOCOLS[args.model]):
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
 
 
 def protocol_of(args: argparse.Namespace) -> dict[str, Any]:
@@ -123,27 +165,28 @@ def protocol_of(args: argparse.Namespace) -> dict[str, Any]:
 
     machine = (f"{platform.machine()} {torch.get_num_threads()} threads, Python {platform.python_version()}, "
                f"torch {torch.__version__}, transformers {transformers.__version__}")
-    return {"calib_windows": args.calib_windows, "calib_seqlen": args.calib_seqlen, "eval_windows": args.eval_windows,
-            "eval_seqlen": 2048, "machine": machine, "commit": head_commit()}
+    return {"model": args.model, "calib_windows": args.calib_windows, "calib_seqlen": args.calib_seqlen,
+            "eval_windows": args.eval_windows, "eval_seqlen": 2048, "machine": machine, "commit": head_commit()}
 
 
 def main() -> None:
     parser = protocol_parser(__doc__)
-    parser.add_argument("--shots-structured", type=int, default=4)
-    parser.add_argument("--shots-element", type=int, default=4)
-    args = parser.parse_args()
+    parser.add_argument("--shots-structured", type=int, default=4, help="SmolLM2's table")
+    parser.add_argument("--shots-element", type=int, default=4, help="SmolLM2's table")
+    args = parse_protocol(parser)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    ROOT.mkdir(parents=True, exist_ok=True)
-    model, dense_state, test_ids, windows = smollm2_protocol(args.calib_windows, args.calib_seqlen)
-    held_out = smollm2_held_out(args.calib_windows, args.calib_seqlen)
+    root = folder(args.model, args.calib_windows, args.calib_seqlen)
+    root.mkdir(parents=True, exist_ok=True)
+    model, dense_state, test_ids, windows, held_out = load_protocol(args.model, args.calib_windows, args.calib_seqlen)
     protocol = protocol_of(args)
     commit = protocol["commit"]
-    dense_path = ROOT / f"dense@{commit}.json"
+    dense_path = root / f"dense@{commit}.json"
     if not dense_path.exists():
         result = perplexity(model, test_ids, 2048, args.eval_windows, progress=False)
         write_json(dense_path, {"ppl": result.ppl, "seconds": result.seconds, **protocol})
-    for name, config in rows(args.shots_structured, args.shots_element):
-        path = ROOT / f"{name}@{commit}.json"
+    table = rows(args.shots_structured, args.shots_element) if args.model == "smollm2-135m" else second_model_rows()
+    for name, config in table:
+        path = root / f"{name}@{commit}.json"
         if path.exists() or args.only not in name:
             continue
         result = measure(model, dense_state, windows, test_ids, config, args.eval_windows, held_out)

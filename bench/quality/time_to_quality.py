@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.quality.table import measure, protocol_of, protocol_parser, smollm2_held_out, smollm2_protocol  # noqa: E402
+from bench.quality.table import load_protocol, measure, parse_protocol, protocol_of, protocol_parser  # noqa: E402
 from surgeon import PruneConfig  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
 
@@ -67,15 +67,15 @@ def draw(path: Path = FIGURE) -> None:
 
 
 def main() -> None:
-    parser = protocol_parser(__doc__)
+    parser = protocol_parser(__doc__, ("smollm2-135m",))
     parser.add_argument("--figure", action="store_true", help=f"only draw the saved points into {FIGURE.name}")
-    args = parser.parse_args()
+    args = parse_protocol(parser)
     if args.figure:
         draw()
         return
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    model, dense_state, test_ids, protocol_windows = smollm2_protocol(args.calib_windows, args.calib_seqlen)
-    held_out = smollm2_held_out(args.calib_windows, args.calib_seqlen)
+    model, dense_state, test_ids, protocol_windows, held_out = load_protocol(args.model, args.calib_windows,
+                                                                             args.calib_seqlen)
     ROOT.mkdir(parents=True, exist_ok=True)
     for name, config in POINTS.items():
         protocol = protocol_of(args)

@@ -117,6 +117,22 @@ def tokenize(tokenizer, text: Text) -> torch.Tensor:
     return tokenizer(text.text, return_tensors="pt").input_ids
 
 
+def leading_token(tokenizer) -> int | None:
+    """The token the tokenizer puts before every text, its BOS (Gemma, Llama), or None (SmolLM2, OPT's GPT-2 style
+    tokenizers put none)."""
+    ids = tokenizer("").input_ids
+    return ids[0] if len(ids) == 1 and ids[0] == tokenizer.bos_token_id else None
+
+
+def _windows(ids: torch.Tensor, starts: list[int], seqlen: int, bos: int | None) -> torch.Tensor:
+    """The windows [len(starts), seqlen] of `ids` [1, T] at `starts`; with `bos`, each one's first token is it, as
+    every input the model is trained on and used with begins."""
+    windows = torch.stack([ids[0, s : s + seqlen] for s in starts])
+    if bos is not None:
+        windows[:, 0] = bos
+    return windows
+
+
 def _window_starts(total: int, seqlen: int, seed: int) -> Iterator[int]:
     """The seeded random starts of windows of `seqlen` tokens in a text of `total`, drawn one after another."""
     rng = random.Random(seed)
@@ -124,19 +140,22 @@ def _window_starts(total: int, seqlen: int, seed: int) -> Iterator[int]:
         yield rng.randint(0, total - seqlen - 1)
 
 
-def calibration_windows(ids: torch.Tensor, nsamples: int, seqlen: int, seed: int) -> torch.Tensor:
-    """`nsamples` random windows [nsamples, seqlen] of consecutive tokens, seeded (as in the paper)."""
+def calibration_windows(ids: torch.Tensor, nsamples: int, seqlen: int, seed: int, bos: int | None = None
+                        ) -> torch.Tensor:
+    """`nsamples` random windows [nsamples, seqlen] of consecutive tokens, seeded (as in the paper); with `bos`
+    (`leading_token`), each window begins with it instead of its first token, as the model's inputs begin."""
     total = ids.shape[1]
     if total <= seqlen:
         raise SurgeonError(f"calibration text has {total} tokens, not more than one window of {seqlen}")
     starts = list(itertools.islice(_window_starts(total, seqlen, seed), nsamples))
-    return torch.stack([ids[0, s : s + seqlen] for s in starts])
+    return _windows(ids, starts, seqlen, bos)
 
 
-def held_out_windows(ids: torch.Tensor, nsamples: int, seqlen: int, seed: int) -> torch.Tensor | None:
+def held_out_windows(ids: torch.Tensor, nsamples: int, seqlen: int, seed: int, bos: int | None = None
+                     ) -> torch.Tensor | None:
     """max(2, nsamples // 4) windows [count, seqlen] that share no token with `calibration_windows(ids, nsamples,
-    seqlen, seed)`: the same seeded draws continued, a window overlapping one drawn before drawn again; None where
-    the text has no room for them."""
+    seqlen, seed)`: the same seeded draws continued, a window overlapping one drawn before drawn again, each begun
+    with `bos` as those are; None where the text has no room for them."""
     count = max(2, nsamples // 4)
     draws = _window_starts(ids.shape[1], seqlen, seed)
     taken = list(itertools.islice(draws, nsamples))
@@ -148,4 +167,4 @@ def held_out_windows(ids: torch.Tensor, nsamples: int, seqlen: int, seed: int) -
             starts.append(start)
     if len(starts) < count:
         return None
-    return torch.stack([ids[0, s : s + seqlen] for s in starts])
+    return _windows(ids, starts, seqlen, bos)

@@ -14,7 +14,14 @@ import torch.distributed as dist
 from torch import nn
 
 from surgeon import __version__
-from surgeon.app.data import calibration_text, calibration_windows, evaluation_text, held_out_windows, tokenize
+from surgeon.app.data import (
+    calibration_text,
+    calibration_windows,
+    evaluation_text,
+    held_out_windows,
+    leading_token,
+    tokenize,
+)
 from surgeon.app.evaluate import perplexity
 from surgeon.app.tasks import load_tasks, zero_shot
 from surgeon.config import MEMORY_OPTIONS, ExportConfig, PruneConfig, RunConfig
@@ -128,9 +135,10 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
         raise SurgeonError(f"seqlen {max(run.seqlen, run.test_seqlen)} is longer than the model allows ({limit})")
     test_ids = tokenize(tokenizer, test)
     calibration_ids = tokenize(tokenizer, calibration)
-    windows = calibration_windows(calibration_ids, run.nsamples, run.seqlen, config.seed)
-    held_out = held_out_windows(calibration_ids, run.nsamples, run.seqlen, config.seed) \
-        if config.update_rule == "select" else None  # N:M's update choice scores its candidates on them
+    bos = leading_token(tokenizer)
+    windows = calibration_windows(calibration_ids, run.nsamples, run.seqlen, config.seed, bos)
+    held_out = held_out_windows(calibration_ids, run.nsamples, run.seqlen, config.seed, bos) \
+        if config.chooses else None  # the held-out choice scores LLM Surgeon's run and its alternative on them
     if checkpoint is not None and checkpoint.state is not None:
         before = checkpoint.state["before"]
     elif not evaluates:

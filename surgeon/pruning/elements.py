@@ -113,25 +113,20 @@ def _layer_element_costs(layer: Layer, weigh: Callable[[torch.Tensor], torch.Ten
 
 
 def propagated_shot(model: nn.Module, layers: list[Layer], raw: dict, calibration: torch.Tensor,
-                    config: PruneConfig, ranks: Ranks, progress: bool, update: str = "exact") -> None:
+                    config: PruneConfig, ranks: Ranks, progress: bool) -> None:
     """The N:M shot that prunes every group left, block by block (`PruneConfig.propagate`).
 
     Every group goes, so each layer's mask is its own N of every M (no global threshold, sec. 3.3);
     each block's A is estimated again from the inputs the blocks before it give, already pruned and
     updated in this shot (as SparseGPT prunes), G is the shot's (docs/DESIGN.md). Over `ranks`, the
-    block's owner, which holds its G, prunes it (`_pruned_block_by_block`). `update`: exact, the
-    method's mask and update (eqs. 4-5); refine, SparseGPT's mask and weights then steps toward each
-    row's exact update on the fresh A (`_sparsegpt_layer`).
+    block's owner, which holds its G, prunes it (`_pruned_block_by_block`), with the method's mask and
+    update (eqs. 4-5).
     """
     assert config.nm is not None  # PruneConfig allows propagate only with an N:M structure
     n, m = config.nm
     for block in _pruned_block_by_block(model, layers, calibration, config, ranks, progress):
         sibling: inverses.Sibling | None = None
         for layer, fresh in block:
-            if update == "refine":  # the shot's G is not used
-                raw.pop(layer.name)
-                _sparsegpt_layer(layer, fresh.A.dense(), 1 - n / m, config.nm, "refine")
-                continue
             entry = dataclasses.replace(raw.pop(layer.name), A=fresh.A)  # propagate: methods with a curvature pass
             kept, layer_costs, sibling = _element_plan(layer, entry, config, sibling)
             mask = ops.nm_select(layer_costs(), n, m, config.backend)[1]

@@ -1,20 +1,25 @@
-"""N:M's last shot chosen by held-out evidence (`PruneConfig.nm_update` select): LLM Surgeon's exact update and
-SparseGPT's early-stopped one run in turn from the same weights, and the one with the lower loss on calibration
+"""LLM Surgeon's unstructured and N:M runs weighed against one SparseGPT-refine shot by held-out evidence
+(`PruneConfig.held_out_choice`): both prune the same dense model, and the one with the lower loss on calibration
 windows neither saw stays (docs/DESIGN.md, "An early stop, not a better minimiser")."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from surgeon.config import PruneConfig
+from surgeon.config import ALTERNATIVE, PruneConfig
 from surgeon.models.layer import Layer
-from surgeon.pruning.elements import propagated_shot
+from surgeon.pruning.elements import per_layer_shot
 from surgeon.scale.distributed import Ranks
 
 logger = logging.getLogger(__name__)
+
+State = list[tuple[list[torch.Tensor], torch.Tensor]]
 
 
 @torch.no_grad()
@@ -28,32 +33,48 @@ def held_out_loss(model: nn.Module, ids: torch.Tensor, batch_size: int) -> float
     return total / ids.shape[0]
 
 
-def _state(layers: list[Layer]) -> list[tuple[list[torch.Tensor], torch.Tensor]]:
+def _state(layers: list[Layer]) -> State:
     """Every layer's weights (and bias) and mask, copied to host memory."""
     return [([t.to("cpu", copy=True) for t in layer.whole()], layer.mask.to("cpu", copy=True)) for layer in layers]
 
 
-def _restore(layers: list[Layer], state: list[tuple[list[torch.Tensor], torch.Tensor]]) -> None:
+def _restore(layers: list[Layer], state: State) -> None:
     for layer, (whole, mask) in zip(layers, state):
         device = layer.mask.device
         layer.assign([t.to(device) for t in whole])
         layer.mask = mask.to(device)
 
 
-def selected_shot(model: nn.Module, layers: list[Layer], raw: dict, calibration: torch.Tensor,
-                  held_out: torch.Tensor, config: PruneConfig, ranks: Ranks, progress: bool) -> dict[str, float]:
-    """`propagated_shot` with the exact update, then from the same weights with refine; the weights of the one
-    with the lower `held_out_loss` stay (exact on a tie). The held-out loss of each."""
-    start = _state(layers)  # the exact pass pops a copy of `raw`: every factor stays held until refine's pass
-    propagated_shot(model, layers, dict(raw), calibration, config, ranks, progress, "exact")
-    losses = {"exact": held_out_loss(model, held_out, config.batch_size)}
-    exact = _state(layers)
+@dataclass
+class Alternative:
+    """The `ALTERNATIVE` shot's pruned weights and masks (in host memory), held-out loss and seconds."""
+
+    state: State
+    loss: float
+    seconds: float
+
+
+def alternative(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, held_out: torch.Tensor,
+                config: PruneConfig, ranks: Ranks, progress: bool) -> Alternative:
+    """Prune the layers to `config.target` in one `ALTERNATIVE` shot, block by block, score the model on `held_out`
+    and keep its weights aside; the layers are left as they were."""
+    start, t0 = _state(layers), time.perf_counter()
+    shot = dataclasses.replace(config, method=ALTERNATIVE, held_out_choice=None, propagate=None, shots=1)
+    per_layer_shot(model, layers, calibration, config.target, shot, ranks, progress)
+    loss = held_out_loss(model, held_out, config.batch_size)
+    pruned = _state(layers)
     _restore(layers, start)
-    del start
-    propagated_shot(model, layers, raw, calibration, config, ranks, progress, "refine")
-    losses["refine"] = held_out_loss(model, held_out, config.batch_size)
-    chosen = "exact" if losses["exact"] <= losses["refine"] else "refine"
-    if chosen == "exact":
-        _restore(layers, exact)
-    logger.info("N:M update: %s (held-out loss: exact %.4f, refine %.4f)", chosen, losses["exact"], losses["refine"])
-    return losses
+    return Alternative(pruned, loss, time.perf_counter() - t0)
+
+
+def keep_lower(model: nn.Module, layers: list[Layer], other: Alternative, held_out: torch.Tensor,
+               batch_size: int) -> dict[str, object]:
+    """Score LLM Surgeon's pruned model on `held_out` and put `other`'s weights in its place where their loss is
+    lower (LLM Surgeon's stay on a tie); the method kept, the held-out loss of each and the other shot's seconds
+    (`PruneReport.choice`)."""
+    losses = {"surgeon": held_out_loss(model, held_out, batch_size), ALTERNATIVE: other.loss}
+    kept = "surgeon" if losses["surgeon"] <= other.loss else ALTERNATIVE
+    if kept == ALTERNATIVE:
+        _restore(layers, other.state)
+    logger.info("kept %s (held-out loss: surgeon %.4f, %s %.4f)", kept, losses["surgeon"], ALTERNATIVE, other.loss)
+    return {"kept": kept, "held_out_loss": losses, "seconds": other.seconds}

@@ -21,9 +21,7 @@ class ShotReport:
     after it; freed: weights removed this shot only because the chosen structures left them dead
     (channel ends, `surgeon.models.channels`), included in `sparsity`; seconds: per phase; peak_memory_gb:
     peak GPU allocation on CUDA, else the process's peak resident memory, in GiB; ppl: perplexity
-    after the shot when the run evaluates every shot (`--eval-every-shot`), else None; held_out_loss: N:M's
-    shot chosen by held-out windows (`PruneConfig.nm_update` select), the loss of each update tried, the lower
-    one's weights kept.
+    after the shot when the run evaluates every shot (`--eval-every-shot`), else None.
     """
 
     shot: int
@@ -33,7 +31,6 @@ class ShotReport:
     seconds: dict[str, float]
     peak_memory_gb: float
     ppl: float | None = None
-    held_out_loss: dict[str, float] | None = None
 
 
 @dataclass
@@ -45,7 +42,9 @@ class PruneReport:
     not counted); sparsity: removed / all prunable weights, which the target counts; block_sparsity:
     removed / all parameters of the decoder blocks (weights left out, biases and norms included);
     zero_fraction: fraction of prunable weights that are zero now, those that were zero before
-    pruning included; seconds: wall time.
+    pruning included; seconds: wall time; choice: where the run was weighed against one sparsegpt-refine shot
+    (`PruneConfig.held_out_choice`), the method kept, each one's held-out loss and the seconds of that shot, else
+    None.
     """
 
     config: dict
@@ -56,6 +55,7 @@ class PruneReport:
     block_sparsity: float = 0.0
     zero_fraction: float = 0.0
     seconds: float = 0.0
+    choice: dict | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready dictionary."""

@@ -18,16 +18,15 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
-from surgeon.config import NEEDS_A, NEEDS_G, PER_LAYER, PruneConfig
+from surgeon.config import ALTERNATIVE, NEEDS_A, NEEDS_G, PER_LAYER, PruneConfig
 from surgeon.errors import SurgeonError
 from surgeon.method.factors import HostFactors, LayerFactors
 from surgeon.models import channels, units
 from surgeon.models.adapter import block_weights, check_prunable, decoder_blocks, max_seqlen
 from surgeon.models.experts import experts_as_layers, is_fused_experts
 from surgeon.models.layer import Layer
-from surgeon.pruning import curvature
+from surgeon.pruning import curvature, held_out
 from surgeon.pruning.elements import element_shot, per_layer_shot, propagated_shot
-from surgeon.pruning.held_out import selected_shot
 from surgeon.pruning.report import PruneReport, ShotReport, clock, peak_memory_gb, removed_fractions, zero_fraction
 from surgeon.pruning.resume import Checkpoint
 from surgeon.pruning.structured import structured_shot
@@ -83,11 +82,11 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
     group: a torch.distributed process group whose ranks all call `prune` with the same model and
         arguments and share the work (`surgeon.scale.distributed`); each ends with the same pruned model.
     held_out_ids: `torch.LongTensor [h, seqlen]`, windows of the calibration text not in `calibration_ids`, on
-        which N:M's default update choice (`PruneConfig.nm_update` select) scores its two candidates; without
-        them, or over several ranks, that shot runs the exact update.
+        which unstructured and N:M runs are weighed against one sparsegpt-refine shot (`PruneConfig.held_out_choice`,
+        `surgeon.held_out_windows`); without them, or over several ranks, LLM Surgeon's run stays alone.
     Returns a `PruneReport`: `sparsity` (fraction of zero prunable weights), `layers` (that fraction
     per layer, by qualified name), `shots` (per shot: target size, sparsity reached, seconds per
-    phase, peak memory in GiB), `config` and `seconds`.
+    phase, peak memory in GiB), `config`, `seconds` and `choice` (the held-out choice's losses).
     """
     if not isinstance(config, PruneConfig):
         raise TypeError(f"config must be a surgeon.PruneConfig, not {type(config).__name__}")
@@ -113,9 +112,11 @@ def _prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig,
     total = sum(layer.module.weight.numel() for layer in layers)
     device = next(model.parameters()).device
     report = PruneReport(config=config.resolved())
+    begun = time.perf_counter()
+    other = _alternative(model, calibration_ids, held_out_ids, config, run, progress)
     done, elapsed = checkpoint.restore(layers) if checkpoint is not None else ([], 0.0)
     report.shots.extend(done)
-    start = time.perf_counter() - elapsed
+    start = begun - elapsed
     last = config.shot_count
     for shot in tqdm(range(len(done) + 1, last + 1), desc="shots", initial=len(done), total=last,
                      disable=not progress):
@@ -125,8 +126,8 @@ def _prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig,
         raw = _curvature(model, calibration_ids, config, run, f"shot {shot}/{last} · curvature", progress)
         t1 = clock(device)
         with torch.no_grad():
-            phases, freed, losses = _remove(model, calibration_ids, held_out_ids, config, run, raw, shot, target_size,
-                                            round((1.0 - target_size) * total), progress)
+            phases, freed = _remove(model, calibration_ids, config, run, raw, shot, target_size,
+                                    round((1.0 - target_size) * total), progress)
         t2 = clock(device)
         seconds = {"curvature": t1 - t0, "prune": t2 - t1, **phases}
         if ranks.world > 1:
@@ -137,8 +138,7 @@ def _prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig,
             lora_correction(model, layers, calibration_ids, config)
             seconds["lora"] = time.perf_counter() - t2
         _, _, sparsity = removed_fractions([(layer.name, layer.mask) for layer in layers])
-        shot_report = ShotReport(shot, target_size, sparsity, freed, seconds, peak_memory_gb(device),
-                                 held_out_loss=losses)
+        shot_report = ShotReport(shot, target_size, sparsity, freed, seconds, peak_memory_gb(device))
         report.shots.append(shot_report)
         logger.info("shot %d/%d · target size %.3f · sparsity %.4f · %s · peak %.2f GB", shot, last,
                     target_size, sparsity, " · ".join(f"{k} {v:.2f}s" for k, v in seconds.items()),
@@ -151,6 +151,9 @@ def _prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig,
                 checkpoint.save(layers, report.shots, time.perf_counter() - start, shot == last)
             for layer in layers:
                 layer.held = None
+    if other is not None:
+        assert held_out_ids is not None
+        report.choice = held_out.keep_lower(model, layers, other, held_out_ids, config.batch_size)
     report.layers, report.removed, report.sparsity = removed_fractions([(layer.name, layer.mask) for layer in layers])
     report.zero_fraction = zero_fraction([(layer.name, layer.module) for layer in layers])
     report.block_sparsity = report.removed / sum(param.numel() for _, param in block_weights(model))
@@ -213,26 +216,32 @@ def _curvature(model: nn.Module, calibration_ids: torch.Tensor, config: PruneCon
     return raw
 
 
-def _remove(model: nn.Module, calibration_ids: torch.Tensor, held_out_ids: torch.Tensor | None, config: PruneConfig,
-            run: _Run, raw: dict[str, LayerFactors] | HostFactors, shot: int, target_size: float, target_zeros: int,
-            progress: bool) -> tuple[dict[str, float], int, dict[str, float] | None]:
+def _alternative(model: nn.Module, calibration_ids: torch.Tensor, held_out_ids: torch.Tensor | None,
+                 config: PruneConfig, run: _Run, progress: bool) -> held_out.Alternative | None:
+    """The sparsegpt-refine shot the run is weighed against (`PruneConfig.held_out_choice`), from the dense model;
+    None where the run is not weighed, or cannot be (no held-out windows, several ranks: said in the log)."""
+    if not config.chooses:
+        return None
+    if held_out_ids is None or run.ranks.world > 1:
+        logger.info("LLM Surgeon's run alone: no held-out windows to weigh it against %s by, or several processes",
+                    ALTERNATIVE)
+        return None
+    return held_out.alternative(model, run.layers, calibration_ids, held_out_ids, config, run.ranks, progress)
+
+
+def _remove(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, run: _Run,
+            raw: dict[str, LayerFactors] | HostFactors, shot: int, target_size: float, target_zeros: int,
+            progress: bool) -> tuple[dict[str, float], int]:
     """The shot's costs, threshold and updates, by the structure and method; the seconds of each phase where
-    they are apart, the dead weights freed, and N:M's held-out losses where it chose its update by them."""
+    they are apart, and the dead weights freed."""
     layers, ranks = run.layers, run.ranks
     if config.method in PER_LAYER:  # "prune" time includes their input estimation
         per_layer_shot(model, layers, calibration_ids, target_size, config, ranks, progress)
-        return {}, 0, None
+        return {}, 0
     if config.structure in ("structured", "coupled"):
-        return (*structured_shot(layers, raw, target_zeros, config, run.coupled, ranks, run.kinds), None)
+        return structured_shot(layers, raw, target_zeros, config, run.coupled, ranks, run.kinds)
     assert isinstance(raw, dict)  # offload is for structured and coupled runs (PruneConfig)
     if config.propagates and shot == config.shot_count:
-        rule = config.update_rule
-        if rule == "select" and (held_out_ids is None or ranks.world > 1):
-            logger.info("N:M update: exact (no held-out windows to choose it by, or several processes)")
-            rule = "exact"
-        if rule == "select":
-            assert held_out_ids is not None
-            return {}, 0, selected_shot(model, layers, raw, calibration_ids, held_out_ids, config, ranks, progress)
-        propagated_shot(model, layers, raw, calibration_ids, config, ranks, progress, rule or "exact")
-        return {}, 0, None
-    return element_shot(layers, raw, target_zeros, config, ranks), 0, None
+        propagated_shot(model, layers, raw, calibration_ids, config, ranks, progress)
+        return {}, 0
+    return element_shot(layers, raw, target_zeros, config, ranks), 0

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from surgeon.config import NEEDS_A, NEEDS_G, PlanConfig, PruneConfig, parse_bytes
+from surgeon.config import ALTERNATIVE, NEEDS_A, NEEDS_G, PlanConfig, PruneConfig, parse_bytes
 from surgeon.errors import SurgeonError, first_line
 from surgeon.models import hub
 from surgeon.models.adapter import DTYPES, decoder_blocks, prunable_layers, resolve_source
@@ -277,9 +277,9 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
     check_skeleton(model, config, 1)
     whole = any(is_fused_experts(module) for module in model.modules())  # experts are pruned unsharded
     notes = ["no FSDP2: Mixture-of-Experts experts are pruned with their weights whole on every rank"] * whole
-    if config.update_rule == "select":
-        notes.append("the N:M shot runs twice, with LLM Surgeon's and SparseGPT's updates, to keep the one with the "
-                     "lower held-out loss (nm_update select): the projected prune time counts the first only")
+    if config.chooses:
+        notes.append(f"the run also prunes the dense model in one {ALTERNATIVE} shot and keeps the model with the "
+                     "lower held-out loss (held_out_choice): the projected prune time counts LLM Surgeon's run only")
     counts = count(model, config, plan.nsamples, plan.seqlen, "cuda")
     budget = parse_bytes(plan.gpu_memory)
     phases, peak_phase, peak = _peak(counts["phases"])
