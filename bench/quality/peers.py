@@ -14,6 +14,9 @@ Runs in the llm-compressor environment (llm-compressor 0.14 pins transformers 5.
 one command, `make install-llmcompressor`:
 
     .venv-llmcompressor/bin/python bench/quality/peers.py [--only 2of4]   # --only: a regular expression
+    .venv/bin/python -c "import surgeon; m, t = surgeon.load_model('gemma3-270m'); m.save_pretrained('G'); \
+        t.save_pretrained('G')"
+    .venv-llmcompressor/bin/python bench/quality/peers.py --model gemma3-270m --weights G --only 'llmc-(sparsegpt|wan)'
 
 Each run is saved beside bench/quality/table.py's rows (bench/results/quality/<row>@<commit>.json for SmolLM2)
 and skipped when that file exists; `make results` puts them into RESULTS' quality tables.
@@ -61,11 +64,15 @@ def zero_fraction(model: torch.nn.Module) -> float:
 
 
 def main() -> None:
-    args = parse_protocol(protocol_parser(__doc__))
+    parser = protocol_parser(__doc__)
+    parser.add_argument("--weights", help="a folder holding the model, saved by `surgeon`'s own environment: "
+                        "llm-compressor's transformers 5.17 converts Gemma-3's GGUF wrongly (dense perplexity 98.92 "
+                        "against 19.88)")
+    args = parse_protocol(parser)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     root = folder(args.model, args.calib_windows, args.calib_seqlen)
     root.mkdir(parents=True, exist_ok=True)
-    model, _, test_ids, windows, _ = load_protocol(args.model, args.calib_windows, args.calib_seqlen)
+    model, _, test_ids, windows, _ = load_protocol(args.model, args.calib_windows, args.calib_seqlen, args.weights)
     protocol = protocol_of(args)
     commit = protocol["commit"]
     protocol["machine"] += f", llm-compressor {llmcompressor_version}"
@@ -73,7 +80,7 @@ def main() -> None:
     calibration = Dataset.from_dict({"input_ids": windows.tolist(), "attention_mask": ones.tolist()})
     with tempfile.TemporaryDirectory() as saved:  # oneshot reads the model's config from its name_or_path
         model.save_pretrained(saved)
-        load_tokenizer(args.model).save_pretrained(saved)
+        load_tokenizer(args.weights or args.model).save_pretrained(saved)
         del model
         for structure in ("unstructured", "2:4", "4:8"):
             for suffix, (modifier, settings) in PEERS.items():

@@ -115,11 +115,12 @@ def folder(model: str, calib_windows: int, calib_seqlen: int) -> Path:
     return RESULTS / f"quality-{model}-{calib_windows}x{calib_seqlen}"
 
 
-def load_protocol(model_name: str = "smollm2-135m", calib_windows: int = 8, calib_seqlen: int = 512
-                  ) -> tuple[Any, dict, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The model, a copy of its dense weights, the WikiText-2 test ids, the calibration windows (seed 0) and the
-    held-out windows `surgeon prune` draws beside them (`held_out_windows`)."""
-    model, tokenizer = load_model(model_name)
+def load_protocol(model_name: str = "smollm2-135m", calib_windows: int = 8, calib_seqlen: int = 512,
+                  source: str | None = None) -> tuple[Any, dict, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The model (from `source`, a folder holding it, where given), a copy of its dense weights, the WikiText-2 test
+    ids, the calibration windows (seed 0) and the held-out windows `surgeon prune` draws beside them
+    (`held_out_windows`)."""
+    model, tokenizer = load_model(source or model_name)
     dense_state = {k: v.clone() for k, v in model.state_dict().items()}
     test_ids = tokenize(tokenizer, evaluation_text("wikitext2"))
     ids, bos = tokenize(tokenizer, calibration_text("wikitext2-valid")), leading_token(tokenizer)
