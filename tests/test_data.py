@@ -88,7 +88,8 @@ def test_held_out_windows_share_no_token_with_the_calibration_windows():
     assert held_out_windows(torch.arange(300).unsqueeze(0), 3, 64, seed=0) is None  # no room beside 3 windows
 
 
-@pytest.mark.parametrize("name, bos", [("smollm2-135m", None), ("gemma3-270m", 2)])
+@pytest.mark.parametrize("name, bos", [("smollm2-135m", None),
+                                       pytest.param("gemma3-270m", 2, marks=pytest.mark.slow)])  # its GGUF: 15 s
 def test_windows_begin_as_the_tokenizer_begins_a_text(name, bos):
     """Gemma's tokenizer puts its BOS before every text, so each calibration and held-out window begins with it;
     SmolLM2's puts none, and its windows are the text's tokens."""

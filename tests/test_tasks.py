@@ -67,6 +67,7 @@ def expected_accuracy(model, tokenizer) -> float:
     return correct / len(DOCS)
 
 
+@pytest.mark.slow  # runs lm-eval's harness
 def test_zero_shot_accuracy_is_the_multiple_choice_argmax(tiny, task_dir):
     model, tokenizer = tiny
     result = zero_shot(model, tokenizer, ["sky_choice"], load_tasks(["sky_choice"], str(task_dir)))
@@ -84,6 +85,7 @@ def test_task_names():
         task_names(" , ")
 
 
+@pytest.mark.slow  # runs lm-eval's harness
 def test_unknown_task_and_unreachable_data_are_named(task_dir):
     with pytest.raises(SurgeonError, match="unknown lm-eval task no_such_task"):
         load_tasks(["sky_choice", "no_such_task"], str(task_dir))
@@ -97,6 +99,7 @@ def test_missing_lm_eval_names_the_extra(monkeypatch):
         load_tasks(["piqa"])
 
 
+@pytest.mark.slow  # runs lm-eval's harness
 def test_eval_and_prune_commands_score_tasks(tiny_model_dir, task_dir, tmp_path):
     from surgeon.app.cli import main
 

@@ -11,7 +11,9 @@ one shot, which LLM Surgeon, K-OBD and L-OBD prune block by block on propagated 
 `-4shots` rows are the paper's schedule (4 shots, λ_G = 0.1, nothing propagated). SparseGPT and Wanda
 run in one shot, as published; so does `sparsegpt-exact` (SparseGPT's mask with the exact per-row
 update). Structured 80% with 20 LoRA steps per shot and unstructured in 2 shots are the settings
-that reached the goals in bench/quality/time_to_quality.py.
+that reached the goals in bench/quality/time_to_quality.py. LLM Surgeon's unstructured and N:M rows are
+weighed against one sparsegpt-refine shot on the held-out calibration windows, as `surgeon prune` does
+(`PruneConfig.held_out_choice`); every window begins with the tokenizer's BOS where it puts one (Gemma's).
 
 Gemma-3-270M (`--model gemma3-270m`, GGUF Q4_K_M, a second family): 8 calibration windows of 256 tokens, the
 first 2 test windows of 2048; each structure's CLI defaults (LLM Surgeon) against its baselines: structured 80%
