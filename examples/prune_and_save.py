@@ -5,8 +5,8 @@ from surgeon import PruneConfig
 
 model, tokenizer = surgeon.load_model("smollm2-135m")  # a hub id, a local folder, a .gguf file or a built-in name
 text = surgeon.calibration_text("wikitext2-valid")
-calibration_ids = surgeon.calibration_windows(surgeon.tokenize(tokenizer, text), nsamples=2, seqlen=256,
-                                              seed=0)  # LongTensor [2, 256]; the paper uses 128 × 2048
+ids, bos = surgeon.tokenize(tokenizer, text), surgeon.leading_token(tokenizer)  # bos: Gemma's, Llama's; SmolLM2 none
+calibration_ids = surgeon.calibration_windows(ids, nsamples=2, seqlen=256, seed=0, bos=bos)  # [2, 256]; paper 128×2048
 test_ids = surgeon.tokenize(tokenizer, surgeon.evaluation_text("wikitext2"))  # LongTensor [1, T], the whole text
 dense = surgeon.perplexity(model, test_ids, seqlen=2048, windows=1)
 
