@@ -117,11 +117,13 @@ def folder(model: str, calib_windows: int, calib_seqlen: int) -> Path:
     return RESULTS / f"quality-{model}-{calib_windows}x{calib_seqlen}"
 
 
-def load_protocol(model_name: str = "smollm2-135m", calib_windows: int = 8, calib_seqlen: int = 512,
+def load_protocol(model_name: str = "smollm2-135m", calib_windows: int | None = None, calib_seqlen: int | None = None,
                   source: str | None = None) -> tuple[Any, dict, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The model (from `source`, a folder holding it, where given), a copy of its dense weights, the WikiText-2 test
-    ids, the calibration windows (seed 0) and the held-out windows `surgeon prune` draws beside them
-    (`held_out_windows`)."""
+    ids, the calibration windows (seed 0; by default as many and as long as the model's protocol) and the held-out
+    windows `surgeon prune` draws beside them (`held_out_windows`)."""
+    calib_windows = calib_windows or PROTOCOLS[model_name][0]
+    calib_seqlen = calib_seqlen or PROTOCOLS[model_name][1]
     model, tokenizer = load_model(source or model_name)
     dense_state = {k: v.clone() for k, v in model.state_dict().items()}
     test_ids = tokenize(tokenizer, evaluation_text("wikitext2"))
