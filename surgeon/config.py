@@ -211,8 +211,7 @@ class PruneConfig:
         if self.propagate and (self.nm is None or self.method not in NEEDS_A):
             raise ValueError("propagate prunes the last N:M shot of surgeon, kobd or lobd block by block: use an N:M "
                              "structure")
-        if self.held_out_choice and (self.method != "surgeon" or self.structure in ("structured", "coupled",
-                                                                                    "experts")):
+        if self.held_out_choice and not self._can_choose:
             raise ValueError("held_out_choice weighs an unstructured or N:M surgeon run against sparsegpt-refine: use "
                              "method surgeon with structure unstructured or N:M")
         if self.batch_size < 1:
@@ -271,12 +270,15 @@ class PruneConfig:
         return damp_g, damp_a
 
     @property
+    def _can_choose(self) -> bool:
+        """Whether the run prunes what `ALTERNATIVE` can: LLM Surgeon, unstructured or N:M."""
+        return self.method == "surgeon" and (self.structure == "unstructured" or self.nm is not None)
+
+    @property
     def chooses(self) -> bool:
         """Whether the run is weighed against `ALTERNATIVE` by held-out loss: `held_out_choice`, else on for
         unstructured and N:M surgeon."""
-        if self.held_out_choice is not None:
-            return self.held_out_choice
-        return self.method == "surgeon" and (self.structure == "unstructured" or self.nm is not None)
+        return self.held_out_choice if self.held_out_choice is not None else self._can_choose
 
     def resolved(self) -> dict[str, object]:
         """Every field, those left at None replaced by the value the run uses (what report.json records)."""
