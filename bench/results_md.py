@@ -235,13 +235,14 @@ def time_to_quality_section(runs: dict[str, dict[str, Any]], commit: str) -> lis
         "4of8-0.5-surgeon-4shots") if name in runs]
     points = [(p.stem.rsplit("@", 1)[0], load(p)) for p in sorted((RESULTS / "ttq").glob(f"*@{commit}.json"))]
     out = [f"All rows at {mark(commit, PRUNING)}.", "",
-           "| point | structure | shots | CG tolerance | damping G | propagated | LoRA steps | perplexity | seconds |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "| point | structure | shots | CG tolerance | damping G | propagated | LoRA steps | kept by held-out loss | "
+           "perplexity | seconds |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, run in sorted(reference + points, key=lambda item: (item[0].split("-")[0], item[1]["seconds"])):
-        config = run["config"]
+        config, choice = run["config"], run.get("choice")
         out.append(f"| {name} | {config['structure']} | {config['shots']} | {config['cg_tol']:g} | "
                    f"{config['damp_g']:g} | {'yes' if config.get('propagate') else 'no'} | {config['lora_steps']} | "
-                   f"{run['ppl']:.3f} | {run['seconds']:.0f} |")
+                   f"{choice['kept'] if choice else '–'} | {run['ppl']:.3f} | {run['seconds']:.0f} |")
     peers = [(name, run) for name, run in runs.items() if name.endswith("-llmc-sparsegpt")]
     if peers:
         shown = ", ".join(f"{name} {run['ppl']:.3f} in {run['seconds']:.0f} s" for name, run in peers)

@@ -68,7 +68,8 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ROOT.mkdir(parents=True, exist_ok=True)
-    model, dense_state, test_ids, windows, _ = load_protocol()
+    run = load_protocol()
+    model, dense_state, test_ids, windows = run.model, run.dense_state, run.test_ids, run.windows
     commit = head_commit()
     machine = f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}"
     dense_parameters = sum(p.numel() for p in model.parameters())

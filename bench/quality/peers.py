@@ -44,7 +44,7 @@ from bench.quality.table import folder, load_protocol, parse_protocol, protocol_
 from surgeon.app.evaluate import perplexity  # noqa: E402
 from surgeon.integrations.llmcompressor import SurgeonModifier, SurgeonSparseGPTModifier  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
-from surgeon.models.adapter import load_tokenizer, prunable_layers  # noqa: E402
+from surgeon.models.adapter import prunable_layers  # noqa: E402
 
 # row suffix -> (modifier, its settings beyond sparsity, mask structure and ignore)
 PEERS = {
@@ -72,7 +72,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     root = folder(args.model, args.calib_windows, args.calib_seqlen)
     root.mkdir(parents=True, exist_ok=True)
-    model, _, test_ids, windows, _ = load_protocol(args.model, args.calib_windows, args.calib_seqlen, args.weights)
+    run = load_protocol(args.model, args.calib_windows, args.calib_seqlen, args.weights)
+    model, test_ids, windows = run.model, run.test_ids, run.windows
     protocol = protocol_of(args)
     commit = protocol["commit"]
     protocol["machine"] += f", llm-compressor {llmcompressor_version}"
@@ -80,8 +81,8 @@ def main() -> None:
     calibration = Dataset.from_dict({"input_ids": windows.tolist(), "attention_mask": ones.tolist()})
     with tempfile.TemporaryDirectory() as saved:  # oneshot reads the model's config from its name_or_path
         model.save_pretrained(saved)
-        load_tokenizer(args.weights or args.model).save_pretrained(saved)
-        del model
+        run.tokenizer.save_pretrained(saved)
+        del model, run
         for structure in ("unstructured", "2:4", "4:8"):
             for suffix, (modifier, settings) in PEERS.items():
                 name = f"{structure.replace(':', 'of')}-0.5-{suffix}"

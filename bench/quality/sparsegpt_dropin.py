@@ -104,8 +104,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     if args.shapes == "smollm2":
-        model, _, _, windows, _ = load_protocol()
-        layers = layer_hessians(model.to(args.device), windows.to(args.device), args.blocks)
+        run = load_protocol()
+        layers = layer_hessians(run.model.to(args.device), run.windows.to(args.device), args.blocks)
     else:
         layers = random_layers(args.layers, args.device)
     modes = {**{f"refine-{k}": dict(update="refine", iterations=k) for k in args.iterations},

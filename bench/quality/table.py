@@ -37,6 +37,7 @@ import os
 import platform
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -117,11 +118,24 @@ def folder(model: str, calib_windows: int, calib_seqlen: int) -> Path:
     return RESULTS / f"quality-{model}-{calib_windows}x{calib_seqlen}"
 
 
+@dataclass
+class Protocol:
+    """What every run of a model's protocol starts from: the model, a copy of its dense weights, its tokenizer, the
+    WikiText-2 test ids, the calibration windows and the held-out windows `surgeon prune` draws beside them."""
+
+    model: Any
+    dense_state: dict
+    tokenizer: Any
+    test_ids: torch.Tensor
+    windows: torch.Tensor
+    held_out: torch.Tensor | None
+
+
 def load_protocol(model_name: str = "smollm2-135m", calib_windows: int | None = None, calib_seqlen: int | None = None,
-                  source: str | None = None) -> tuple[Any, dict, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The model (from `source`, a folder holding it, where given), a copy of its dense weights, the WikiText-2 test
-    ids, the calibration windows (seed 0; by default as many and as long as the model's protocol) and the held-out
-    windows `surgeon prune` draws beside them (`held_out_windows`)."""
+                  source: str | None = None) -> Protocol:
+    """The protocol of `model_name` (loaded from `source`, a folder holding it, where given): calibration windows
+    drawn with seed 0, by default as many and as long as the model's protocol, each begun with the tokenizer's BOS
+    where it puts one, and the held-out windows beside them (`held_out_windows`)."""
     calib_windows = calib_windows or PROTOCOLS[model_name][0]
     calib_seqlen = calib_seqlen or PROTOCOLS[model_name][1]
     model, tokenizer = load_model(source or model_name)
@@ -129,18 +143,18 @@ def load_protocol(model_name: str = "smollm2-135m", calib_windows: int | None = 
     test_ids = tokenize(tokenizer, evaluation_text("wikitext2"))
     ids, bos = tokenize(tokenizer, calibration_text("wikitext2-valid")), leading_token(tokenizer)
     windows = calibration_windows(ids, calib_windows, calib_seqlen, 0, bos)
-    return model, dense_state, test_ids, windows, held_out_windows(ids, calib_windows, calib_seqlen, 0, bos)
+    return Protocol(model, dense_state, tokenizer, test_ids, windows,
+                    held_out_windows(ids, calib_windows, calib_seqlen, 0, bos))
 
 
-def measure(model: Any, dense_state: dict, windows: torch.Tensor, test_ids: torch.Tensor, config: PruneConfig,
-            eval_windows: int, held_out: torch.Tensor | None = None) -> dict[str, Any]:
-    """Prune the dense model with `config` (weighed against sparsegpt-refine on `held_out`, as `surgeon prune`
-    does) and evaluate it: perplexity, seconds of the pruning, and the report."""
-    model.load_state_dict(dense_state)
+def measure(run: Protocol, config: PruneConfig, eval_windows: int) -> dict[str, Any]:
+    """Prune the dense model with `config` (weighed against sparsegpt-refine on the held-out windows, as `surgeon
+    prune` does) and evaluate it: perplexity, seconds of the pruning, and the report."""
+    run.model.load_state_dict(run.dense_state)
     start = time.perf_counter()
-    report = prune(model, windows, config, progress=False, held_out_ids=held_out)
+    report = prune(run.model, run.windows, config, progress=False, held_out_ids=run.held_out)
     seconds = time.perf_counter() - start
-    result = perplexity(model, test_ids, 2048, eval_windows, progress=False)
+    result = perplexity(run.model, run.test_ids, 2048, eval_windows, progress=False)
     return {"ppl": result.ppl, "seconds": seconds, **report.to_dict()}
 
 
@@ -182,19 +196,19 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     root = folder(args.model, args.calib_windows, args.calib_seqlen)
     root.mkdir(parents=True, exist_ok=True)
-    model, dense_state, test_ids, windows, held_out = load_protocol(args.model, args.calib_windows, args.calib_seqlen)
+    run = load_protocol(args.model, args.calib_windows, args.calib_seqlen)
     protocol = protocol_of(args)
     commit = protocol["commit"]
     dense_path = root / f"dense@{commit}.json"
     if not dense_path.exists():
-        result = perplexity(model, test_ids, 2048, args.eval_windows, progress=False)
+        result = perplexity(run.model, run.test_ids, 2048, args.eval_windows, progress=False)
         write_json(dense_path, {"ppl": result.ppl, "seconds": result.seconds, **protocol})
     table = rows(args.shots_structured, args.shots_element) if args.model == "smollm2-135m" else second_model_rows()
     for name, config in table:
         path = root / f"{name}@{commit}.json"
         if path.exists() or args.only not in name:
             continue
-        result = measure(model, dense_state, windows, test_ids, config, args.eval_windows, held_out)
+        result = measure(run, config, args.eval_windows)
         logging.info("%s: ppl %.3f sparsity %.4f (%.0f s)", name, result["ppl"], result["sparsity"], result["seconds"])
         write_json(path, {**result, **protocol})
 

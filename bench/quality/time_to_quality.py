@@ -4,7 +4,7 @@
 
 The protocol of bench/quality/table.py (8 × 512 calibration tokens, perplexity on 8 test windows of 2048
 tokens) and the CLI's defaults but the shots: structured 80% in 1, 2 and 8 shots, unstructured 50% in
-1 and 3 (the quality table holds 4 shots of both, 2 of unstructured, and N:M's one propagated shot and
+1, 3 and 8 (the quality table holds 4 shots of both, 2 of unstructured, and N:M's one propagated shot and
 4 shots). Each point is saved as bench/results/ttq/<point>@<commit>.json and skipped when that file
 exists; `make results` puts the curves into RESULTS.md, `python bench/quality/time_to_quality.py --figure`
 draws them into docs/figures/time-to-quality.png. Run it alone: the seconds are wall time.
@@ -24,7 +24,7 @@ from surgeon.io import write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1] / "results" / "ttq"
 POINTS = {f"{structure}-{size}-shots{shots}": PruneConfig(structure=structure, target_size=size, shots=shots)
-          for structure, size, counts in (("structured", 0.8, (1, 2, 8)), ("unstructured", 0.5, (1, 3)))
+          for structure, size, counts in (("structured", 0.8, (1, 2, 8)), ("unstructured", 0.5, (1, 3, 8)))
           for shots in counts}
 
 
@@ -74,15 +74,14 @@ def main() -> None:
         draw()
         return
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    model, dense_state, test_ids, protocol_windows, held_out = load_protocol(args.model, args.calib_windows,
-                                                                             args.calib_seqlen)
+    run = load_protocol(args.model, args.calib_windows, args.calib_seqlen)
     ROOT.mkdir(parents=True, exist_ok=True)
     for name, config in POINTS.items():
         protocol = protocol_of(args)
         path = ROOT / f"{name}@{protocol['commit']}.json"
         if path.exists() or args.only not in name:
             continue
-        result = measure(model, dense_state, protocol_windows, test_ids, config, args.eval_windows, held_out)
+        result = measure(run, config, args.eval_windows)
         logging.info("%s: ppl %.3f (%.0f s)", name, result["ppl"], result["seconds"])
         write_json(path, {**result, **protocol})
 
