@@ -354,16 +354,16 @@ def serve_section() -> list[str]:
 
 
 def coupled_section() -> list[str]:
-    paths = sorted((RESULTS / "coupled").glob("*.json"))
-    if not paths:
+    if not list((RESULTS / "coupled").glob("dense@*.json")):
         return ["Not yet measured (`python bench/quality/coupled.py`)."]
-    out = ["| row | commit | ppl | parameters (of dense) | format | decode tokens/s (batch 1, 2048 context) | "
-           "prune s |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for path in paths:
-        run = load(path)
+    commit, runs = quality_runs("coupled")
+    out = [f"All rows at {mark(commit, EXPORTED)}, {runs['dense']['machine']}.", "",
+           "| row | ppl | parameters (of dense) | format | decode tokens/s (batch 1, 2048 context) | prune s |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for row, run in runs.items():
         size = f"{run['parameters'] / 1e6:.1f} M ({run['parameters'] / run['dense_parameters']:.3f})"
-        out.append(f"| {run['row']} | {mark(commit_of(path), EXPORTED)} | {run['ppl']:.3f} | {size} | "
-                   f"{run['format']} | {run['decode_tokens_per_s']:.1f} | {run['seconds']:.0f} |")
+        out.append(f"| {row} | {run['ppl']:.3f} | {size} | {run['format']} | {run['decode_tokens_per_s']:.1f} | "
+                   f"{run['seconds']:.0f} |")
     return out
 
 

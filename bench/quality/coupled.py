@@ -2,16 +2,13 @@
 
 Protocol: the quality table's (bench/quality/table.py: 8 calibration windows of 512 tokens of the packaged
 WikiText-2 validation split, seed 0, 4 shots, perplexity on the first 8 windows of 2048 test
-tokens), at 90, 80 and 70% of the prunable weights kept. Rows: the paper's rows and columns
+tokens), at 90, 80 and 70% of the prunable weights kept. Rows: the dense model; the paper's rows and columns
 (exported compactly: what its dead channels free), coupled LLM Surgeon with global allocation,
 `--layout uniform`, `--layout decilm` (with and without `--width-multiple 64`), `--width-multiple 64`,
-`--width-multiple 256` exported with `ffn_mult` (multiples of 256), and
-`--speed-context 512`, `768` and `2048` (units ranked by cost per multiply-accumulate saved at that context;
-the decode speed is measured at 2048), and λ_A = 0.01 and 1 around coupled LLM Surgeon's default 0.3; coupled
-magnitude and K-OBD. Each pruned model is exported compactly
-(`--layout uniform` in the standard format, the others in the per-layer DeciLM one) and its
-parameters counted, embeddings included; its decode speed is measured at batch 1 after a 2048-token
-prompt (`generation_speed.py`).
+`--width-multiple 256` exported with `ffn_mult` (multiples of 256); coupled magnitude and K-OBD. Each pruned
+model is exported compactly (`--layout uniform` in the standard format, the others in the per-layer DeciLM
+one) and its parameters counted, embeddings included; its decode speed, and the dense model's, is measured at
+batch 1 after a 2048-token prompt (`generation_speed.py`).
 
 Each run is saved as bench/results/coupled/<row>@<commit>.json and skipped when that file exists.
 
@@ -51,12 +48,6 @@ VARIANTS = {
     "coupled-magnitude": (dict(structure="coupled", method="magnitude"), "decilm"),
     "coupled-kobd": (dict(structure="coupled", method="kobd"), "decilm"),
     "coupled-multiple256-ffn-mult": (dict(structure="coupled", width_multiple=256), "decilm-ffn-mult"),
-    "coupled-speed512": (dict(structure="coupled", speed_context=512), "decilm"),
-    "coupled-speed768": (dict(structure="coupled", speed_context=768), "decilm"),
-    "coupled-speed2048": (dict(structure="coupled", speed_context=2048), "decilm"),
-    # λ_A around coupled LLM Surgeon's default (0.3): the paper's 0.01 and 1
-    "coupled-damp-a-0.01": (dict(structure="coupled", damp_a=0.01), "decilm"),
-    "coupled-damp-a-1": (dict(structure="coupled", damp_a=1.0), "decilm"),
 }
 
 
@@ -73,6 +64,15 @@ def main() -> None:
     commit = head_commit()
     machine = f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}"
     dense_parameters = sum(p.numel() for p in model.parameters())
+    path = ROOT / f"dense@{commit}.json"
+    if not path.exists() and args.only in "dense":
+        ppl = perplexity(model, test_ids, 2048, 8, progress=False).ppl
+        with torch.inference_mode():
+            decode = decode_tokens_per_s(model, 1, 2048, args.new_tokens, torch.device("cpu"), 3)
+        logging.info("dense: ppl %.3f, decode %.1f tokens/s", ppl, decode)
+        write_json(path, {"row": "dense", "ppl": ppl, "parameters": dense_parameters,
+                          "dense_parameters": dense_parameters, "format": "-", "decode_tokens_per_s": decode,
+                          "seconds": 0.0, "machine": machine, "commit": commit})
     for size in (0.9, 0.8, 0.7):
         for variant, (settings, format) in VARIANTS.items():
             name = f"{variant}-{size}"
