@@ -3,16 +3,15 @@
 Protocol: the quality table's (bench/quality/table.py: 8 calibration windows of 512 tokens of the packaged
 WikiText-2 validation split, seed 0, 4 shots, perplexity on the first 8 windows of 2048 test
 tokens), at 90, 80 and 70% of the prunable weights kept. Rows: the dense model; the paper's rows and columns
-(exported compactly: what its dead channels free), coupled LLM Surgeon with global allocation,
-`--layout uniform`, `--layout decilm` (with and without `--width-multiple 64`), `--width-multiple 64`,
-`--width-multiple 256` exported with `ffn_mult` (multiples of 256); coupled magnitude and K-OBD. Each pruned
+(exported compactly: what its dead channels free), coupled LLM Surgeon with global allocation, with
+`--layout decilm --width-multiple 64` and with `--layout uniform`; coupled magnitude and K-OBD. Each pruned
 model is exported compactly (`--layout uniform` in the standard format, the others in the per-layer DeciLM
 one) and its parameters counted, embeddings included; its decode speed, and the dense model's, is measured at
 batch 1 after a 2048-token prompt (`generation_speed.py`).
 
 Each run is saved as bench/results/coupled/<row>@<commit>.json and skipped when that file exists.
 
-    python bench/quality/coupled.py                   # every row (several hours on 2 cores)
+    python bench/quality/coupled.py                   # every row (1.5–3 h on 2 cores)
     python bench/quality/coupled.py --only 0.8        # rows whose id contains this text
 """
 
@@ -41,13 +40,10 @@ ROOT = Path(__file__).resolve().parents[1] / "results" / "coupled"
 VARIANTS = {
     "rows-columns": (dict(structure="structured"), "decilm"),
     "coupled": (dict(structure="coupled"), "decilm"),
-    "coupled-uniform": (dict(structure="coupled", layout="uniform"), "standard"),
-    "coupled-layout-decilm": (dict(structure="coupled", layout="decilm"), "decilm"),
     "coupled-layout-decilm-multiple64": (dict(structure="coupled", layout="decilm", width_multiple=64), "decilm"),
-    "coupled-multiple64": (dict(structure="coupled", width_multiple=64), "decilm"),
+    "coupled-uniform": (dict(structure="coupled", layout="uniform"), "standard"),
     "coupled-magnitude": (dict(structure="coupled", method="magnitude"), "decilm"),
     "coupled-kobd": (dict(structure="coupled", method="kobd"), "decilm"),
-    "coupled-multiple256-ffn-mult": (dict(structure="coupled", width_multiple=256), "decilm-ffn-mult"),
 }
 
 
@@ -73,8 +69,8 @@ def main() -> None:
         write_json(path, {"row": "dense", "ppl": ppl, "parameters": dense_parameters,
                           "dense_parameters": dense_parameters, "format": "-", "decode_tokens_per_s": decode,
                           "seconds": 0.0, "machine": machine, "commit": commit})
-    for size in (0.9, 0.8, 0.7):
-        for variant, (settings, format) in VARIANTS.items():
+    for variant, (settings, format) in VARIANTS.items():
+        for size in (0.9, 0.8, 0.7):
             name = f"{variant}-{size}"
             path = ROOT / f"{name}@{commit}.json"
             if path.exists() or args.only not in name:
