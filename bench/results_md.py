@@ -113,16 +113,55 @@ def mark(commit: str, paths: tuple[str, ...] = CODE) -> str:
 # ---------------------------------------------------------------- quality
 
 
-def quality_runs(folder: str = "quality") -> tuple[str, dict[str, dict[str, Any]]]:
-    """The newest commit with a complete set of quality runs in `bench/results/<folder>`, and its runs by row."""
+@functools.cache
+def same_code(first: str, second: str, paths: tuple[str, ...] = PRUNING) -> bool:
+    """Whether `paths` are the same at two commits, beyond comments and docstrings of Python files."""
+    changed = git("diff", "--name-only", first, second, "--", *paths)
+    if changed.returncode != 0:
+        return False
+    for name in changed.stdout.split():
+        then, now = git("show", f"{first}:{name}"), git("show", f"{second}:{name}")
+        if not name.endswith(".py") or then.returncode != 0 or now.returncode != 0 \
+                or code_of(then.stdout) != code_of(now.stdout):
+            return False
+    return True
+
+
+def quality_runs(folder: str = "quality",
+                 paths: tuple[str, ...] = PRUNING) -> tuple[str, dict[str, dict[str, Any]]]:
+    """The newest complete set of runs in `bench/results/<folder>` and its runs by row: a dense run's commit, with
+    each row's newest run at a commit that runs the same code (a set measured over several commits, between
+    which only the benchmarks or the documents changed, is one set)."""
     order, root = commit_order(), RESULTS / folder
-    denses = [p for p in root.glob("dense@*.json") if commit_of(p) in order]
+    files = [p for p in root.glob("*@*.json") if commit_of(p) in order]
+    denses = {commit_of(p) for p in files if p.stem.rsplit("@", 1)[0] == "dense"}
     if not denses:
         raise SystemExit(f"no bench/results/{folder}/dense@<commit>.json: run `python bench/quality/table.py`")
-    count = {commit_of(p): len(list(root.glob(f"*@{commit_of(p)}.json"))) for p in denses}
-    commit = min(count, key=lambda c: (-count[c], order[c]))  # the most rows; among equals the newest
-    runs = {p.stem.rsplit("@", 1)[0]: load(p) for p in sorted(root.glob(f"*@{commit}.json"))}
-    return commit, runs
+    sets: dict[str, dict[str, Path]] = {}
+    for commit in denses:
+        rows: dict[str, Path] = {}
+        for path in sorted(files, key=lambda p: -order[commit_of(p)]):  # oldest first: the newest stays
+            if same_code(commit_of(path), commit, paths):
+                rows[path.stem.rsplit("@", 1)[0]] = path
+        sets[commit] = rows
+    commit = min(sets, key=lambda c: (-len(sets[c]), order[c]))  # the most rows; among equals the newest
+    rows = sorted(sets[commit].items(), key=lambda item: item[1].name)
+    return commit, {row: load(path) for row, path in rows}
+
+
+def commits_of(commit: str, runs: dict[str, dict[str, Any]]) -> list[str]:
+    """The commits a set of runs was measured at, oldest first."""
+    order = commit_order()
+    return sorted({run.get("commit", commit) for run in runs.values()} | {commit}, key=lambda c: -order.get(c, 0))
+
+
+def rows_at(commit: str, runs: dict[str, dict[str, Any]], paths: tuple[str, ...]) -> str:
+    """Where a set of runs was measured: its commit, or its commits that run the same code, marked if stale."""
+    commits = commits_of(commit, runs)
+    if len(commits) == 1:
+        return f"All rows at {mark(commit, paths)}"
+    earlier = ", ".join(f"`{c}`" for c in commits[:-1])
+    return f"Rows at {earlier} and {mark(commits[-1], paths)}, which run the same code"
 
 
 def second_models() -> list[str]:
@@ -356,8 +395,8 @@ def serve_section() -> list[str]:
 def coupled_section() -> list[str]:
     if not list((RESULTS / "coupled").glob("dense@*.json")):
         return ["Not yet measured (`python bench/quality/coupled.py`)."]
-    commit, runs = quality_runs("coupled")
-    out = [f"All rows at {mark(commit, EXPORTED)}, {runs['dense']['machine']}.", "",
+    commit, runs = quality_runs("coupled", EXPORTED)
+    out = [f"{rows_at(commit, runs, EXPORTED)}, {runs['dense']['machine']}.", "",
            "| row | ppl | parameters (of dense) | format | decode tokens/s (batch 1, 2048 context) | prune s |",
            "| --- | --- | --- | --- | --- | --- |"]
     for row, run in runs.items():
@@ -482,7 +521,7 @@ def machines(runs: dict[str, dict[str, Any]]) -> list[str]:
 def quality_block(commit: str, runs: dict[str, dict[str, Any]]) -> list[str]:
     dense = runs["dense"]
     budget = f"{dense['calib_windows']} × {dense['calib_seqlen']} calibration tokens, "
-    return [f"All rows at {mark(commit, PRUNING)}: {dense.get('model', 'smollm2-135m')}, {budget}perplexity on the "
+    return [f"{rows_at(commit, runs, PRUNING)}: {dense.get('model', 'smollm2-135m')}, {budget}perplexity on the "
             f"first {dense['eval_windows']} test windows of 2048.", "", quality_table(runs)]
 
 
@@ -527,11 +566,12 @@ def readme_with_headline(readme: str) -> str:
     """`readme` with its results table filled from the newest complete quality runs of both models."""
     commit, runs = quality_runs()
     models = [("SmolLM2-135M", runs)]
-    note = f"SmolLM2 (dense {runs['dense']['ppl']:.2f}) at `{commit}`"
+    note = f"SmolLM2 (dense {runs['dense']['ppl']:.2f}) at {' and '.join(f'`{c}`' for c in commits_of(commit, runs))}"
     if (RESULTS / SECOND[0]).is_dir():
         second_commit, second = quality_runs(SECOND[0])
         models.append((SECOND[1], second))
-        note += f", {SECOND[1]} (dense {second['dense']['ppl']:.2f}) at `{second_commit}`"
+        note += (f", {SECOND[1]} (dense {second['dense']['ppl']:.2f}) at "
+                 f"{' and '.join(f'`{c}`' for c in commits_of(second_commit, second))}")
     note = f"Perplexity on WikiText-2: {note}; every row and method in `bench/RESULTS.md`."
     table = f"{HEADLINE_START}\n{headline_table(models)}\n\n{note}\n{HEADLINE_END}"
     pattern = re.compile(re.escape(HEADLINE_START) + ".*?" + re.escape(HEADLINE_END), re.S)

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -24,3 +26,13 @@ def test_results_go_stale_when_code_changes_but_not_its_docstrings_or_comments()
     assert code_of(module) == code_of(module.replace('    """Doc."""\n', ""))
     assert code_of(module) != code_of(module.replace("x + 1", "x + 2"))
     assert code_of(module) != code_of(module.replace('    """Doc."""\n', '    "Doc."\n    "More."\n'))
+
+
+def test_runs_at_commits_that_change_only_benchmarks_or_documents_form_one_set():
+    sys.path.insert(0, str(ROOT))
+    from bench.results_md import git, same_code
+
+    if git("cat-file", "-e", "a49198b^{commit}").returncode != 0:
+        pytest.skip("needs the repository's history")
+    assert same_code("64461c4", "94ac23f")  # between them: result files, RESULTS, README and DESIGN
+    assert not same_code("a49198b", "64461c4")  # between them: surgeon/config.py's code
