@@ -202,7 +202,8 @@ NAMES = {"lobd": "L-OBD", "kobd": "K-OBD", "sparsegpt": "SparseGPT", "wanda": "W
 
 
 def headline_cells(runs: dict[str, dict[str, Any]], prefix: str) -> str:
-    """The best baseline's and LLM Surgeon's perplexity at one structure, the lower in bold; '- | -' if not run."""
+    """The best baseline's and LLM Surgeon's perplexity at one structure, the lower in bold, with a second decimal
+    where one would print them alike; '- | -' if not run."""
     rows = {name[len(prefix) + 1:]: run for name, run in runs.items() if name.startswith(prefix + "-")}
     baselines = {m: r["ppl"] for m, r in rows.items() if m in NAMES}
     if not baselines or "surgeon" not in rows:
@@ -210,7 +211,9 @@ def headline_cells(runs: dict[str, dict[str, Any]], prefix: str) -> str:
     best = min(baselines, key=baselines.__getitem__)
     cells = [(NAMES[best] + " ", baselines[best]), ("", rows["surgeon"]["ppl"])]
     lowest = min(value for _, value in cells)
-    return " | ".join(f"{label}**{value:.1f}**" if value == lowest else f"{label}{value:.1f}" for label, value in cells)
+    digits = 2 if len({f"{value:.1f}" for _, value in cells}) == 1 else 1
+    return " | ".join(f"{label}**{value:.{digits}f}**" if value == lowest else f"{label}{value:.{digits}f}"
+                      for label, value in cells)
 
 
 def headline_table(models: list[tuple[str, dict[str, dict[str, Any]]]]) -> str:

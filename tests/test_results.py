@@ -36,3 +36,14 @@ def test_runs_at_commits_that_change_only_benchmarks_or_documents_form_one_set()
         pytest.skip("needs the repository's history")
     assert same_code("64461c4", "94ac23f")  # between them: result files, RESULTS, README and DESIGN
     assert not same_code("a49198b", "64461c4")  # between them: surgeon/config.py's code
+
+
+def test_headline_prints_a_second_decimal_only_where_one_would_print_a_tie():
+    sys.path.insert(0, str(ROOT))
+    from bench.results_md import headline_cells
+
+    runs = {"unstructured-0.5-sparsegpt": {"ppl": 39.694}, "unstructured-0.5-surgeon": {"ppl": 39.662},
+            "2of4-0.5-wanda": {"ppl": 74.68}, "2of4-0.5-surgeon": {"ppl": 64.31}}
+    assert headline_cells(runs, "unstructured-0.5") == "SparseGPT 39.69 | **39.66**"
+    assert headline_cells(runs, "2of4-0.5") == "Wanda 74.7 | **64.3**"
+    assert headline_cells(runs, "4of8-0.5") == "- | -"
