@@ -4,14 +4,14 @@ Protocol: the quality table's (bench/quality/table.py: 8 calibration windows of 
 WikiText-2 validation split, seed 0, 4 shots, perplexity on the first 8 windows of 2048 test
 tokens), at 90, 80 and 70% of the prunable weights kept. Rows: the dense model; the paper's rows and columns
 (exported compactly: what its dead channels free), coupled LLM Surgeon with global allocation, with
-`--layout decilm --width-multiple 64` and with `--layout uniform`; coupled K-OBD and magnitude. Each pruned
+`--layout decilm --width-multiple 64` and with `--layout uniform`. Each pruned
 model is exported compactly (`--layout uniform` in the standard format, the others in the per-layer DeciLM
 one) and its parameters counted, embeddings included; its decode speed, and the dense model's, is measured at
 batch 1 after a 2048-token prompt (`generation_speed.py`).
 
 Each run is saved as bench/results/coupled/<row>@<commit>.json and skipped when that file exists.
 
-    python bench/quality/coupled.py                   # every row (1.5–3 h on 2 cores)
+    python bench/quality/coupled.py                   # every row (1–2 h on 2 cores)
     python bench/quality/coupled.py --only 0.8        # rows whose id contains this text
 """
 
@@ -36,14 +36,12 @@ from surgeon.export.compact import compact_model  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1] / "results" / "coupled"
-# row id -> (PruneConfig settings, compact format: standard, decilm, or decilm with ffn_mult)
+# row id -> (PruneConfig settings, compact format: standard or decilm)
 VARIANTS = {
     "rows-columns": (dict(structure="structured"), "decilm"),
     "coupled": (dict(structure="coupled"), "decilm"),
     "coupled-layout-decilm-multiple64": (dict(structure="coupled", layout="decilm", width_multiple=64), "decilm"),
     "coupled-uniform": (dict(structure="coupled", layout="uniform"), "standard"),
-    "coupled-kobd": (dict(structure="coupled", method="kobd"), "decilm"),
-    "coupled-magnitude": (dict(structure="coupled", method="magnitude"), "decilm"),
 }
 
 
@@ -80,7 +78,7 @@ def main() -> None:
             report = prune(model, windows, PruneConfig(**settings, target_size=size, shots=args.shots), progress=False)
             seconds = time.perf_counter() - start
             ppl = perplexity(model, test_ids, 2048, 8, progress=False).ppl
-            compact = compact_model(model, format.removesuffix("-ffn-mult"), format.endswith("-ffn-mult"))
+            compact = compact_model(model, format)
             with torch.inference_mode():
                 decode = decode_tokens_per_s(compact, 1, 2048, args.new_tokens, torch.device("cpu"), 3)
             parameters = sum(p.numel() for p in compact.parameters())
