@@ -4,7 +4,7 @@ Protocol: the quality table's (bench/quality/table.py: 8 calibration windows of 
 WikiText-2 validation split, seed 0, 4 shots, perplexity on the first 8 windows of 2048 test
 tokens), at 90, 80 and 70% of the prunable weights kept. Rows: the dense model; the paper's rows and columns
 (exported compactly: what its dead channels free), coupled LLM Surgeon with global allocation, with
-`--layout decilm --width-multiple 64` and with `--layout uniform`. Each pruned
+`--layout decilm --width-multiple 64` and with `--layout uniform`; coupled K-OBD. Each pruned
 model is exported compactly (`--layout uniform` in the standard format, the others in the per-layer DeciLM
 one) and its parameters counted, embeddings included; its decode speed, and the dense model's, is measured at
 batch 1 after a 2048-token prompt (`generation_speed.py`).
@@ -42,6 +42,7 @@ VARIANTS = {
     "coupled": (dict(structure="coupled"), "decilm"),
     "coupled-layout-decilm-multiple64": (dict(structure="coupled", layout="decilm", width_multiple=64), "decilm"),
     "coupled-uniform": (dict(structure="coupled", layout="uniform"), "standard"),
+    "coupled-kobd": (dict(structure="coupled", method="kobd"), "decilm"),
 }
 
 
