@@ -78,19 +78,31 @@ def code_of(source: str) -> str:
     return ast.dump(tree)
 
 
+def source_at(commit: str | None, name: str) -> str | None:
+    """A file's text at `commit` (None: the working tree), or None where it does not exist."""
+    if commit is None:
+        return (ROOT / name).read_text() if (ROOT / name).exists() else None
+    shown = git("show", f"{commit}:{name}")
+    return shown.stdout if shown.returncode == 0 else None
+
+
 @functools.cache
-def stale(commit: str, paths: tuple[str, ...] = CODE) -> bool:
-    """Whether `paths` changed between `commit` and the working tree beyond comments and docstrings of Python
-    files (unknown commits count as changed)."""
-    changed = git("diff", "--name-only", commit, "--", *paths)
+def code_changed(first: str, second: str | None, paths: tuple[str, ...]) -> bool:
+    """Whether `paths` differ between `first` and `second` (None: the working tree) beyond comments and docstrings
+    of Python files (unknown commits count as changed)."""
+    changed = git("diff", "--name-only", first, *([second] if second else []), "--", *paths)
     if changed.returncode != 0:
         return True
     for name in changed.stdout.split():
-        then, now = git("show", f"{commit}:{name}"), ROOT / name
-        if not name.endswith(".py") or then.returncode != 0 or not now.exists() \
-                or code_of(then.stdout) != code_of(now.read_text()):
+        then, now = source_at(first, name), source_at(second, name)
+        if not name.endswith(".py") or then is None or now is None or code_of(then) != code_of(now):
             return True
     return False
+
+
+def stale(commit: str, paths: tuple[str, ...] = CODE) -> bool:
+    """Whether `paths` changed between `commit` and the working tree (see `code_changed`)."""
+    return code_changed(commit, None, paths)
 
 
 @functools.cache
@@ -113,18 +125,9 @@ def mark(commit: str, paths: tuple[str, ...] = CODE) -> str:
 # ---------------------------------------------------------------- quality
 
 
-@functools.cache
 def same_code(first: str, second: str, paths: tuple[str, ...] = PRUNING) -> bool:
     """Whether `paths` are the same at two commits, beyond comments and docstrings of Python files."""
-    changed = git("diff", "--name-only", first, second, "--", *paths)
-    if changed.returncode != 0:
-        return False
-    for name in changed.stdout.split():
-        then, now = git("show", f"{first}:{name}"), git("show", f"{second}:{name}")
-        if not name.endswith(".py") or then.returncode != 0 or now.returncode != 0 \
-                or code_of(then.stdout) != code_of(now.stdout):
-            return False
-    return True
+    return not code_changed(first, second, paths)
 
 
 def quality_runs(folder: str = "quality",
