@@ -46,10 +46,16 @@ def two_ranks(tmp_path_factory) -> dict:
 
 
 def one_process(case: str) -> tuple[torch.nn.Module, PruneReport]:
-    """A case of `distributed_worker` pruned in this process alone."""
+    """A case of `distributed_worker` pruned in this process alone, on one thread as each rank runs (a matmul's
+    summation order may depend on its threads)."""
     arch, settings = distributed_worker.CASES[case]
     model = tiny_model(arch)
-    return model, prune(model, distributed_worker.WINDOWS, PruneConfig(**{"shots": 3, **settings}), progress=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return model, prune(model, distributed_worker.WINDOWS, PruneConfig(**{"shots": 3, **settings}), progress=False)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("case", list(distributed_worker.CASES))
