@@ -134,7 +134,7 @@ def test_the_plan_says_the_held_out_choice_runs_a_second_pruning():
         plan = make_plan(PlanConfig(model="smollm2-135m"), PruneConfig(structure=structure))
         assert any("sparsegpt-refine shot" in note for note in plan["notes"])
     alone = PruneConfig(structure="2:4", held_out_choice=False)
-    assert not make_plan(PlanConfig(model="smollm2-135m"), alone)["notes"]
+    assert not any("sparsegpt-refine" in note for note in make_plan(PlanConfig(model="smollm2-135m"), alone)["notes"])
 
 
 def test_the_plan_refuses_settings_the_model_cannot_run(capsys):
@@ -302,3 +302,57 @@ def test_time_is_projected_from_the_rate_measured_for_each_kind_of_run():
         assert projected["prune"] == pytest.approx(seconds["prune"], abs=0.06), (structure, propagate)
     assert projected["curvature"] == pytest.approx(structured[0]["seconds"]["curvature"], abs=0.06)
     assert make_plan(plan, dataclasses.replace(STRUCTURED, method="kobd"))["seconds_per_shot_h100"] == {}
+
+
+def test_work_per_shot_is_llama_2_7bs_count_by_hand():
+    """FLOPs and bytes of a Llama-2-7B shot (128 × 2048 tokens, bf16, batch 2) from its shape alone."""
+    d, f, blocks, vocab, tokens, batches = 4096, 11008, 32, 32000, 128 * 2048, 64
+    plan = make_plan(PlanConfig(model=str(ROOT / LLAMA_2_7B), dtype="bfloat16", nsamples=128, seqlen=2048),
+                     dataclasses.replace(STRUCTURED, shots=1))
+    work = plan["work_per_shot"]
+    active = blocks * (4 * d * d + 3 * d * f)
+    attention = blocks * 6 * d * 2048 / 2  # query heads × head width = d; half of the 2048 keys on average
+    factors = blocks * (8 * packed_bytes(d) + 3 * packed_bytes(f))  # A: q/k/v, o, gate/up, down; G: each layer
+    expected = {
+        "pass": (2 * tokens * (2 * active + 2 * vocab * d + attention),
+                 2 * 2 * (blocks * (4 * d * d + 3 * d * f + 2 * d) + vocab * d) * batches),
+        "accumulation": (2 * tokens * blocks * (8 * d * d + 3 * f * f) / 2,
+                         2 * tokens * blocks * (8 * d + 3 * f) + 2 * factors),
+        "inverses": (blocks * 2 / 3 * (8 * d**3 + 3 * f**3), 2 * factors),
+    }
+    got = {part: (value["flops"], value["bytes"]) for phase in work.values() for part, value in phase.items()}
+    assert got.keys() == expected.keys()
+    for part, (flops, read) in expected.items():
+        assert got[part] == pytest.approx((flops, read), rel=1e-12), part
+    floor = plan["floor_seconds_per_shot_h100"]
+    assert floor["curvature"] == pytest.approx((expected["pass"][0] + expected["accumulation"][0]) / 989e12)
+    assert floor["prune"] == pytest.approx(expected["inverses"][0] / 67e12)  # every part bound by its FLOPs
+    assert any(note.startswith("floor per shot on one H100") for note in plan["notes"])
+    assert make_plan(PlanConfig(model=str(ROOT / LLAMA_2_7B)), dataclasses.replace(STRUCTURED, method="kobd"))[
+        "floor_seconds_per_shot_h100"] == {}
+
+
+@pytest.mark.parametrize("name", ["llama-2-7b", "llama-2-13b", "llama-2-70b", "opt-125m", "opt-1.3b", "opt-6.7b",
+                                  "mixtral-8x7b"])
+def test_projected_time_is_never_below_the_floor_of_the_counted_work(name):
+    """The time model scales measured rates; the counted FLOPs and bytes at the H100's peak rates bound it below."""
+    plan = make_plan(PlanConfig(model=str(ROOT / f"bench/configs/{name}.json"), dtype="bfloat16", nsamples=128,
+                                seqlen=2048), dataclasses.replace(STRUCTURED, shots=1))  # the least prune time
+    floor, projected = plan["floor_seconds_per_shot_h100"], plan["seconds_per_shot_h100"]
+    assert set(floor) == set(projected) == {"curvature", "prune"}
+    for phase, seconds in floor.items():
+        assert 0 < seconds <= projected[phase], phase
+
+
+def test_design_quotes_the_counted_work_of_a_llama_2_7b_shot():
+    plan = make_plan(PlanConfig(model=str(ROOT / LLAMA_2_7B), dtype="bfloat16", nsamples=128, seqlen=2048),
+                     dataclasses.replace(STRUCTURED, shots=1))
+    design = (ROOT / "docs" / "DESIGN.md").read_text().splitlines()
+    for phase in plan["work_per_shot"].values():
+        for part, value in phase.items():
+            row = next(line for line in design if line.startswith("|") and f"(`{part}`)" in line)
+            seconds = max(value["flops"] / value["flops_per_s"], value["bytes"] / 3.35e12)
+            cells = f"| {value['flops'] / 1e12:,.0f} | {value['bytes'] / 1e9:,.0f} | {seconds:.2f} |"
+            assert cells in row, (row, cells)
+    floor = sum(plan["floor_seconds_per_shot_h100"].values())
+    assert f"{floor:.1f} s per structured shot by count" in "\n".join(design)

@@ -17,8 +17,10 @@
 # about 1.2x its time on one H200): a torch.profiler table of a 2-block structured shot (75 s; it also
 # compiles the Triton kernels), one structured Llama-2-7B shot at 80% (80 s), the default 2:4 run (130 s),
 # one unstructured 50% shot (115 s), all with --backend auto and 2 windows per pass, then the SparseGPT
-# drop-in against SparseGPT's algorithm at q_proj's shape, 4096x4096 (45 s). COMMIT names the commit
-# measured (default: git's HEAD).
+# drop-in against SparseGPT's algorithm at q_proj's shape, 4096x4096 (45 s). The 2:4 and unstructured
+# runs time LLM Surgeon's run alone (--held-out 0): the sparsegpt-refine shot that surgeon prune weighs
+# them against is timed apart (shot_time.py without --held-out). COMMIT names the commit measured
+# (default: git's HEAD).
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
@@ -38,8 +40,8 @@ if [ "${1:-}" = --quick ]; then
   }
   quick 75 profile-2blocks structured 2 --shots 1 --target-size 0.8 --profile "$OUT/profile-2blocks.txt"
   quick 80 structured structured 32 --shots 1 --target-size 0.8
-  quick 130 2of4 2:4 32
-  quick 115 unstructured unstructured 32 --shots 1 --target-size 0.5
+  quick 130 2of4 2:4 32 --held-out 0
+  quick 115 unstructured unstructured 32 --shots 1 --target-size 0.5 --held-out 0
   timeout 45 python3 bench/quality/sparsegpt_dropin.py --shapes llama2-7b --layers q_proj --device cuda --exact-shots 1 \
     --output "$OUT/dropin.json" > "$OUT/dropin.log" 2>&1
   echo "dropin rc=$?"; tail -6 "$OUT/dropin.log"

@@ -6,8 +6,11 @@
 The model is built from a Hugging Face config (bench/configs/: the paper's OPT and Llama-2 shapes)
 with random weights, the calibration windows are random tokens: the numbers say how long a shot
 takes and how much memory it needs, nothing about quality. `--layers N` keeps the first N decoder
-blocks (for a quick check of a shape). Writes the prune report (seconds per phase and peak memory
-per shot) with the device, shapes and settings.
+blocks (for a quick check of a shape). Unstructured and N:M runs are weighed against one
+sparsegpt-refine shot on held-out windows of random tokens, max(2, nsamples // 4) of them as
+`surgeon prune` draws (`--held-out 0`: LLM Surgeon's run alone). Writes the prune report (seconds
+per phase and peak memory per shot, the other shot's seconds under `choice`) with the device,
+shapes and settings.
 
 Under torchrun (`torchrun --nproc-per-node N bench/timing/shot_time.py … --device cuda`) the ranks prune
 together, one GPU each (`--curvature-split`, `--fsdp`: as `surgeon prune`); rank 0 writes the report,
@@ -69,6 +72,9 @@ def main() -> None:
     parser.add_argument("--activation-checkpointing", action="store_true", help="as `surgeon prune`")
     parser.add_argument("--offload", action="store_true", help="as `surgeon prune` (structured, coupled)")
     parser.add_argument("--block-groups", type=int, default=1, help="as `surgeon prune` (with --offload)")
+    parser.add_argument("--held-out", type=int, default=None,
+                        help="held-out windows for the held-out choice (default: max(2, nsamples // 4), as surgeon "
+                             "prune; 0: LLM Surgeon's run alone)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="also write torch.profiler's table of the run's costliest ops to this file")
     args = parser.parse_args()
@@ -80,8 +86,10 @@ def main() -> None:
     if args.fsdp:
         distributed.shard_model(model, device)
     built = time.perf_counter() - start
-    windows = torch.randint(0, config.vocab_size, (args.nsamples, args.seqlen),
+    held_out = max(2, args.nsamples // 4) if args.held_out is None else args.held_out
+    windows = torch.randint(0, config.vocab_size, (args.nsamples + held_out, args.seqlen),
                             generator=torch.Generator().manual_seed(0))
+    windows, held_out_ids = windows[: args.nsamples], windows[args.nsamples:] if held_out else None
     prune_config = PruneConfig(structure=args.structure, target_size=args.target_size, shots=args.shots,
                                batch_size=args.batch_size, backend=args.backend,
                                curvature_split=args.curvature_split,
@@ -92,12 +100,12 @@ def main() -> None:
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         with profile(activities=activities) as trace:
-            report = prune(model, windows, prune_config, group=group)
+            report = prune(model, windows, prune_config, group=group, held_out_ids=held_out_ids)
         sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
         args.profile.write_text(trace.key_averages().table(sort_by=sort, row_limit=40)
                                 + trace.key_averages().table(sort_by="cpu_time_total", row_limit=40))
     else:
-        report = prune(model, windows, prune_config, group=group)
+        report = prune(model, windows, prune_config, group=group, held_out_ids=held_out_ids)
     if group is not None and torch.distributed.get_rank(group) != 0:
         return
     device = torch.device(device)

@@ -19,7 +19,8 @@ Strategies: one process, or `gpus` torchrun ranks split by batches with the weig
 or by blocks with the weights sharded by FSDP2 (one rank's share is counted, docs/DESIGN.md
 "Several processes"); each with the least of activation checkpointing, offload and block groups
 that it needs to fit. Time is projected from the rates measured on an H100 (bench/results/gpu) by
-counted products.
+counted products, and set against the floor that the counted FLOPs and bytes of each phase allow at
+the H100's peak rates (`work`, `floor_seconds`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ H100_PRUNE_S = {"structured": 13.1, "unstructured": 50.9, "N:M": 34.6, "N:M prop
 H100_SOURCES = ["bench/results/gpu/shot-llama2-7b-32blocks-1shots-batch2@7b5fd7c.json",
                 "bench/results/gpu/shot-llama2-7b-32blocks-1shots-batch2-unstructured@513bded.json",
                 "bench/results/gpu/shot-llama2-7b-32blocks-4shots-batch2-2of4@513bded.json"]
+# Peak rates of one H100 SXM, dense: products on the tensor cores from 2-byte (bfloat16, float16) inputs, IEEE
+# float32 products (no TF32, PyTorch's default for matmul) by element size, and HBM3 bandwidth.
+H100_FLOPS = {2: 989e12, 4: 67e12}
+H100_BYTES_PER_S = 3.35e12
 
 
 def packed_bytes(n: int) -> int:
@@ -114,7 +119,7 @@ def _count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, de
         "hessians": sum(packed_bytes(m.in_features) * 2 for _, m in blocks[0]),
     }
     block_factors: list[int] = []  # the packed factors of each decoder block's layers
-    layer_factors, accumulation = 0, 0.0
+    layer_factors, accumulation, widths, inverse_flops = 0, 0.0, 0.0, 0.0
     share = {name: routed_share(settings) if ".experts." in name else 1.0 for name, _ in layers}  # tokens reaching
     if config.method in NEEDS_A:
         trace = trace_forward(model, layers, config.batch_size, seqlen)
@@ -128,13 +133,16 @@ def _count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, de
                 A = packed_bytes(width) if trace.owners[name] == name else 0
                 sizes.append(A + packed_bytes(m.out_features) * need_g)
                 layer_factors = max(layer_factors, packed_bytes(width) + packed_bytes(m.out_features) * need_g)
-                accumulation += share[name] * ((width ** 2 // 2 if trace.owners[name] == name else 0)
-                                               + m.out_features ** 2 // 2 * need_g)
+                owner = trace.owners[name] == name
+                accumulation += share[name] * ((width ** 2 // 2 if owner else 0) + m.out_features ** 2 // 2 * need_g)
+                widths += share[name] * ((width if owner else 0) + m.out_features * need_g)
+                inverse_flops += 2 / 3 * ((width ** 3 if owner else 0) + m.out_features ** 3 * need_g)
             block_factors.append(sum(sizes))
     decoder = decoder_blocks(model)
     in_blocks = sum(p.numel() for block in decoder for p in block.parameters()) * itemsize
     prunable = sum(m.weight.numel() for _, m in layers)
     active = sum(m.weight.numel() * share[name] for name, m in layers)  # the weights a token runs through
+    head: nn.Linear = model.get_output_embeddings()  # type: ignore[operator]  # a transformers model
     counts = {"parts": parts, "block_factor_bytes": block_factors, "layer_factor_bytes": layer_factors,
               "weights_bytes": sum(p.numel() for p in model.parameters()) * itemsize,
               "parameters": sum(p.numel() for p in model.parameters()),
@@ -143,7 +151,13 @@ def _count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, de
               "blocks": len(decoder), "root_bytes": sum(p.numel() for p in model.parameters()) * itemsize - in_blocks,
               "block_bytes": max(sum(p.numel() for p in block.parameters()) * itemsize for block in decoder),
               # products per token: the forward and input-gradient passes, and the factors' upper triangles
-              "pass_products": 2 * active, "accumulation_products": accumulation}
+              "pass_products": 2 * active, "accumulation_products": accumulation,
+              # the same passes through the output embedding and attention's scores (`_attention_products`)
+              "head_products": 2 * head.weight.numel(),
+              "attention_products": _attention_products(settings, len(decoder), seqlen),
+              "accumulation_widths": widths,  # elements per token the factors are accumulated from
+              "inverse_flops": inverse_flops,  # a Cholesky factor and its triangular inverse per factor
+              "itemsize": itemsize}
     counts["phases"] = held(counts, config)
     return counts
 
@@ -200,6 +214,48 @@ def _projected_seconds(counts: dict[str, Any], config: PruneConfig, nsamples: in
     active, size = counts["active_parameters"] / H100_PARAMETERS, counts["prunable_parameters"] / H100_PARAMETERS
     return {"curvature": H100_CURVATURE_S * active * nsamples * seqlen / H100_TOKENS,
             "prune": H100_PRUNE_S[kind] * size}
+
+
+def _attention_products(settings: Any, blocks: int, seqlen: int) -> float:
+    """Products per token of causal attention's two matmuls in the forward pass and its four in the input-gradient
+    pass (none recomputed), each over half the keys a query sees: every block's query heads × head width × keys."""
+    heads = settings.num_attention_heads
+    head_dim = getattr(settings, "head_dim", None) or settings.hidden_size // heads
+    keys = min(seqlen, getattr(settings, "sliding_window", None) or seqlen)
+    return blocks * 6 * heads * head_dim * keys / 2
+
+
+def work(counts: dict[str, Any], config: PruneConfig, nsamples: int, seqlen: int) -> dict[str, dict[str, dict]]:
+    """FLOPs and bytes of one LLM Surgeon shot by phase and part, each with the H100 peak rate its FLOPs run at.
+
+    curvature: the forward and input-gradient passes (the blocks' weights and the output embedding read twice per
+    batch), and the factor accumulation (each token's inputs and output gradients read once, every factor read
+    and written once); prune: each factor's Cholesky factor and triangular inverse in float32, which every kind
+    of run needs. What the prune phase does beyond them (costs, selection, updates) is not counted: a floor.
+    """
+    if config.method != "surgeon":
+        return {}
+    tokens, batches = nsamples * seqlen, math.ceil(nsamples / config.batch_size)
+    itemsize, factor_bytes = counts["itemsize"], sum(counts["block_factor_bytes"])
+    products = counts["pass_products"] + counts["head_products"] + counts["attention_products"]
+    read = counts["weights_bytes"] - counts["root_bytes"] + counts["head_products"] // 2 * itemsize
+    return {
+        "curvature": {
+            "pass": {"flops": 2 * tokens * products, "bytes": 2 * read * batches, "flops_per_s": H100_FLOPS[itemsize]},
+            "accumulation": {"flops": 2 * tokens * counts["accumulation_products"],
+                             "bytes": tokens * counts["accumulation_widths"] * itemsize + 2 * factor_bytes,
+                             "flops_per_s": H100_FLOPS[itemsize]},
+        },
+        "prune": {"inverses": {"flops": counts["inverse_flops"], "bytes": 2 * factor_bytes,
+                               "flops_per_s": H100_FLOPS[4]}},
+    }
+
+
+def floor_seconds(parts: dict[str, dict[str, dict]]) -> dict[str, float]:
+    """Seconds per phase that `work`'s parts take at least on one H100: each part's FLOPs at its peak rate or its
+    bytes at the memory bandwidth, whichever is longer."""
+    return {phase: sum(max(part["flops"] / part["flops_per_s"], part["bytes"] / H100_BYTES_PER_S)
+                       for part in phase_parts.values()) for phase, phase_parts in parts.items()}
 
 
 def _peak(phases: dict[str, dict[str, int]]) -> tuple[dict[str, dict[str, int]], str, int]:
@@ -284,6 +340,11 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
     budget = parse_bytes(plan.gpu_memory)
     phases, peak_phase, peak = _peak(counts["phases"])
     seconds = _projected_seconds(counts, config, plan.nsamples, plan.seqlen)
+    parts = work(counts, config, plan.nsamples, plan.seqlen)
+    floor = floor_seconds(parts)
+    if floor:
+        notes.append("floor per shot on one H100 by counted FLOPs and bytes at its peak rates: "
+                     + ", ".join(f"{phase} {value:.1f} s" for phase, value in floor.items()))
     factors = bool(counts["block_factor_bytes"])
     launches = [(1, False, "batches", "packed-factors-on-device" if factors else "on-device", "surgeon prune")]
     if plan.gpus > 1:
@@ -324,7 +385,8 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
         "strategy": chosen["name"] if chosen else None, "strategies": strategies,
         "headroom": HEADROOM, "shortfall_bytes": max(round(_needed(min(
             s["peak_gpu_bytes"] for s in strategies))) - budget, 0),
-        "seconds_per_shot_h100": seconds, "notes": notes,
+        "seconds_per_shot_h100": seconds, "work_per_shot": parts, "floor_seconds_per_shot_h100": floor,
+        "notes": notes,
         "time_source": H100_SOURCES,
     }
 
