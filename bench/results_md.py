@@ -9,7 +9,8 @@ RESULTS.md is written by hand; each table stands between `<!-- generated: NAME -
 Every figure names the commit it was measured at (the `@<commit>` of its file name, or the commit
 recorded inside it). Rows are marked stale when the code they measure changed between that commit
 and the working tree: `surgeon/`, `surgeon_kernels/` and `csrc/`, less the export, planning and
-figure modules for pruning runs, and a kernel's own files for its microbenchmark.
+figure modules for pruning runs (and the Triton kernels for runs on a CPU), and a kernel's own files for
+its microbenchmark.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ PRUNING = (*CODE, *(f":(exclude)surgeon/{name}.py" for name in ("export/compact"
                                                                   "scale/plan", "app/figures")))
 # What a pruning run and its compact export execute: the code less what only plans or draws afterwards
 EXPORTED = (*CODE, *(f":(exclude)surgeon/{name}.py" for name in ("scale/plan", "app/figures")))
+# On a CPU `auto` never runs a Triton kernel (only under TRITON_INTERPRET=1, which the tests set): runs there leave
+# them out as well
+TRITON = ":(exclude,glob)surgeon_kernels/*/kernel.py"
+CPU_PRUNING, CPU_EXPORTED = (*PRUNING, TRITON), (*EXPORTED, TRITON)
 # What a serving row depends on: the export that wrote the checkpoint vLLM serves
 SERVING = ("surgeon/export", "surgeon/models/compact_modeling.py")
 HEADLINE_START, HEADLINE_END = "<!-- results-table:start -->", "<!-- results-table:end -->"
@@ -125,13 +130,13 @@ def mark(commit: str, paths: tuple[str, ...] = CODE) -> str:
 # ---------------------------------------------------------------- quality
 
 
-def same_code(first: str, second: str, paths: tuple[str, ...] = PRUNING) -> bool:
+def same_code(first: str, second: str, paths: tuple[str, ...] = CPU_PRUNING) -> bool:
     """Whether `paths` are the same at two commits, beyond comments and docstrings of Python files."""
     return not code_changed(first, second, paths)
 
 
 def quality_runs(folder: str = "quality",
-                 paths: tuple[str, ...] = PRUNING) -> tuple[str, dict[str, dict[str, Any]]]:
+                 paths: tuple[str, ...] = CPU_PRUNING) -> tuple[str, dict[str, dict[str, Any]]]:
     """The newest complete set of runs in `bench/results/<folder>` and its runs by row: a dense run's commit, with
     each row's newest run at a commit that runs the same code (a set measured over several commits, between
     which only the benchmarks or the documents changed, is one set)."""
@@ -237,7 +242,7 @@ def cpu_time_section() -> list[str]:
         return ["No CPU protocol run saved yet (`make demo`, then copy out/demo/report.json)."]
     run, commit = load(path), commit_of(path)
     out = [f"SmolLM2-135M structured to 80% kept, {run['config']['shots']} shots of {run['run']['nsamples']} × "
-           f"{run['run']['seqlen']} calibration tokens, at {mark(commit, PRUNING)} "
+           f"{run['run']['seqlen']} calibration tokens, at {mark(commit, CPU_PRUNING)} "
            f"([{path.name}](results/cpu/{path.name})): "
            f"perplexity {run['ppl_before']:.4f} → {run['ppl_after']:.4f}, {run['seconds']:.1f} s in all, on the CPU "
            "of the Machines section:", "",
@@ -279,7 +284,7 @@ def time_to_quality_section(runs: dict[str, dict[str, Any]], commit: str) -> lis
         "unstructured-0.5-surgeon-shots2", "2of4-0.5-surgeon", "2of4-0.5-surgeon-4shots", "4of8-0.5-surgeon",
         "4of8-0.5-surgeon-4shots") if name in runs]
     points = [(p.stem.rsplit("@", 1)[0], load(p)) for p in sorted((RESULTS / "ttq").glob(f"*@{commit}.json"))]
-    out = [f"All rows at {mark(commit, PRUNING)}.", "",
+    out = [f"All rows at {mark(commit, CPU_PRUNING)}.", "",
            "| point | structure | shots | CG tolerance | damping G | propagated | LoRA steps | kept by held-out loss | "
            "perplexity | seconds |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -310,7 +315,7 @@ def ranks_section() -> list[str]:
         result = load(path)
         for run in result["runs"]:
             out.append(f"| [{result['structure']} {result['target_size']}](results/cpu/{path.name}) | "
-                       f"{mark(commit_of(path), PRUNING)} | {run['ranks']} | {run.get('split') or '-'} | "
+                       f"{mark(commit_of(path), CPU_PRUNING)} | {run['ranks']} | {run.get('split') or '-'} | "
                        f"{run['prune_seconds']:.1f} | "
                        f"{run['collective_seconds']:.1f} | {run['ppl']:.3f} | `{run['command']}` |")
     return out
@@ -321,7 +326,7 @@ def memory_options_section() -> list[str]:
     if path is None:
         return ["Not yet measured (`python bench/timing/memory_options.py`)."]
     result = load(path)
-    out = [f"`python bench/timing/memory_options.py` at {mark(commit_of(path), PRUNING)} "
+    out = [f"`python bench/timing/memory_options.py` at {mark(commit_of(path), CPU_PRUNING)} "
            f"([{path.name}](results/cpu/{path.name}), {result['machine']}): SmolLM2-135M structured to 80% in one "
            "shot, one calibration batch of 8 × 512 tokens, each option set in its own process. Peak is the "
            "process's resident memory; on the CPU host and device memory are one, so offload and block groups "
@@ -401,8 +406,8 @@ def serve_section() -> list[str]:
 def coupled_section() -> list[str]:
     if not list((RESULTS / "coupled").glob("dense@*.json")):
         return ["Not yet measured (`python bench/quality/coupled.py`)."]
-    commit, runs = quality_runs("coupled", EXPORTED)
-    out = [f"{rows_at(commit, runs, EXPORTED)}, {runs['dense']['machine']}.", "",
+    commit, runs = quality_runs("coupled", CPU_EXPORTED)
+    out = [f"{rows_at(commit, runs, CPU_EXPORTED)}, {runs['dense']['machine']}.", "",
            "| row | ppl | parameters (of dense) | format | decode tokens/s (batch 1, 2048 context) | prune s |",
            "| --- | --- | --- | --- | --- | --- |"]
     for row, run in runs.items():
@@ -527,7 +532,7 @@ def machines(runs: dict[str, dict[str, Any]]) -> list[str]:
 def quality_block(commit: str, runs: dict[str, dict[str, Any]]) -> list[str]:
     dense = runs["dense"]
     budget = f"{dense['calib_windows']} × {dense['calib_seqlen']} calibration tokens, "
-    return [f"{rows_at(commit, runs, PRUNING)}: {dense.get('model', 'smollm2-135m')}, {budget}perplexity on the "
+    return [f"{rows_at(commit, runs, CPU_PRUNING)}: {dense.get('model', 'smollm2-135m')}, {budget}perplexity on the "
             f"first {dense['eval_windows']} test windows of 2048.", "", quality_table(runs)]
 
 

@@ -38,6 +38,17 @@ def test_runs_at_commits_that_change_only_benchmarks_or_documents_form_one_set()
     assert not same_code("a49198b", "64461c4")  # between them: surgeon/config.py's code
 
 
+def test_cpu_runs_do_not_go_stale_when_only_a_triton_kernel_changes():
+    sys.path.insert(0, str(ROOT))
+    from bench.results_md import CPU_PRUNING, PRUNING, code_changed, git
+
+    if git("cat-file", "-e", "6f3412a^{commit}").returncode != 0:
+        pytest.skip("needs the repository's history")
+    assert code_changed("6f3412a~1", "6f3412a", PRUNING)  # kfac_accumulate's Triton kernel alone
+    assert not code_changed("6f3412a~1", "6f3412a", CPU_PRUNING)
+    assert code_changed("2620b43~1", "2620b43", CPU_PRUNING)  # that kernel and surgeon's curvature pass
+
+
 def test_headline_prints_a_second_decimal_only_where_one_would_print_a_tie():
     sys.path.insert(0, str(ROOT))
     from bench.results_md import headline_cells
