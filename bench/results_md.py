@@ -350,16 +350,20 @@ def plan_section() -> list[str]:
            "none fits), host memory per GPU what offload keeps there; a run fits when the peak plus 12% headroom "
            "does. A strategy's name lists the memory options it needs (its `launch` in the JSON). Time per shot is "
            "projected from the Llama-2-7B rates measured on one H100 for each kind of run "
-           "(surgeon.scale.plan.H100_PRUNE_S); moving factors to host memory and collectives are not counted.", "",
+           "(surgeon.scale.plan.H100_PRUNE_S); moving factors to host memory and collectives are not counted. "
+           "The floor is the least time the shot's counted FLOPs and bytes take on one H100 at its peak rates "
+           "(docs/DESIGN.md, \"Work per shot and its floor\").", "",
            "| model | structure | GPUs | fits | strategy | peak GiB per GPU | host GiB per GPU | projected s per shot "
-           "(curvature + prune) |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "(curvature + prune) | floor s on one H100 (curvature + prune) |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in result["rows"]:
         time = row["seconds_per_shot"]
         time = f"{time['curvature']:.1f} + {time['prune']:.1f}" if time else "-"
         host = f"{row['host_bytes'] / 2**30:.1f}" if row.get("host_bytes") else "-"
+        floor = row.get("floor_seconds_per_shot_h100")
+        floor = f"{floor['curvature']:.1f} + {floor['prune']:.1f}" if floor else "-"
         out.append(f"| {row['model']} | {row['structure']} | {row['gpus']} | {'yes' if row['fits'] else 'no'} | "
-                   f"{row['strategy']} | {row['peak_gpu_bytes'] / 2**30:.1f} | {host} | {time} |")
+                   f"{row['strategy']} | {row['peak_gpu_bytes'] / 2**30:.1f} | {host} | {time} | {floor} |")
     return out
 
 
@@ -449,7 +453,8 @@ def dropin_oneshot_rows() -> list[str]:
     if newest_commit is None:
         return []
     out = ["", "Inside llm-compressor's `oneshot` (`bench/quality/peers.py`: the quality table's protocol, "
-           f"SmolLM2-135M, 8 × 512 calibration tokens, perplexity on 8 test windows of 2048), {mark(newest_commit)}: "
+           "SmolLM2-135M, 8 × 512 calibration tokens, perplexity on 8 test windows of 2048), "
+           f"{mark(newest_commit, CPU_PRUNING)}: "
            "`SurgeonSparseGPTModifier` with its defaults against `SparseGPTModifier`; seconds are whole `oneshot` "
            "calls, run in turn on the same machine. The exact mode's rows (`-exact`) are the newest measured.", "",
            "| structure | modifier | ppl | seconds | time against SparseGPTModifier |",
@@ -463,7 +468,7 @@ def dropin_oneshot_rows() -> list[str]:
             rows.append((f"SurgeonSparseGPTModifier (refine, {run['config'].get('iterations', '-')} steps)", run))
         exact = newest(sorted(quality.glob(f"{structure}-0.5-llmc-surgeon-sparsegpt-exact@*.json")))
         if exact is not None:
-            rows.append((f"SurgeonSparseGPTModifier (exact, {mark(commit_of(exact))})", load(exact)))
+            rows.append((f"SurgeonSparseGPTModifier (exact, {mark(commit_of(exact), CPU_PRUNING)})", load(exact)))
         out += [f"| {structure.replace('of', ':')} 0.5 | {label} | {run['ppl']:.3f} | {run['seconds']:.0f} | "
                 f"{run['seconds'] / peer['seconds']:.2f}× |" for label, run in rows]
     return out

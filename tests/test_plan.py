@@ -332,8 +332,8 @@ def test_work_per_shot_is_llama_2_7bs_count_by_hand():
         "floor_seconds_per_shot_h100"] == {}
 
 
-@pytest.mark.parametrize("name", ["llama-2-7b", "llama-2-13b", "llama-2-70b", "opt-125m", "opt-1.3b", "opt-6.7b",
-                                  "mixtral-8x7b"])
+@pytest.mark.parametrize("name", ["llama-2-7b", "llama-2-13b", "llama-2-70b", "opt-125m", "opt-1.3b", "opt-2.7b",
+                                  "opt-6.7b", "mixtral-8x7b"])
 def test_projected_time_is_never_below_the_floor_of_the_counted_work(name):
     """The time model scales measured rates; the counted FLOPs and bytes at the H100's peak rates bound it below."""
     plan = make_plan(PlanConfig(model=str(ROOT / f"bench/configs/{name}.json"), dtype="bfloat16", nsamples=128,

@@ -240,8 +240,9 @@ def test_backends_give_the_same_structured_model():
 
 @pytest.mark.parametrize("structure,max_correlate", [("unstructured", 0), ("unstructured", 7), ("2:4", 2000)])
 def test_backends_give_the_same_element_wise_model(structure, max_correlate):
-    """The same masks, and the model's weights within twice PyTorch's own float32 error of the float64 run: the
-    joint solve over pruned weights (max_correlate 0) magnifies summation-order differences by its condition."""
+    """The same masks, and the model's weights within twice PyTorch's own float32 error of the model pruned in
+    float64 (its factors held in float32): the joint solve over pruned weights (max_correlate 0) magnifies
+    summation-order differences by its condition."""
     results = pruned_by_each_backend(structure, max_correlate)
     exact = pruned_by_each_backend(structure, max_correlate, torch.float64)["torch"]
     assert len(results) >= 2

@@ -17,10 +17,10 @@
 # about 1.2x its time on one H200): a torch.profiler table of a 2-block structured shot (75 s; it also
 # compiles the Triton kernels), one structured Llama-2-7B shot at 80% (80 s), the default 2:4 run (130 s),
 # one unstructured 50% shot (115 s), all with --backend auto and 2 windows per pass, then the SparseGPT
-# drop-in against SparseGPT's algorithm at q_proj's shape, 4096x4096 (45 s). The 2:4 and unstructured
-# runs time LLM Surgeon's run alone (--held-out 0): the sparsegpt-refine shot that surgeon prune weighs
-# them against is timed apart (shot_time.py without --held-out). COMMIT names the commit measured
-# (default: git's HEAD).
+# drop-in against SparseGPT's algorithm at q_proj's shape, 4096x4096 (45 s). Unstructured and N:M
+# runs, here and in every shot spec, time LLM Surgeon's run alone (--held-out 0, as under torchrun):
+# the sparsegpt-refine shot that surgeon prune weighs them against is timed apart (shot_time.py
+# without --held-out). COMMIT names the commit measured (default: git's HEAD).
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
@@ -65,8 +65,8 @@ for spec in "$@"; do
   [ "$profile" = lowmem ] && extra=(--activation-checkpointing --offload --block-groups 2)
   timeout 420 python3 bench/timing/shot_time.py --config bench/configs/llama-2-7b.json --layers "$blocks" --device cuda \
     --dtype bfloat16 --nsamples 128 --seqlen 2048 --shots "$shots" --batch-size "$batch" "${target[@]}" \
-    --structure "$structure" --backend "${BACKEND:-triton}" --output "$OUT/shot-$name.json" "${extra[@]}" \
-    > "$OUT/shot-$name.log" 2>&1
+    --structure "$structure" --backend "${BACKEND:-triton}" --output "$OUT/shot-$name.json" --held-out 0 \
+    "${extra[@]}" > "$OUT/shot-$name.log" 2>&1
   echo "shot $spec rc=$?"; grep -v "it/s\]" "$OUT/shot-$name.log" | tail -6
   if [ -n "${RANKS:-}" ]; then
     for split in batches blocks; do

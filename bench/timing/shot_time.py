@@ -8,9 +8,9 @@ with random weights, the calibration windows are random tokens: the numbers say 
 takes and how much memory it needs, nothing about quality. `--layers N` keeps the first N decoder
 blocks (for a quick check of a shape). Unstructured and N:M runs are weighed against one
 sparsegpt-refine shot on held-out windows of random tokens, max(2, nsamples // 4) of them as
-`surgeon prune` draws (`--held-out 0`: LLM Surgeon's run alone). Writes the prune report (seconds
-per phase and peak memory per shot, the other shot's seconds under `choice`) with the device,
-shapes and settings.
+`surgeon prune` draws (with `--held-out 0`, and under torchrun, LLM Surgeon's run stays alone).
+Writes the prune report (seconds per phase and peak memory per shot, the other shot's seconds
+under `choice`) with the device, shapes and settings.
 
 Under torchrun (`torchrun --nproc-per-node N bench/timing/shot_time.py … --device cuda`) the ranks prune
 together, one GPU each (`--curvature-split`, `--fsdp`: as `surgeon prune`); rank 0 writes the report,
@@ -78,6 +78,8 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, default=None,
                         help="also write torch.profiler's table of the run's costliest ops to this file")
     args = parser.parse_args()
+    if args.held_out is not None and args.held_out < 0:
+        parser.error(f"--held-out {args.held_out}: give a number of windows, 0 or more")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     group = distributed.init(args.device) if distributed.launched() else None
     device = distributed.local_device(args.device) if group is not None else args.device
