@@ -53,7 +53,7 @@ install-llmcompressor: $(LLMC_STAMP)
 install-vllm: $(VLLM_STAMP)
 
 test: lint $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test-llmcompressor: $(LLMC_STAMP)
 	$(LLMC_VENV)/bin/python -m pytest -q tests/test_llmcompressor.py

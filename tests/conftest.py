@@ -5,6 +5,7 @@ The helpers the test modules share are in tests/_helpers.py.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 # Triton kernels run under the interpreter on the CPU unless the caller chose otherwise
@@ -13,6 +14,18 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Assemble the models that ship as GGUF chunks once, before pytest-xdist's workers start: two workers
+    assembling the same file at once would each read the other's half-written copy."""
+    if hasattr(config, "workerinput"):
+        return
+    from surgeon.models.adapter import EMBEDDED_MODELS
+
+    for name, model in EMBEDDED_MODELS.items():  # one not installed is named by the tests that need it
+        if model.filename is None and importlib.util.find_spec(model.module) is not None:
+            model.path(name)
 
 
 @pytest.fixture
