@@ -130,10 +130,10 @@ def _count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, de
             sizes = []
             for name, m in block:
                 width = m.in_features + (m.bias is not None)
-                A = packed_bytes(width) if trace.owners[name] == name else 0
+                owner = trace.owners[name] == name
+                A = packed_bytes(width) if owner else 0
                 sizes.append(A + packed_bytes(m.out_features) * need_g)
                 layer_factors = max(layer_factors, packed_bytes(width) + packed_bytes(m.out_features) * need_g)
-                owner = trace.owners[name] == name
                 accumulation += share[name] * ((width ** 2 // 2 if owner else 0) + m.out_features ** 2 // 2 * need_g)
                 widths += share[name] * ((width if owner else 0) + m.out_features * need_g)
                 inverse_flops += 2 / 3 * ((width ** 3 if owner else 0) + m.out_features ** 3 * need_g)
@@ -251,11 +251,15 @@ def work(counts: dict[str, Any], config: PruneConfig, nsamples: int, seqlen: int
     }
 
 
+def part_seconds(part: dict[str, float]) -> float:
+    """Seconds one of `work`'s parts takes at least on one H100: its FLOPs at its peak rate or its bytes at the
+    memory bandwidth, whichever is longer."""
+    return max(part["flops"] / part["flops_per_s"], part["bytes"] / H100_BYTES_PER_S)
+
+
 def floor_seconds(parts: dict[str, dict[str, dict]]) -> dict[str, float]:
-    """Seconds per phase that `work`'s parts take at least on one H100: each part's FLOPs at its peak rate or its
-    bytes at the memory bandwidth, whichever is longer."""
-    return {phase: sum(max(part["flops"] / part["flops_per_s"], part["bytes"] / H100_BYTES_PER_S)
-                       for part in phase_parts.values()) for phase, phase_parts in parts.items()}
+    """Seconds per phase that `work`'s parts take at least on one H100 (`part_seconds`, summed)."""
+    return {phase: sum(part_seconds(part) for part in phase_parts.values()) for phase, phase_parts in parts.items()}
 
 
 def _peak(phases: dict[str, dict[str, int]]) -> tuple[dict[str, dict[str, int]], str, int]:
