@@ -30,9 +30,9 @@ RESULTS = ROOT / "bench" / "results"
 CODE = ("surgeon", "surgeon_kernels", "csrc")
 # What a pruning run executes: the code less what only writes, plans or draws its results afterwards.
 PRUNING = (*CODE, *(f":(exclude)surgeon/{name}.py" for name in ("export/compact", "models/compact_modeling",
-                                                                  "scale/plan", "app/figures")))
+                                                                  "scale/plan", "scale/time_model", "app/figures")))
 # What a pruning run and its compact export execute: the code less what only plans or draws afterwards
-EXPORTED = (*CODE, *(f":(exclude)surgeon/{name}.py" for name in ("scale/plan", "app/figures")))
+EXPORTED = (*CODE, *(f":(exclude)surgeon/{name}.py" for name in ("scale/plan", "scale/time_model", "app/figures")))
 # On a CPU `auto` never runs a Triton kernel (only under TRITON_INTERPRET=1, which the tests set): runs there leave
 # them out as well
 TRITON = ":(exclude,glob)surgeon_kernels/*/kernel.py"
@@ -347,23 +347,29 @@ def plan_section() -> list[str]:
     out = [f"`python bench/timing/plan_table.py` at {mark(commit_of(path))} ([{path.name}](results/plan/{path.name})): "
            "`surgeon plan` for each shape in bfloat16, 128 × 2048 calibration tokens, 80 GB GPUs, counted from the "
            "configuration (docs/DESIGN.md, \"Planning\"). Peak is per GPU for the strategy chosen (the lowest where "
-           "none fits), host memory per GPU what offload keeps there; a run fits when the peak plus 12% headroom "
-           "does. A strategy's name lists the memory options it needs (its `launch` in the JSON). Time per shot is "
+           "none fits), host memory per GPU what offload keeps there, or the held-out choice's two copies of the "
+           "prunable weights and masks; a run fits when the peak plus 12% headroom does. A strategy's name lists "
+           "the memory options it needs (its `launch` in the JSON). Time per shot is "
            "projected from the Llama-2-7B rates measured on one H100 for each kind of run "
-           "(surgeon.scale.plan.H100_PRUNE_S); moving factors to host memory and collectives are not counted. "
+           "(surgeon.scale.time_model.H100_PRUNE_S); moving factors to host memory and collectives are not counted. "
            "The floor is the least time the shot's counted FLOPs and bytes take on one H100 at its peak rates "
-           "(docs/DESIGN.md, \"Work per shot and its floor\").", "",
+           "(docs/DESIGN.md, \"Work per shot and its floor\"). An unstructured run in one process adds, once, the "
+           "sparsegpt-refine shot it is weighed against, projected from the measured rates of its parts "
+           "(surgeon.scale.time_model.held_out_seconds).", "",
            "| model | structure | GPUs | fits | strategy | peak GiB per GPU | host GiB per GPU | projected s per shot "
-           "(curvature + prune) | floor s on one H100 (curvature + prune) |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "(curvature + prune) | floor s on one H100 (curvature + prune) | held-out shot s |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in result["rows"]:
         time = row["seconds_per_shot"]
         time = f"{time['curvature']:.1f} + {time['prune']:.1f}" if time else "-"
         host = f"{row['host_bytes'] / 2**30:.1f}" if row.get("host_bytes") else "-"
         floor = row.get("floor_seconds_per_shot_h100")
         floor = f"{floor['curvature']:.1f} + {floor['prune']:.1f}" if floor else "-"
+        held_out = row.get("held_out_seconds_h100")
+        held_out = f"{sum(held_out.values()):.0f}" if held_out else "-"
         out.append(f"| {row['model']} | {row['structure']} | {row['gpus']} | {'yes' if row['fits'] else 'no'} | "
-                   f"{row['strategy']} | {row['peak_gpu_bytes'] / 2**30:.1f} | {host} | {time} | {floor} |")
+                   f"{row['strategy']} | {row['peak_gpu_bytes'] / 2**30:.1f} | {host} | {time} | {floor} | "
+                   f"{held_out} |")
     return out
 
 

@@ -11,23 +11,23 @@ import pytest
 import torch
 
 from surgeon.app.cli import main
+from surgeon.app.data import held_out_windows
 from surgeon.config import PlanConfig, PruneConfig, parse_bytes
 from surgeon.errors import SurgeonError
 from surgeon.models.adapter import decoder_blocks, prunable_layers
 from surgeon.models.experts import experts_as_layers
 from surgeon.pruning import curvature
-from surgeon.scale.plan import (
-    GIB,
+from surgeon.scale.plan import GIB, HEADROOM, count, fit_to_gpu, held, make_plan, meta_model, packed_bytes
+from surgeon.scale.time_model import (
+    CURVATURE_PARTS_SOURCE,
+    H100_ACCUMULATION_FLOPS_PER_S,
+    H100_PASS_FLOPS_PER_S,
     H100_SOURCES,
-    HEADROOM,
-    count,
-    fit_to_gpu,
-    held,
-    make_plan,
-    meta_model,
-    packed_bytes,
+    H100_SWEEP_S_PER_COLUMN,
+    SWEEP_SOURCE,
     part_seconds,
 )
+from surgeon.scale.time_model import held_out_windows as planned_held_out_windows
 from tests._families import family_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,12 +140,63 @@ def test_settings_the_model_cannot_run_are_refused_before_its_weights_load(monke
     assert problem in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
-def test_the_plan_says_the_held_out_choice_runs_a_second_pruning():
+def test_the_plan_counts_the_second_pruning_of_the_held_out_choice():
+    """A run weighed against sparsegpt-refine holds that shot's block-by-block phase in one process, two copies of
+    the prunable weights and their masks in host memory, and its projected seconds; a run alone holds none."""
     for structure in ("2:4", "unstructured"):
-        plan = make_plan(PlanConfig(model="smollm2-135m"), PruneConfig(structure=structure))
+        plan = make_plan(PlanConfig(model="smollm2-135m", gpus=2), PruneConfig(structure=structure))
         assert any("sparsegpt-refine shot" in note for note in plan["notes"])
-    alone = PruneConfig(structure="2:4", held_out_choice=False)
-    assert not any("sparsegpt-refine" in note for note in make_plan(PlanConfig(model="smollm2-135m"), alone)["notes"])
+        assert set(plan["held_out_seconds_h100"]) == {"passes", "factors", "sweeps"}
+        assert plan["phases"]["held-out"].keys() == {"weights", "block_inputs", "hessians", "layer", "total"}
+        assert plan["held_out_host_bytes"] == 2 * plan["prunable_parameters"] * (2 + 1)  # bfloat16 weights, bool masks
+        assert [s["host_bytes"] for s in plan["strategies"]] == [plan["held_out_host_bytes"]] + [0] * 3  # one process
+        one_rank = count(meta_model("smollm2-135m", "float32"), PruneConfig(structure=structure), 128, 2048, "cuda")
+        assert "held-out" not in held(one_rank, PruneConfig(structure=structure), ranks=2)
+    alone = make_plan(PlanConfig(model="smollm2-135m"), PruneConfig(structure="2:4", held_out_choice=False))
+    assert not any("sparsegpt-refine" in note for note in alone["notes"])
+    assert "held-out" not in alone["phases"] and alone["held_out_seconds_h100"] == {}
+    assert alone["held_out_host_bytes"] == 0 == alone["strategies"][0]["host_bytes"]
+
+
+def test_the_held_out_shot_of_llama_2_7b_by_hand():
+    """Its forward passes, input factors and sweeps from Llama-2-7B's shape (128 × 2048 tokens), at the measured
+    rates."""
+    d, f, blocks, vocab, tokens, held_out = 4096, 11008, 32, 32000, 128 * 2048, 32 * 2048
+    plan = make_plan(PlanConfig(model=str(ROOT / LLAMA_2_7B), dtype="bfloat16", nsamples=128, seqlen=2048),
+                     PruneConfig(structure="2:4", batch_size=2))
+    forward = blocks * (4 * d * d + 3 * d * f) + blocks * 2 * d * 2048 / 2  # the weights, attention's two matmuls
+    expected = {
+        "passes": 2 * (2 * tokens * forward + 2 * held_out * (forward + vocab * d)) / H100_PASS_FLOPS_PER_S,
+        # the input factors of q/k/v, o, gate/up and down
+        "factors": 2 * tokens * blocks * (3 * d * d + f * f) / 2 / H100_ACCUMULATION_FLOPS_PER_S,
+        "sweeps": blocks * (6 * d + f) * H100_SWEEP_S_PER_COLUMN["N:M"],
+    }
+    assert plan["held_out_seconds_h100"] == pytest.approx(expected, rel=1e-12)
+    assert sum(expected.values()) == pytest.approx(178, abs=1)
+
+
+def test_the_held_out_windows_planned_are_those_a_run_draws():
+    ids = torch.arange(200_000).unsqueeze(0)
+    for nsamples in (1, 8, 9, 128):
+        assert held_out_windows(ids, nsamples, 64, 0).shape[0] == planned_held_out_windows(nsamples)
+
+
+def test_the_rates_of_the_parts_are_the_measured_seconds_over_the_counted_work(llama_2_7b_shot):
+    """The pass and the factor accumulation of 8 timed Llama-2-7B blocks (×4 for 32) over `work`'s FLOPs; the
+    sweeps' seconds over their layers' input columns."""
+    seconds = json.loads((ROOT / CURVATURE_PARTS_SOURCE).read_text())["seconds"]
+    work = llama_2_7b_shot["work_per_shot"]["curvature"]
+    accumulation = seconds["estimate"] - seconds["estimate without factor accumulation"]
+    assert H100_PASS_FLOPS_PER_S == pytest.approx(work["pass"]["flops"] / (4 * seconds["forward and backward"]),
+                                                  rel=0.01)
+    assert H100_ACCUMULATION_FLOPS_PER_S == pytest.approx(work["accumulation"]["flops"] / (4 * accumulation),
+                                                          rel=0.01)
+    sweeps = json.loads((ROOT / SWEEP_SOURCE).read_text())
+    columns = sum({"q_proj": 4096, "up_proj": 4096, "down_proj": 11008}[row["layer"]]
+                  for row in sweeps["rows"] if row["structure"] == "2:4")
+    for kind, structure in (("unstructured", "unstructured-0.5"), ("N:M", "2:4")):
+        measured = sweeps["summary"][structure]["modes"]["refine-8"]["seconds"] / columns
+        assert H100_SWEEP_S_PER_COLUMN[kind] == pytest.approx(measured, rel=0.01), kind
 
 
 def test_the_plan_refuses_settings_the_model_cannot_run(capsys):

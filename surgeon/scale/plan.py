@@ -13,14 +13,16 @@ Per phase of a shot (docs/DESIGN.md, "Memory design" and "Planning"):
   with offload one layer's factors and inverse; one layer's dense temporaries; with N:M's
   propagated last shot, one block's inputs for every window;
 - for SparseGPT, SparseGPT-exact and Wanda (block by block): the weights, one block's inputs for
-  every window, and one block's H.
+  every window, and one block's H;
+- held-out: the same for the sparsegpt-refine shot that an unstructured or N:M LLM Surgeon run in one
+  process is weighed against, with two copies of the prunable weights and masks in host memory.
 
 Strategies: one process, or `gpus` torchrun ranks split by batches with the weights on every rank,
 or by blocks with the weights sharded by FSDP2 (one rank's share is counted, docs/DESIGN.md
 "Several processes"); each with the least of activation checkpointing, offload and block groups
-that it needs to fit. Time is projected from the rates measured on an H100 (bench/results/gpu) by
-counted products, and set against the floor that the counted FLOPs and bytes of each phase allow at
-the H100's peak rates (`work`, `floor_seconds`).
+that it needs to fit. Time (`time_model`) is projected from the rates measured on an H100
+(bench/results/gpu) by counted products, and set against the floor that the counted FLOPs and bytes of
+each phase allow at the H100's peak rates.
 """
 
 from __future__ import annotations
@@ -42,6 +44,15 @@ from surgeon.models.adapter import DTYPES, decoder_blocks, prunable_layers, reso
 from surgeon.models.experts import experts_as_layers, is_fused_experts, routed_share
 from surgeon.scale.block_groups import group_edges, groups_limit
 from surgeon.scale.settings import check_skeleton
+from surgeon.scale.time_model import (
+    H100_SOURCES,
+    floor_seconds,
+    held_out_seconds,
+    pass_count,
+    projected_seconds,
+    rank_seconds,
+    work,
+)
 from surgeon.scale.trace import trace_forward
 
 logger = logging.getLogger(__name__)
@@ -52,20 +63,6 @@ GIB = 2**30
 HEADROOM = 0.12
 QUEUE_BYTES_CUDA = 1 << 29  # curvature.DEFAULT_GROUP_BYTES on CUDA
 TILE = 128  # surgeon_kernels.symmetric.TILE
-# Measured on one H100 with a Llama-2-7B of random weights, 128 × 2048 tokens, bfloat16, batch 2
-# (bench/results/gpu/shot-llama2-7b-32blocks-*): the curvature pass, which does not depend on the
-# structure, and the prune phase of one LLM Surgeon shot per kind of run.
-H100_PARAMETERS = 6_476_005_376  # prunable parameters of that model
-H100_TOKENS = 128 * 2048
-H100_CURVATURE_S = 38.6
-H100_PRUNE_S = {"structured": 13.1, "unstructured": 50.9, "N:M": 34.6, "N:M propagated": 66.8}
-H100_SOURCES = ["bench/results/gpu/shot-llama2-7b-32blocks-1shots-batch2@7b5fd7c.json",
-                "bench/results/gpu/shot-llama2-7b-32blocks-1shots-batch2-unstructured@513bded.json",
-                "bench/results/gpu/shot-llama2-7b-32blocks-4shots-batch2-2of4@513bded.json"]
-# Peak rates of one H100 SXM, dense: products on the tensor cores from 2-byte (bfloat16, float16) inputs, IEEE
-# float32 products (no TF32, PyTorch's default for matmul) by element size, and HBM3 bandwidth.
-H100_FLOPS = {2: 989e12, 4: 67e12}
-H100_BYTES_PER_S = 3.35e12
 
 
 def packed_bytes(n: int) -> int:
@@ -119,7 +116,7 @@ def _count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, de
         "hessians": sum(packed_bytes(m.in_features) * 2 for _, m in blocks[0]),
     }
     block_factors: list[int] = []  # the packed factors of each decoder block's layers
-    layer_factors, accumulation, widths, inverse_flops = 0, 0.0, 0.0, 0.0
+    layer_factors, accumulation, inputs, widths, inverse_flops = 0, 0.0, 0.0, 0.0, 0.0
     share = {name: routed_share(settings) if ".experts." in name else 1.0 for name, _ in layers}  # tokens reaching
     if config.method in NEEDS_A:
         trace = trace_forward(model, layers, config.batch_size, seqlen)
@@ -134,6 +131,7 @@ def _count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, de
                 A = packed_bytes(width) if owner else 0
                 sizes.append(A + packed_bytes(m.out_features) * need_g)
                 layer_factors = max(layer_factors, packed_bytes(width) + packed_bytes(m.out_features) * need_g)
+                inputs += share[name] * (width ** 2 // 2 if owner else 0)
                 accumulation += share[name] * ((width ** 2 // 2 if owner else 0) + m.out_features ** 2 // 2 * need_g)
                 widths += share[name] * ((width if owner else 0) + m.out_features * need_g)
                 inverse_flops += 2 / 3 * ((width ** 3 if owner else 0) + m.out_features ** 3 * need_g)
@@ -152,6 +150,8 @@ def _count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, de
               "block_bytes": max(sum(p.numel() for p in block.parameters()) * itemsize for block in decoder),
               # products per token: the forward and input-gradient passes, and the factors' upper triangles
               "pass_products": 2 * active, "accumulation_products": accumulation,
+              "input_accumulation_products": inputs,  # of the input factors alone
+              "input_columns": sum(m.in_features for _, m in layers),  # what SparseGPT's sweeps run through
               # the same passes through the output embedding and attention's scores (`_attention_products`)
               "head_products": 2 * head.weight.numel(),
               "attention_products": _attention_products(settings, len(decoder), seqlen),
@@ -169,6 +169,8 @@ def held(counts: dict[str, Any], config: PruneConfig, ranks: int = 1, fsdp: bool
     blocks; the largest of `block_groups` groups of them), the activations (checkpointed or not),
     logits and queue. prune: the weights and the inverses of this rank's blocks (with `offload`: the
     factors and roots of a layer and the one before it, the rest in host memory), one layer's dense work.
+    held-out: in one process, a run that `chooses` first prunes the dense model in one `ALTERNATIVE` shot,
+    block by block, which holds what SparseGPT's runs hold.
     A rank owns ⌈blocks / ranks⌉ blocks (rank 0 the most). With `fsdp` it holds 1/ranks of the
     weights, the unsharded root (embeddings, head) and two blocks being gathered, and its own
     layers whole while it prunes them (docs/DESIGN.md, "Several processes").
@@ -178,9 +180,10 @@ def held(counts: dict[str, Any], config: PruneConfig, ranks: int = 1, fsdp: bool
     weights = counts["weights_bytes"]
     if fsdp:
         weights = math.ceil(weights / ranks) + counts["root_bytes"] + 2 * counts["block_bytes"]
-    if not factors:  # block by block: one block's inputs for every window and its H
-        phases = {"prune": {"weights": weights, "block_inputs": parts["block_inputs"], "hessians": parts["hessians"],
-                            "layer": parts["layer"]}}
+    block_by_block = {"weights": weights, "block_inputs": parts["block_inputs"], "hessians": parts["hessians"],
+                      "layer": parts["layer"]}  # one block's inputs for every window and its H
+    if not factors:
+        phases = {"prune": block_by_block}
     else:
         hooked = [factors[b] for b in (owned if ranks > 1 and config.curvature_split == "blocks" else range(blocks))]
         edges = group_edges(len(hooked), config.block_groups)
@@ -197,23 +200,9 @@ def held(counts: dict[str, Any], config: PruneConfig, ranks: int = 1, fsdp: bool
             phases["prune"]["block_inputs"] = parts["block_inputs"]
     if fsdp:
         phases["prune"]["own_layers"] = math.ceil(counts["prunable_bytes"] * len(owned) / blocks)
+    if config.chooses and ranks == 1:
+        phases["held-out"] = dict(block_by_block)
     return phases
-
-
-def _projected_seconds(counts: dict[str, Any], config: PruneConfig, nsamples: int, seqlen: int) -> dict[str, float]:
-    """Seconds per shot on one H100 from the measured Llama-2-7B rates: curvature scaled by the weights a token
-    runs through (all of a dense model's, a share of the experts') × tokens, the prune phase by parameters.
-
-    Only for LLM Surgeon, the runs those rates were measured on; empty otherwise.
-    """
-    if config.method != "surgeon":
-        return {}
-    kind = config.structure if config.nm is None else "N:M propagated" if config.propagates else "N:M"
-    if kind not in H100_PRUNE_S:
-        return {}
-    active, size = counts["active_parameters"] / H100_PARAMETERS, counts["prunable_parameters"] / H100_PARAMETERS
-    return {"curvature": H100_CURVATURE_S * active * nsamples * seqlen / H100_TOKENS,
-            "prune": H100_PRUNE_S[kind] * size}
 
 
 def _attention_products(settings: Any, blocks: int, seqlen: int) -> float:
@@ -223,43 +212,6 @@ def _attention_products(settings: Any, blocks: int, seqlen: int) -> float:
     head_dim = getattr(settings, "head_dim", None) or settings.hidden_size // heads
     keys = min(seqlen, getattr(settings, "sliding_window", None) or seqlen)
     return blocks * 6 * heads * head_dim * keys / 2
-
-
-def work(counts: dict[str, Any], config: PruneConfig, nsamples: int, seqlen: int) -> dict[str, dict[str, dict]]:
-    """FLOPs and bytes of one LLM Surgeon shot by phase and part, each with the H100 peak rate its FLOPs run at.
-
-    curvature: the forward and input-gradient passes (the blocks' weights and the output embedding read twice per
-    batch), and the factor accumulation (each token's inputs and output gradients read once, every factor read
-    and written once); prune: each factor's Cholesky factor and triangular inverse in float32, which every kind
-    of run needs. What the prune phase does beyond them (costs, selection, updates) is not counted: a floor.
-    """
-    if config.method != "surgeon":
-        return {}
-    tokens, batches = nsamples * seqlen, math.ceil(nsamples / config.batch_size)
-    itemsize, factor_bytes = counts["itemsize"], sum(counts["block_factor_bytes"])
-    products = counts["pass_products"] + counts["head_products"] + counts["attention_products"]
-    read = counts["weights_bytes"] - counts["root_bytes"] + counts["head_products"] // 2 * itemsize
-    return {
-        "curvature": {
-            "pass": {"flops": 2 * tokens * products, "bytes": 2 * read * batches, "flops_per_s": H100_FLOPS[itemsize]},
-            "accumulation": {"flops": 2 * tokens * counts["accumulation_products"],
-                             "bytes": tokens * counts["accumulation_widths"] * itemsize + 2 * factor_bytes,
-                             "flops_per_s": H100_FLOPS[itemsize]},
-        },
-        "prune": {"inverses": {"flops": counts["inverse_flops"], "bytes": 2 * factor_bytes,
-                               "flops_per_s": H100_FLOPS[4]}},
-    }
-
-
-def part_seconds(part: dict[str, float]) -> float:
-    """Seconds one of `work`'s parts takes at least on one H100: its FLOPs at its peak rate or its bytes at the
-    memory bandwidth, whichever is longer."""
-    return max(part["flops"] / part["flops_per_s"], part["bytes"] / H100_BYTES_PER_S)
-
-
-def floor_seconds(parts: dict[str, dict[str, dict]]) -> dict[str, float]:
-    """Seconds per phase that `work`'s parts take at least on one H100 (`part_seconds`, summed)."""
-    return {phase: sum(part_seconds(part) for part in phase_parts.values()) for phase, phase_parts in parts.items()}
 
 
 def _peak(phases: dict[str, dict[str, int]]) -> tuple[dict[str, dict[str, int]], str, int]:
@@ -274,33 +226,8 @@ def _needed(peak: int) -> float:
     return peak * (1 + HEADROOM)
 
 
-def _rank_seconds(seconds: dict[str, float], counts: dict[str, Any], config: PruneConfig,
-                  ranks: int) -> dict[str, float]:
-    """Projected seconds per shot on `ranks` H100s, from those of one (`_projected_seconds`).
-
-    The curvature pass's products (`pass_products`) run once per block group, and half as many again
-    with activation checkpointing (one more forward beside the forward and input-gradient passes);
-    its factor accumulation runs once. Split by batches the whole pass divides by the ranks, split
-    by blocks only the accumulation does. The prune phase divides by the ranks. Moving factors to and
-    from host memory (`offload`) is not counted.
-    """
-    if not seconds:
-        return {}
-    accumulation = counts["accumulation_products"] / (counts["accumulation_products"] + counts["pass_products"])
-    passes = (1 - accumulation) * _passes(config)
-    curvature = (passes + accumulation) / ranks if config.curvature_split == "batches" else \
-        passes + accumulation / ranks
-    return {"curvature": seconds["curvature"] * curvature, "prune": seconds["prune"] / ranks}
-
-
-def _passes(config: PruneConfig) -> float:
-    """The curvature pass's work per shot under `config`'s memory options, in passes without them: one per block
-    group, half as much again with activation checkpointing."""
-    return config.block_groups * (1.5 if config.activation_checkpointing else 1.0)
-
-
 def _variants(config: PruneConfig, counts: dict[str, Any], ranks: int, split: str) -> list[PruneConfig]:
-    """Every combination of memory options a plan tries, least costly first (`_passes`; offload, whose transfers
+    """Every combination of memory options a plan tries, least costly first (`pass_count`; offload, whose transfers
     are not counted, after the same passes without it): activation checkpointing where the pass runs backward
     (surgeon, kobd, one Kronecker term), offload and 1 up to `groups_limit` block groups where the run is
     structured or coupled."""
@@ -314,7 +241,7 @@ def _variants(config: PruneConfig, counts: dict[str, Any], ranks: int, split: st
     variants = [dataclasses.replace(base, activation_checkpointing=ac, offload=off, block_groups=groups)
                 for ac in checkpointing for off in ((False, True) if offload else (False,))
                 for groups in range(1, limit + 1 if off else 2)]
-    return sorted(variants, key=lambda v: (_passes(v), v.offload))
+    return sorted(variants, key=lambda v: (pass_count(v), v.offload))
 
 
 def _options(config: PruneConfig) -> list[str]:
@@ -337,13 +264,18 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
     check_skeleton(model, config, 1)
     whole = any(is_fused_experts(module) for module in model.modules())  # experts are pruned unsharded
     notes = ["no FSDP2: Mixture-of-Experts experts are pruned with their weights whole on every rank"] * whole
-    if config.chooses:
-        notes.append(f"the run also prunes the dense model in one {ALTERNATIVE} shot and keeps the model with the "
-                     "lower held-out loss (held_out_choice): the projected prune time counts LLM Surgeon's run only")
     counts = count(model, config, plan.nsamples, plan.seqlen, "cuda")
+    held_out = held_out_seconds(counts, config, plan.nsamples, plan.seqlen)
+    # the dense layers and the alternative's pruned ones, weights and masks, both in host memory for a moment
+    held_out_host = 2 * (counts["prunable_bytes"] + counts["prunable_parameters"]) if held_out else 0
+    if held_out:
+        notes.append(f"in one process the run also prunes the dense model in one {ALTERNATIVE} shot and keeps the "
+                     f"model with the lower held-out loss (held_out_choice): about {sum(held_out.values()):.0f} s "
+                     "more on one H100 (" + ", ".join(f"{part} {value:.0f} s" for part, value in held_out.items())
+                     + f"), and {held_out_host / GIB:.1f} GiB of host memory for the weights and masks it sets aside")
     budget = parse_bytes(plan.gpu_memory)
     phases, peak_phase, peak = _peak(counts["phases"])
-    seconds = _projected_seconds(counts, config, plan.nsamples, plan.seqlen)
+    seconds = projected_seconds(counts, config, plan.nsamples, plan.seqlen)
     parts = work(counts, config, plan.nsamples, plan.seqlen)
     floor = floor_seconds(parts)
     if floor:
@@ -366,13 +298,14 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
         variants = _variants(config, counts, ranks, split)
         for variant in variants:
             need = _peak(held(counts, variant, ranks, fsdp))[2]
+            # offload serves structured runs, the held-out choice unstructured and N:M ones in one process
             host = sum(counts["block_factor_bytes"][b] for b in range(0, counts["blocks"], ranks)) \
-                if variant.offload else 0
+                if variant.offload else held_out_host * (ranks == 1)
             options = _options(variant)
             strategy = {"name": "+".join([name] + [option.replace(" ", "-") for option in options]), "gpus": ranks,
                         "launch": " --".join([launch] + options), "peak_gpu_bytes": need, "host_bytes": host,
-                        "fits": _needed(need) <= budget, "passes": _passes(variant),
-                        "seconds_per_shot": _rank_seconds(seconds, counts, variant, ranks)}
+                        "fits": _needed(need) <= budget, "passes": pass_count(variant),
+                        "seconds_per_shot": rank_seconds(seconds, counts, variant, ranks)}
             if strategy["fits"] or variant is variants[-1]:
                 strategies.append(strategy)
                 break
@@ -390,6 +323,7 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
         "headroom": HEADROOM, "shortfall_bytes": max(round(_needed(min(
             s["peak_gpu_bytes"] for s in strategies))) - budget, 0),
         "seconds_per_shot_h100": seconds, "work_per_shot": parts, "floor_seconds_per_shot_h100": floor,
+        "held_out_seconds_h100": held_out, "held_out_host_bytes": held_out_host,
         "notes": notes,
         "time_source": H100_SOURCES,
     }
