@@ -532,8 +532,9 @@ def kernel_section() -> list[str]:
 
 def machines(runs: dict[str, dict[str, Any]]) -> list[str]:
     """The machines every result names, described once: the one CPU kind, and each GPU with its torch."""
-    lines = [f"- CPU: 2-core x86_64, torch 2.13.0+cpu: every CPU row (the quality table's: "
-             f"{runs['dense'].get('machine', 'unknown')})."]
+    lines = [f"- CPU: 2-core x86_64 machines, torch 2.13.0+cpu: every CPU row. Their models differ in speed: rows "
+             "name the CPU model since it was recorded, and seconds compare within the rows of one machine (the "
+             f"quality table's: {runs['dense'].get('machine', 'unknown')})."]
     devices = sorted({f"{load(p)['device']}, torch {load(p).get('torch', '?')}"
                       for p in (RESULTS / "gpu").glob("shot-*.json")})
     lines += [f"- GPU: {device}." for device in devices]

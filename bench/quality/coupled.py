@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import platform
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.machine import cpu_machine  # noqa: E402
 from bench.quality.table import head_commit, load_protocol  # noqa: E402
 from bench.timing.generation_speed import decode_tokens_per_s  # noqa: E402
 from surgeon import PruneConfig, prune  # noqa: E402
@@ -57,7 +57,7 @@ def main() -> None:
     run = load_protocol()
     model, dense_state, test_ids, windows = run.model, run.dense_state, run.test_ids, run.windows
     commit = head_commit()
-    machine = f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}"
+    machine = cpu_machine(torch.get_num_threads())
     dense_parameters = sum(p.numel() for p in model.parameters())
     path = ROOT / f"dense@{commit}.json"
     if not path.exists() and args.only in "dense":

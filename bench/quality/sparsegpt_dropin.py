@@ -21,7 +21,6 @@ the device says what a 7B layer costs; the errors say nothing about real models.
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench.machine import cpu_machine  # noqa: E402
 from bench.quality.table import head_commit, load_protocol  # noqa: E402
 from surgeon.integrations.sparsegpt import REFINE_ITERATIONS, SparseGPT, sparsegpt_solve  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
@@ -138,10 +138,10 @@ def main() -> None:
                                     .mean().exp()),
                 seconds=sum(row["dropin"][mode]["seconds"] for row in chosen)) for mode in modes})
     commit = head_commit()
-    machine = (torch.cuda.get_device_name() if args.device.startswith("cuda")
-               else f"{platform.machine()} {torch.get_num_threads()} threads")
+    machine = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if args.device.startswith("cuda")
+               else cpu_machine(torch.get_num_threads()))
     write_json(args.output or ROOT / "bench" / "results" / "cpu" / f"sparsegpt-dropin@{commit}.json", dict(
-        commit=commit, machine=f"{machine}, torch {torch.__version__}",
+        commit=commit, machine=machine,
         command="python bench/quality/sparsegpt_dropin.py " + " ".join(sys.argv[1:]), shapes=args.shapes,
         blocks=args.blocks if args.shapes == "smollm2" else None, layers=len(layers), summary=summary, rows=rows))
 

@@ -37,6 +37,7 @@ import logging
 import os
 import platform
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,10 @@ from typing import Any
 
 import torch
 
-from surgeon import PruneConfig, prune
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.machine import cpu_machine  # noqa: E402
+from surgeon import PruneConfig, prune  # noqa: E402
 from surgeon.app.data import (
     calibration_text,
     calibration_windows,
@@ -183,8 +187,8 @@ def protocol_of(args: argparse.Namespace) -> dict[str, Any]:
     """The protocol settings, machine and commit every result file records."""
     import transformers
 
-    machine = (f"{platform.machine()} {torch.get_num_threads()} threads, Python {platform.python_version()}, "
-               f"torch {torch.__version__}, transformers {transformers.__version__}")
+    machine = (f"{cpu_machine(torch.get_num_threads())}, Python {platform.python_version()}, "
+               f"transformers {transformers.__version__}")
     return {"model": args.model, "calib_windows": args.calib_windows, "calib_seqlen": args.calib_seqlen,
             "eval_windows": args.eval_windows, "eval_seqlen": 2048, "machine": machine, "commit": head_commit()}
 

@@ -16,15 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]  # bench/
+sys.path.insert(0, str(ROOT.parent))
+
+from bench.machine import cpu_machine  # noqa: E402
+
 STRUCTURES = {"structured-0.8": ("structured", 0.8), "unstructured-0.5": ("unstructured", 0.5), "2of4": ("2:4", 0.5)}
 
 
@@ -74,7 +75,7 @@ def main() -> None:
         runs = [run(structure, size, ranks, args.split) for ranks in args.ranks
                 if ranks > 1 or args.split == "batches"]
         result = {"structure": structure, "target_size": size, "commit": commit,
-                  "machine": f"{platform.machine()} {os.cpu_count()} threads, torch {torch.__version__}",
+                  "machine": cpu_machine(os.cpu_count() or 1),
                   "runs": runs}
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(key, " · ".join(f"{r['ranks']} rank(s): {r['prune_seconds']:.1f} s, ppl {r['ppl']:.3f}" for r in runs))

@@ -15,7 +15,6 @@ while activation checkpointing lowers the peak. Each run's weights are compared 
 from __future__ import annotations
 
 import json
-import platform
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,10 @@ import torch
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]  # bench/
+sys.path.insert(0, str(ROOT.parent))
+
+from bench.machine import cpu_machine  # noqa: E402
+
 OPTIONS = {"none": [], "activation-checkpointing": ["--activation-checkpointing"],
            "activation-checkpointing+offload+3-block-groups": ["--activation-checkpointing", "--offload",
                                                                "--block-groups", "3"]}
@@ -64,8 +67,7 @@ def main() -> None:
                          "ppl": report["ppl_after"],
                          "same_weights": all(torch.equal(first[key], weights[key]) for key in first)})
             print(json.dumps(rows[-1]))
-    path.write_text(json.dumps({"commit": commit, "machine": f"{platform.processor() or platform.machine()}, "
-                                f"{torch.get_num_threads()} threads, torch {torch.__version__}",
+    path.write_text(json.dumps({"commit": commit, "machine": cpu_machine(torch.get_num_threads()),
                                 "command": "python bench/timing/memory_options.py", "rows": rows}, indent=1) + "\n")
     print(path)
 
