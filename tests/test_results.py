@@ -58,3 +58,12 @@ def test_headline_prints_a_second_decimal_only_where_one_would_print_a_tie():
     assert headline_cells(runs, "unstructured-0.5") == "SparseGPT 39.69 | **39.66**"
     assert headline_cells(runs, "2of4-0.5") == "Wanda 74.7 | **64.3**"
     assert headline_cells(runs, "4of8-0.5") == "- | -"
+
+
+def test_the_quick_gpu_measurement_fits_eight_minutes_by_its_own_count():
+    """The time limits of `bench/timing/measure_gpu.sh --quick`'s steps, which end each one, sum to at most 8 min."""
+    script = (ROOT / "bench" / "timing" / "measure_gpu.sh").read_text()
+    quick = script[script.index('if [ "${1:-}" = --quick ]'):script.index("exit 0")]
+    limits = [int(word) for line in quick.splitlines() for before, word in zip(line.split(), line.split()[1:])
+              if before in ("quick", "timeout") and word.isdigit()]
+    assert len(limits) == 6 and sum(limits) <= 8 * 60, limits

@@ -17,7 +17,8 @@
 # about 1.2x its time on one H200): a torch.profiler table of a 2-block structured shot (75 s; it also
 # compiles the Triton kernels), one structured Llama-2-7B shot at 80% (80 s), the default 2:4 run (130 s),
 # one unstructured 50% shot (115 s), all with --backend auto and 2 windows per pass, then the SparseGPT
-# drop-in against SparseGPT's algorithm at q_proj's shape, 4096x4096 (45 s). Unstructured and N:M
+# drop-in against SparseGPT's algorithm at q_proj's shape, 4096x4096 (45 s), and the fused SparseGPT sweep
+# prepared in bench/kernels/sparsegpt_sweep.py against surgeon's at that shape (35 s). Unstructured and N:M
 # runs, here and in every shot spec, time LLM Surgeon's run alone (--held-out 0, as under torchrun):
 # the sparsegpt-refine shot that surgeon prune weighs them against is timed apart (shot_time.py
 # without --held-out). COMMIT names the commit measured (default: git's HEAD).
@@ -45,6 +46,9 @@ if [ "${1:-}" = --quick ]; then
   timeout 45 python3 bench/quality/sparsegpt_dropin.py --shapes llama2-7b --layers q_proj --device cuda --exact-shots 1 \
     --output "$OUT/dropin.json" > "$OUT/dropin.log" 2>&1
   echo "dropin rc=$?"; tail -6 "$OUT/dropin.log"
+  timeout 35 python3 bench/kernels/sparsegpt_sweep.py --device cuda --layers q_proj --output "$OUT/sweep.json" \
+    > "$OUT/sweep.log" 2>&1
+  echo "sweep rc=$?"; tail -2 "$OUT/sweep.log"
   exit 0
 fi
 if [ -z "${SKIP_TESTS:-}" ]; then

@@ -72,6 +72,27 @@ def test_a_kernel_the_interpreter_accepts_fails_here(tmp_path):
     assert run.stdout.strip().splitlines()[-1] == "['bad'] ['good'] True"
 
 
+def test_the_prepared_sparsegpt_sweep_compiles_for_sm90(tmp_path):
+    """bench/kernels/sparsegpt_sweep.py's kernel, in the held-out shot's float64 and the drop-in's float32,
+    unstructured and 2:4: every autotune configuration compiles within the H100's shared memory."""
+    run = run_python(["-c", textwrap.dedent("""
+        import torch
+        from bench.kernels.sparsegpt_sweep import sweep
+        from tools import cuda_compile
+
+        def launch(dtype, nm):
+            return lambda: sweep(torch.zeros(40, 128, dtype=dtype), torch.eye(128, dtype=dtype),
+                                 torch.zeros(40, 128, dtype=torch.bool), nm)
+
+        done, failed = cuda_compile.compile_all(90, [(f"{dtype} {nm}", launch(dtype, nm))
+                                                     for dtype in (torch.float32, torch.float64)
+                                                     for nm in (None, (2, 4))])
+        print(len(done), [f.error for f in failed], all(entry.fits for entry in done))
+    """)], tmp_path / "cache")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().splitlines()[-1] == "12 [] True"
+
+
 def test_cli_refuses_the_interpreter(tmp_path):
     """Under TRITON_INTERPRET=1 there is nothing to compile: one clear error, exit status 2."""
     run = run_python(["-m", "tools.cuda_compile", "--arch", "90"], tmp_path / "cache", interpret="1")
