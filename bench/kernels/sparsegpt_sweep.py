@@ -5,15 +5,16 @@
 SparseGPT (Frantar & Alistarh, 2023) prunes a layer in blocks of 128 columns. Inside a block, each column in
 turn is pruned or kept and its error is spread over the block's later columns through the Cholesky factor of
 H⁻¹; `surgeon.method.baselines.sparsegpt` runs that as seven small kernels per column, so on a GPU its time
-follows the columns and not the rows (118-132 µs per column on an H100 at Llama-2-7B's shapes, bench/RESULTS.md),
-and the held-out choice's sparsegpt-refine shot is mostly these sweeps (`surgeon plan`). Here one program
-holds BLOCK_R rows of a block in registers and runs the block's whole sweep, N:M groups chosen inside it;
-PyTorch keeps H⁻¹'s factor, the unstructured block's mask (its smallest saliencies over all rows) and the lazy
-update of the later columns (one GEMM per block).
+follows the columns and not the rows (115-137 µs per column for the float32 sweep on an H100 at Llama-2-7B's
+shapes: bench/results/gpu/sparsegpt-dropin-llama2-7b@7b562d5.json), and the held-out choice's sparsegpt-refine
+shot is mostly these sweeps (`surgeon plan`). Here one program holds BLOCK_R rows of a block in registers and
+runs the block's whole sweep, N:M groups chosen inside it; PyTorch keeps H⁻¹'s factor, the unstructured block's
+mask (its smallest saliencies over all rows) and the lazy update of the later columns (one GEMM per block).
 
-`sparsegpt` is `baselines.sparsegpt` with the fused sweep, the change this file prepares: the test suite
-holds it to the same masks and weights under the Triton interpreter and compiles it for sm_90; this script
-times both on Llama-2-7B's layer shapes (random weights, H from correlated random inputs) on a CUDA device.
+`sparsegpt` is `baselines.sparsegpt` with the fused sweep, an alternative that `surgeon` does not use yet: the
+test suite holds it to the same masks (where no tie decides them: ties go to the lower column here, in whatever
+order `torch.topk` returns them there) and weights under the Triton interpreter and compiles it for sm_90; this
+script times both on Llama-2-7B's layer shapes (`sparsegpt_dropin.random_layers`) on a CUDA device.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.quality.sparsegpt_dropin import LLAMA2_7B_SHAPES, random_layers  # noqa: E402
 from surgeon.config import DEFAULT_DAMP_A  # noqa: E402
 from surgeon.method import baselines  # noqa: E402
 from surgeon.method.damping import damp  # noqa: E402
@@ -37,7 +39,6 @@ from surgeon_kernels._triton import autotune_configs  # noqa: E402
 
 CONFIGS = autotune_configs([dict(BLOCK_R=16, num_warps=4), dict(BLOCK_R=32, num_warps=4),
                             dict(BLOCK_R=64, num_warps=8)], test=dict(BLOCK_R=16, num_warps=1))
-SHAPES = {"q_proj": (4096, 4096), "up_proj": (11008, 4096), "down_proj": (4096, 11008)}  # Llama-2-7B's
 
 
 @triton.jit
@@ -54,8 +55,7 @@ def _div(x, y, F32: tl.constexpr):
 @triton.jit
 def _sweep_kernel(w_ptr, hinv_ptr, given_ptr, out_ptr, err_ptr, pruned_ptr, R, width, N: tl.constexpr,
                   M: tl.constexpr, F32: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """One block's sweep for BLOCK_R rows: each column pruned (given, or the M−N of its group of M with the least
-    saliency w²/[H⁻¹]²_cc when the group starts) or kept, its error spread over the later columns."""
+    """One block's sweep for BLOCK_R rows: each column pruned (given, or N:M by saliency w²/[H⁻¹]²_cc) or kept."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_C)
     col_ok = cols < width
@@ -70,7 +70,7 @@ def _sweep_kernel(w_ptr, hinv_ptr, given_ptr, out_ptr, err_ptr, pruned_ptr, R, w
         here = (cols == i)[None, :]
         if M > 0:
             if i % M == 0:  # the M−N of column i's group with the least (saliency, column)
-                saliency = tl.where(given, float("-inf"), W * W / (diag * diag)[None, :])
+                saliency = tl.where(given, float("-inf"), _div(W * W, (diag * diag)[None, :], F32))
                 group = (tl.arange(0, BLOCK_C // M) == i // M)[None, :, None]
                 mine = tl.sum(tl.where(group, tl.reshape(saliency, (BLOCK_R, BLOCK_C // M, M)), 0.0), axis=1)
                 j = tl.arange(0, M)
@@ -94,6 +94,8 @@ def sweep(W1: torch.Tensor, Hinv1: torch.Tensor, given: torch.Tensor, nm: tuple[
           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One block's sweep in one launch: (swept W1, the columns' errors, the mask applied)."""
     R, width = W1.shape
+    if nm and nm[1] & (nm[1] - 1):
+        raise ValueError(f"the fused sweep takes N:M groups of a power of two, not m={nm[1]}")
     out, err = torch.empty_like(W1), torch.empty_like(W1)
     pruned = torch.empty(R, width, dtype=torch.int8, device=W1.device)
     if R:
@@ -126,14 +128,6 @@ def sparsegpt(W: torch.Tensor, H: torch.Tensor, sparsity: float, previous: torch
     return W.masked_fill(mask, 0.0), mask
 
 
-def layer(rows: int, columns: int, device: str, tokens: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random W and H = (2/n) XᵀX of correlated random inputs X, as `bench/quality/sparsegpt_dropin.py` draws them."""
-    generator = torch.Generator(device).manual_seed(0)
-    mix = torch.randn(columns, columns, device=device, generator=generator) / columns ** 0.5
-    X = torch.randn(tokens, columns, device=device, generator=generator) @ (torch.eye(columns, device=device) + mix)
-    return torch.randn(rows, columns, device=device, generator=generator), 2 / tokens * X.T @ X
-
-
 def timed(fn, *args) -> tuple[float, tuple]:
     """Seconds of one call after a warm-up call (the autotuner's and the first launch's work), and its result."""
     fn(*args)
@@ -150,19 +144,18 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="float64", choices=["float32", "float64"],
                         help="the sweep's precision (float64: the held-out shot's, float32: the drop-in's)")
-    parser.add_argument("--layers", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--layers", nargs="+", default=list(LLAMA2_7B_SHAPES), choices=list(LLAMA2_7B_SHAPES))
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     rows = []
-    for name in args.layers:
-        (R, C), W, H = SHAPES[name], *layer(*SHAPES[name], args.device)
+    for name, (W, H) in random_layers(args.layers, args.device).items():
         for structure, sparsity, nm in (("unstructured-0.5", 0.5, None), ("2:4", 0.5, (2, 4))):
             previous = torch.zeros_like(W, dtype=torch.bool)
             torch_s, (expected, expected_mask) = timed(baselines.sparsegpt, W, H, sparsity, previous, nm, 128,
                                                        DEFAULT_DAMP_A, dtype)
             fused_s, (got, got_mask) = timed(sparsegpt, W, H, sparsity, previous, nm, 128, DEFAULT_DAMP_A, dtype)
-            rows.append({"layer": name, "shape": [R, C], "structure": structure, "torch_seconds": torch_s,
+            rows.append({"layer": name, "shape": list(W.shape), "structure": structure, "torch_seconds": torch_s,
                          "fused_seconds": fused_s, "same_mask": float((got_mask == expected_mask).float().mean()),
                          "max_weight_difference": float((got - expected).abs().max())})
             print(json.dumps(rows[-1]))

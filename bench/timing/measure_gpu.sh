@@ -18,10 +18,10 @@
 # compiles the Triton kernels), one structured Llama-2-7B shot at 80% (80 s), the default 2:4 run (130 s),
 # one unstructured 50% shot (115 s), all with --backend auto and 2 windows per pass, then the SparseGPT
 # drop-in against SparseGPT's algorithm at q_proj's shape, 4096x4096 (45 s), and the fused SparseGPT sweep
-# prepared in bench/kernels/sparsegpt_sweep.py against surgeon's at that shape (35 s). Unstructured and N:M
-# runs, here and in every shot spec, time LLM Surgeon's run alone (--held-out 0, as under torchrun):
-# the sparsegpt-refine shot that surgeon prune weighs them against is timed apart (shot_time.py
-# without --held-out). COMMIT names the commit measured (default: git's HEAD).
+# in bench/kernels/sparsegpt_sweep.py against surgeon's at that shape (35 s: a limit, not yet run on a GPU).
+# Unstructured and N:M runs, here and in every shot spec, time LLM Surgeon's run alone (--held-out 0, as
+# under torchrun): the sparsegpt-refine shot that surgeon prune weighs them against is timed apart
+# (shot_time.py without --held-out). COMMIT names the commit measured (default: git's HEAD).
 set -uo pipefail
 OUT=${OUT:-out/gpu}
 mkdir -p "$OUT"
