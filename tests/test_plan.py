@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.quality.sparsegpt_dropin import LLAMA2_7B_SHAPES
 from surgeon.app.cli import main
 from surgeon.app.data import held_out_windows
 from surgeon.config import PlanConfig, PruneConfig, parse_bytes
@@ -192,8 +193,7 @@ def test_the_rates_of_the_parts_are_the_measured_seconds_over_the_counted_work(l
     assert H100_ACCUMULATION_FLOPS_PER_S == pytest.approx(work["accumulation"]["flops"] / (4 * accumulation),
                                                           rel=0.01)
     sweeps = json.loads((ROOT / SWEEP_SOURCE).read_text())
-    columns = sum({"q_proj": 4096, "up_proj": 4096, "down_proj": 11008}[row["layer"]]
-                  for row in sweeps["rows"] if row["structure"] == "2:4")
+    columns = sum(LLAMA2_7B_SHAPES[row["layer"]][1] for row in sweeps["rows"] if row["structure"] == "2:4")
     for kind, structure in (("unstructured", "unstructured-0.5"), ("N:M", "2:4")):
         measured = sweeps["summary"][structure]["modes"]["refine-8"]["seconds"] / columns
         assert H100_SWEEP_S_PER_COLUMN[kind] == pytest.approx(measured, rel=0.01), kind

@@ -36,6 +36,7 @@ from surgeon.io import write_json  # noqa: E402
 from surgeon.models.adapter import DTYPES  # noqa: E402
 from surgeon.pruning import curvature
 from surgeon.scale import distributed
+from surgeon.scale.time_model import held_out_windows
 
 
 def build(config_path: Path, layers: int | None, dtype: torch.dtype, device: str):
@@ -88,7 +89,7 @@ def main() -> None:
     if args.fsdp:
         distributed.shard_model(model, device)
     built = time.perf_counter() - start
-    held_out = max(2, args.nsamples // 4) if args.held_out is None else args.held_out
+    held_out = held_out_windows(args.nsamples) if args.held_out is None else args.held_out
     windows = torch.randint(0, config.vocab_size, (args.nsamples + held_out, args.seqlen),
                             generator=torch.Generator().manual_seed(0))
     windows, held_out_ids = windows[: args.nsamples], windows[args.nsamples:] if held_out else None
