@@ -256,6 +256,12 @@ class PruneConfig:
         return DEFAULT_SHOTS[self.structure] if self.nm is None else 1
 
     @property
+    def elements(self) -> bool:
+        """Whether the run removes single weights (unstructured, N:M), each layer holding a mask of them, not whole
+        rows and columns (structured, coupled)."""
+        return self.structure not in ("structured", "coupled")
+
+    @property
     def propagates(self) -> bool:
         """Whether the last N:M shot runs block by block: `propagate`, else on for N:M with a curvature pass."""
         return self.propagate if self.propagate is not None else self.nm is not None and self.method in NEEDS_A

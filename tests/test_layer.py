@@ -1,10 +1,16 @@
-"""surgeon.models.layer: reading and writing a layer's kept block."""
+"""surgeon.models.layer: reading and writing a layer's kept block, and what it holds of what was removed."""
 
 from __future__ import annotations
 
+import pytest
 import torch
+from torch import nn
 
+from surgeon import PruneConfig, prune
+from surgeon.errors import SurgeonError
 from surgeon.method.submatrix import put_submatrix, submatrix
+from surgeon.models.layer import Layer
+from tests._helpers import tiny_model
 
 
 def test_submatrix_and_put_submatrix_match_advanced_indexing(gen):
@@ -30,3 +36,41 @@ def test_whole_index_reads_and_writes_without_copies_and_permutations_still_gath
     assert put_submatrix(target, every_row, every_col, block) is target and torch.equal(target, block)
     scattered = put_submatrix(torch.zeros(5, 4), permuted, every_col, block)
     assert torch.equal(scattered[permuted], block)
+
+
+def test_a_structured_layer_holds_no_mask_and_reads_its_removed_rows_and_columns_as_one():
+    layer = Layer.unpruned("layer", nn.Linear(5, 4), elements=False)
+    layer.rows[1], layer.cols[[0, 3]] = True, True
+    expected = torch.zeros(4, 5, dtype=torch.bool)
+    expected[1], expected[:, [0, 3]] = True, True
+    assert layer.elements is None and torch.equal(layer.mask, expected)
+    with pytest.raises(SurgeonError, match="layer removes rows and columns, not single weights"):
+        layer.mask = expected
+    element = Layer.unpruned("layer", nn.Linear(5, 4), elements=True)
+    assert not element.mask.any()
+    element.mask = expected
+    assert element.elements is expected and element.mask is expected
+
+
+@pytest.mark.parametrize("settings", [dict(structure="structured", target_size=0.6),
+                                      dict(structure="unstructured", target_size=0.5)])
+def test_a_run_holds_a_mask_only_of_single_weights_and_zeroes_what_it_removed(monkeypatch, settings):
+    """A structured run's layers hold their removed rows and columns, no [R, C] mask; an unstructured run's hold one.
+    Either way the pruned model's zeros are the layers' masks, and the report counts them."""
+    layers: list[Layer] = []
+    unpruned = Layer.unpruned
+
+    def recorded(name: str, module: nn.Linear, elements: bool) -> Layer:
+        layers.append(unpruned(name, module, elements))
+        return layers[-1]
+
+    monkeypatch.setattr(Layer, "unpruned", recorded)
+    model = tiny_model("llama")
+    report = prune(model, torch.randint(0, 96, (4, 24), generator=torch.Generator().manual_seed(0)),
+                   PruneConfig(shots=2, **settings), progress=False)
+    assert layers and all((layer.elements is not None) == (settings["structure"] == "unstructured")
+                          for layer in layers)
+    for layer in layers:
+        assert torch.equal(layer.module.weight == 0, layer.mask), layer.name
+    removed = sum(int(layer.mask.sum()) for layer in layers)
+    assert report.removed == removed and report.sparsity == removed / sum(layer.mask.numel() for layer in layers)

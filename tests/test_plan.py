@@ -54,25 +54,26 @@ def test_sizes():
     assert packed_bytes(128) == 128 * 128 * 4 and packed_bytes(129) == 3 * 128 * 128 * 4
 
 
-def counted_peak(name: str) -> float:
+def counted_peak(name: str, as_measured: bool = False) -> float:
+    """The plan's peak for a measured run; `as_measured`: with every layer's [R, C] mask, which the code of these
+    runs held in structured runs too, where removed rows and columns now stand for it."""
     config, _, structure = MEASURED[name]
     prune = PruneConfig(structure=structure, target_size=0.5 if structure == "unstructured" else
                         None if ":" in structure else 0.8, batch_size=2)
     plan = make_plan(PlanConfig(model=str(ROOT / config), dtype="bfloat16", nsamples=128, seqlen=2048), prune)
-    return plan["peak_gpu_bytes"] / GIB
+    masks = plan["prunable_parameters"] if as_measured and not prune.elements else 0
+    return (plan["peak_gpu_bytes"] + masks) / GIB
 
 
 def measured_peak(name: str) -> float:
     return max(shot["peak_memory_gb"] for shot in json.loads((GPU / MEASURED[name][1]).read_text())["shots"])
 
 
-def test_llama_2_7b_count_lands_within_10_percent_of_the_h100_measurement():
-    assert counted_peak("llama-2-7b") / measured_peak("llama-2-7b") == pytest.approx(1.0, abs=0.10)
-
-
 @pytest.mark.parametrize("name", sorted(MEASURED))
-def test_the_headroom_covers_every_measured_run(name):
-    """A plan calls a run fitting only when the count plus HEADROOM fits: that was enough for every H100 run."""
+def test_the_count_lands_at_most_5_percent_under_each_h100_measurement(name):
+    """What the count leaves out (the kernels' and the backward pass's transient buffers) is a few percent; the
+    plan's headroom covers it and what the allocator reserves beyond what it allocates, which no run measured."""
+    assert 0.95 <= counted_peak(name, as_measured=True) / measured_peak(name) <= 1.0
     assert counted_peak(name) * (1 + HEADROOM) >= measured_peak(name)
 
 
@@ -148,7 +149,8 @@ def test_the_plan_counts_the_second_pruning_of_the_held_out_choice():
         plan = make_plan(PlanConfig(model="smollm2-135m", gpus=2), PruneConfig(structure=structure))
         assert any("sparsegpt-refine shot" in note for note in plan["notes"])
         assert set(plan["held_out_seconds_h100"]) == {"passes", "factors", "sweeps"}
-        assert plan["phases"]["held-out"].keys() == {"weights", "block_inputs", "hessians", "layer", "total"}
+        assert plan["phases"]["held-out"].keys() == {"weights", "masks", "block_inputs", "hessians", "layer", "total"}
+        assert plan["phases"]["held-out"]["masks"] == plan["prunable_parameters"]  # a bool per weight
         assert plan["held_out_host_bytes"] == 2 * plan["prunable_parameters"] * (2 + 1)  # bfloat16 weights, bool masks
         assert [s["host_bytes"] for s in plan["strategies"]] == [plan["held_out_host_bytes"]] + [0] * 3  # one process
         one_rank = count(meta_model("smollm2-135m", "float32"), PruneConfig(structure=structure), 128, 2048, "cuda")
@@ -246,12 +248,14 @@ def test_plan_command_writes_json(tmp_path, capsys):
                  "--target-size", "0.5", "--batch-size", "2", "--gpus", "2", "--output", str(out)]) == 0
     plan = json.loads(out.read_text())
     assert {"fits", "peak_gpu_bytes", "strategy", "phases"} <= set(plan)
-    assert plan["fits"] and plan["strategy"] == "2-ranks-fsdp-split-by-blocks"
-    # offload holds structured factors only: unstructured, each launch tries activation checkpointing at most
+    assert plan["fits"] and plan["strategy"] == "2-ranks-fsdp-split-by-blocks+activation-checkpointing"
+    # offload holds structured factors only: unstructured, each launch tries activation checkpointing at most; every
+    # rank holds every layer's mask whole (12.1 GiB)
     assert [s["name"] for s in plan["strategies"]] == [
         "packed-factors-on-device+activation-checkpointing", "2-ranks-split-by-batches+activation-checkpointing",
-        "2-ranks-fsdp-split-by-batches+activation-checkpointing", "2-ranks-fsdp-split-by-blocks"]
-    assert "fits 80GB with 2-ranks-fsdp-split-by-blocks" in capsys.readouterr().out
+        "2-ranks-fsdp-split-by-batches+activation-checkpointing",
+        "2-ranks-fsdp-split-by-blocks+activation-checkpointing"]
+    assert "fits 80GB with 2-ranks-fsdp-split-by-blocks+activation-checkpointing" in capsys.readouterr().out
     assert main(["plan", "--model", str(ROOT / "bench/configs/opt-125m.json"), "--structure", "unstructured",
                  "--target-size", "0.5", "--gpu-memory", "1GB", "--output", str(out)]) == 0
     plan = json.loads(out.read_text())

@@ -227,6 +227,17 @@ def pruned_by_each_backend(structure: str, max_correlate: int, dtype: torch.dtyp
     return results
 
 
+@pytest.mark.parametrize("structure", ["structured", "coupled", "unstructured", "2:4"])
+def test_a_float64_model_prunes_to_the_target_and_stays_float64(structure):
+    """Its factors are float64 and the layers' weights are read in float32 (`Layer.weight`): the costs meet in
+    float32."""
+    model = tiny_model("llama").double()
+    config = PruneConfig(structure=structure, target_size=None if structure == "2:4" else 0.6, shots=2)
+    report = prune(model, calibration(), config, progress=False)
+    assert all(p.dtype == torch.float64 for p in model.parameters())
+    assert_report_reaches_target(report, model)
+
+
 def test_backends_give_the_same_structured_model():
     """Structured updates solve with kept rows' and columns' factor blocks: equal up to float32 summation order."""
     results = pruned_by_each_backend("structured", 2000)

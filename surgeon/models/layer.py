@@ -13,22 +13,41 @@ from surgeon.errors import SurgeonError
 
 @dataclass
 class Layer:
-    """A prunable layer and what has been removed from it so far (True = pruned)."""
+    """A prunable layer and what has been removed from it so far.
+
+    An element run (unstructured, N:M) holds a mask of single weights (`elements`, True = pruned); a structured run
+    removes whole rows and columns (`rows`, `cols`), so its mask is their outer OR, built only when read: no
+    layer's [R, C] mask is held beside its weights.
+    """
 
     name: str
     module: nn.Linear
-    mask: torch.Tensor
     rows: torch.Tensor
     cols: torch.Tensor
+    elements: torch.Tensor | None = None
     held: list[torch.Tensor] | None = None  # weight (and bias) gathered whole from a sharded module (FSDP2)
 
     @classmethod
-    def unpruned(cls, name: str, module: nn.Linear) -> Layer:
-        """The layer before any shot: nothing removed."""
+    def unpruned(cls, name: str, module: nn.Linear, elements: bool) -> Layer:
+        """The layer before any shot: nothing removed; `elements`: it holds a mask of single weights."""
         R, C = module.weight.shape
         device = module.weight.device
-        return cls(name, module, torch.zeros(R, C, dtype=torch.bool, device=device),
-                   torch.zeros(R, dtype=torch.bool, device=device), torch.zeros(C, dtype=torch.bool, device=device))
+        return cls(name, module, torch.zeros(R, dtype=torch.bool, device=device),
+                   torch.zeros(C, dtype=torch.bool, device=device),
+                   torch.zeros(R, C, dtype=torch.bool, device=device) if elements else None)
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """The pruned weights [R, C] (True = pruned): the elements' mask, or the removed rows' and columns'."""
+        if self.elements is not None:
+            return self.elements
+        return self.rows.unsqueeze(1) | self.cols.unsqueeze(0)
+
+    @mask.setter
+    def mask(self, mask: torch.Tensor) -> None:
+        if self.elements is None:
+            raise SurgeonError(f"layer {self.name} removes rows and columns, not single weights")
+        self.elements = mask
 
     @property
     def bias(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import resource
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -70,11 +71,14 @@ def peak_memory_gb(device: torch.device) -> float:
     return kilobytes / (2**30 if sys.platform == "darwin" else 2**20)
 
 
-def removed_fractions(masks: list[tuple[str, torch.Tensor]]) -> tuple[dict[str, float], int, float]:
-    """Per layer the fraction removed (mask True), the number removed and that fraction overall."""
-    per_layer = {name: float(mask.float().mean()) for name, mask in masks}
-    removed = sum(int(mask.sum()) for _, mask in masks)
-    return per_layer, removed, removed / sum(mask.numel() for _, mask in masks)
+def removed_fractions(masks: Iterable[tuple[str, torch.Tensor]]) -> tuple[dict[str, float], int, float]:
+    """Per layer the fraction removed (mask True), the number removed and that fraction overall; the masks are read
+    one at a time (a structured run builds each when it is read)."""
+    per_layer, removed, total = {}, 0, 0
+    for name, mask in masks:
+        count = int(mask.sum())
+        per_layer[name], removed, total = count / mask.numel(), removed + count, total + mask.numel()
+    return per_layer, removed, removed / total
 
 
 def _zeros(weight: torch.Tensor) -> int:

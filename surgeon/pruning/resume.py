@@ -72,6 +72,11 @@ def read_state(folder: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
+def _removed(layer: Layer) -> tuple[str, ...]:
+    """What a layer's removed weights are saved as: its removed rows and columns, and an element run's mask."""
+    return ("rows", "cols") + ("mask",) * (layer.elements is not None)
+
+
 def has_state(folder: Path) -> bool:
     """Whether `folder` holds an unfinished run's checkpoint."""
     return (folder / STATE).is_file() and not (folder / COMPLETE_MARKER).is_file()
@@ -100,7 +105,7 @@ class Checkpoint:
         tensors = load_file(self.folder / self.state["tensors"])
         for layer in layers:
             layer.assign([tensors[f"{layer.name}.{part}"] for part in ("weight", "bias")[:len(layer.parameters())]])
-            for part in ("mask", "rows", "cols"):
+            for part in _removed(layer):
                 getattr(layer, part).copy_(tensors[f"{layer.name}.{part}"])
         torch.set_rng_state(tensors["rng"])
         shots = [ShotReport(**shot) for shot in self.state["shots"]]
@@ -122,7 +127,7 @@ class Checkpoint:
         for layer in layers:
             for part, tensor in zip(("weight", "bias"), layer.whole()):
                 tensors[f"{layer.name}.{part}"] = tensor.detach()
-            for part in ("mask", "rows", "cols"):
+            for part in _removed(layer):
                 tensors[f"{layer.name}.{part}"] = getattr(layer, part)
         self.folder.mkdir(parents=True, exist_ok=True)
         name = TENSORS.format(shot)

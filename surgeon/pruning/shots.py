@@ -137,7 +137,7 @@ def _prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig,
 
             lora_correction(model, layers, calibration_ids, config)
             seconds["lora"] = time.perf_counter() - t2
-        _, _, sparsity = removed_fractions([(layer.name, layer.mask) for layer in layers])
+        _, _, sparsity = removed_fractions((layer.name, layer.mask) for layer in layers)
         shot_report = ShotReport(shot, target_size, sparsity, freed, seconds, peak_memory_gb(device))
         report.shots.append(shot_report)
         logger.info("shot %d/%d · target size %.3f · sparsity %.4f · %s · peak %.2f GB", shot, last,
@@ -154,7 +154,7 @@ def _prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig,
     if other is not None:
         assert held_out_ids is not None
         report.choice = held_out.keep_lower(model, layers, other, held_out_ids, config.batch_size)
-    report.layers, report.removed, report.sparsity = removed_fractions([(layer.name, layer.mask) for layer in layers])
+    report.layers, report.removed, report.sparsity = removed_fractions((layer.name, layer.mask) for layer in layers)
     report.zero_fraction = zero_fraction([(layer.name, layer.module) for layer in layers])
     report.block_sparsity = report.removed / sum(param.numel() for _, param in block_weights(model))
     report.seconds = time.perf_counter() - start
@@ -181,7 +181,7 @@ def _resolve(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfi
     world = 1 if group is None else dist.get_world_size(group)
     blocks = check_settings(model, config, world)
     named = [pair for block in blocks for pair in block]
-    layers = [Layer.unpruned(name, module) for name, module in named]
+    layers = [Layer.unpruned(name, module, config.elements) for name, module in named]
     ranks = Ranks(group, [[name for name, _ in block] for block in blocks])
     count = -(-calibration_ids.shape[0] // config.batch_size)
     batches = ranks.batches(count, even=any(sharded(module) for _, module in named)) \

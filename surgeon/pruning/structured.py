@@ -54,7 +54,7 @@ def structured_shot(layers: list[Layer], raw: dict | HostFactors, target_zeros: 
     the same choice, and the updated layers are broadcast.
     Returns the seconds spent on costs, threshold and updates, and the number of dead weights freed.
     """
-    device = layers[0].mask.device
+    device = layers[0].rows.device
     times = [clock(device)]
     plans, row_costs, col_costs, set_cost = _costs(layers, raw, config, ranks, kinds)
     times.append(clock(device))
@@ -66,7 +66,6 @@ def structured_shot(layers: list[Layer], raw: dict | HostFactors, target_zeros: 
     for layer, (keep_r, keep_c, _), inverse, new_rows, new_cols, rows_out, cols_out in zip(
             layers, plans, dense, row_sel, col_sel, removed_rows, removed_cols):
         layer.rows, layer.cols = rows_out, cols_out
-        layer.mask = rows_out.unsqueeze(1) | cols_out.unsqueeze(0)
         if ranks.mine(layer.name):
             _update(layer, keep_r, keep_c, inverse, new_rows, new_cols, config)
     ranks.broadcast_layers(layers, masks=False)
@@ -85,7 +84,7 @@ def _costs(layers: list[Layer], raw: dict | HostFactors, config: PruneConfig, ra
     plans: list[Plan] = []
     row_costs: list[torch.Tensor] = []
     col_costs: list[torch.Tensor] = []
-    device = layers[0].mask.device
+    device = layers[0].rows.device
     sets: dict[int, set[int]] = {}  # consumer layer -> its units' column-set sizes (o: heads, KV groups)
     for kind in kinds or []:
         if kind.consumer.size > 1:
@@ -156,8 +155,8 @@ def _layer_costs(layer: Layer, kept_indices: tuple[torch.Tensor, torch.Tensor, t
     if entry is not None:
         dead_r, dead_c = costs.dead(entry, keep_r, real_c, R)
         rc, cc = rc.masked_fill(dead_r, 0), cc.masked_fill(dead_c, 0)
-    rows[keep_r] = rc
-    cols[real_c] = cc
+    rows[keep_r] = rc.to(rows.dtype)  # a float64 model's factors give float64 costs; W and the costs are float32
+    cols[real_c] = cc.to(cols.dtype)
     return rows, cols, joint, kept, sibling
 
 

@@ -3,17 +3,20 @@
 The model is built on the meta device (shapes, no weights), so the count needs only its config.
 Per phase of a shot (docs/DESIGN.md, "Memory design" and "Planning"):
 
-- curvature: the weights; the packed float32 Kronecker factors of every layer (one A per input
+Every phase holds the weights and what each layer has removed, whole on every rank: an unstructured or N:M
+run's mask (one byte per prunable weight), a structured run's rows and columns; beside them:
+
+- curvature: the packed float32 Kronecker factors of every layer (one A per input
   that several layers read, one G per layer), or of one block group's layers; the tensors autograd
   saves in one forward pass of `batch_size × seqlen` tokens, read off a meta-device forward under
   `saved_tensors_hooks` (with fused attention, which keeps no L×L scores), or with activation
   checkpointing each block's input and one block's own tensors; the logits with their float32
   probabilities and gradient; the queue of activations waiting for a grouped accumulation (CUDA);
-- prune: the weights; the packed inverses (or inverse roots) of the factors, the same size, or
+- prune: the packed inverses (or inverse roots) of the factors, the same size, or
   with offload one layer's factors and inverse; one layer's dense temporaries; with N:M's
   propagated last shot, one block's inputs for every window;
-- for SparseGPT, SparseGPT-exact and Wanda (block by block): the weights, one block's inputs for
-  every window, and one block's H;
+- for SparseGPT, SparseGPT-exact and Wanda (block by block): one block's inputs for every window,
+  and one block's H;
 - held-out: the same for the sparsegpt-refine shot that an unstructured or N:M LLM Surgeon run in one
   process is weighed against, with two copies of the prunable weights and masks in host memory.
 
@@ -114,6 +117,9 @@ def _count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, de
         "logits": tokens * settings.vocab_size * (2 * itemsize + 4),  # logits, float32 probabilities, their gradient
         "queue": QUEUE_BYTES_CUDA if device == "cuda" else 0,
         "hessians": sum(packed_bytes(m.in_features) * 2 for _, m in blocks[0]),
+        # what each layer has removed, whole on every rank (`Layer`): an element run's mask, a bool per weight; a
+        # structured run's removed rows and columns
+        "masks": sum(m.weight.numel() if config.elements else m.out_features + m.in_features for _, m in layers),
     }
     block_factors: list[int] = []  # the packed factors of each decoder block's layers
     layer_factors, accumulation, inputs, widths, inverse_flops = 0, 0.0, 0.0, 0.0, 0.0
@@ -174,27 +180,31 @@ def held(counts: dict[str, Any], config: PruneConfig, ranks: int = 1, fsdp: bool
     A rank owns ⌈blocks / ranks⌉ blocks (rank 0 the most). With `fsdp` it holds 1/ranks of the
     weights, the unsharded root (embeddings, head) and two blocks being gathered, and its own
     layers whole while it prunes them (docs/DESIGN.md, "Several processes").
+    Every phase holds what every layer has removed (`masks`) whole, on every rank.
     """
     parts, factors, blocks = counts["parts"], counts["block_factor_bytes"], counts["blocks"]
     owned = range(0, blocks, ranks)
     weights = counts["weights_bytes"]
     if fsdp:
         weights = math.ceil(weights / ranks) + counts["root_bytes"] + 2 * counts["block_bytes"]
-    block_by_block = {"weights": weights, "block_inputs": parts["block_inputs"], "hessians": parts["hessians"],
-                      "layer": parts["layer"]}  # one block's inputs for every window and its H
+    block_by_block = {"weights": weights, "masks": parts["masks"], "block_inputs": parts["block_inputs"],
+                      "hessians": parts["hessians"], "layer": parts["layer"]}  # one block's inputs for every window, H
     if not factors:
         phases = {"prune": block_by_block}
     else:
         hooked = [factors[b] for b in (owned if ranks > 1 and config.curvature_split == "blocks" else range(blocks))]
         edges = group_edges(len(hooked), config.block_groups)
         phases = {
-            "curvature": {"weights": weights, "factors": max(sum(hooked[a:b]) for a, b in zip(edges, edges[1:])),
+            "curvature": {"weights": weights, "masks": parts["masks"],
+                          "factors": max(sum(hooked[a:b]) for a, b in zip(edges, edges[1:])),
                           "activations": parts["checkpointed_activations" if config.activation_checkpointing
                                                else "activations"],
                           "logits": parts["logits"], "queue": parts["queue"]},
             # offloaded: the factors and packed roots of a layer and of the one before it
-            "prune": {"weights": weights, "inverses": 4 * counts["layer_factor_bytes"] if config.offload
-                      else sum(factors[b] for b in owned), "layer": parts["layer"]},
+            "prune": {"weights": weights, "masks": parts["masks"],
+                      "inverses": 4 * counts["layer_factor_bytes"] if config.offload
+                      else sum(factors[b] for b in owned),
+                      "layer": parts["layer"]},
         }
         if config.propagates:  # N:M's last shot runs block by block on every window's block inputs
             phases["prune"]["block_inputs"] = parts["block_inputs"]
