@@ -259,7 +259,7 @@ class PruneConfig:
     def elements(self) -> bool:
         """Whether the run removes single weights (unstructured, N:M), each layer holding a mask of them, not whole
         rows and columns (structured, coupled)."""
-        return self.structure not in ("structured", "coupled")
+        return self.structure == "unstructured" or self.nm is not None
 
     @property
     def propagates(self) -> bool:

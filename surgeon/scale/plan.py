@@ -61,8 +61,9 @@ from surgeon.scale.trace import trace_forward
 logger = logging.getLogger(__name__)
 
 GIB = 2**30
-# The counts ran 9-11% under the peaks measured on an H100 (Llama-2-7B 60.3 vs 66.9 GiB, OPT-6.7B 65.4 vs
-# 72.2, OPT-1.3B 16.1 vs 18.0: bench/RESULTS.md); a run fits when its count plus this headroom does.
+# The counts run 0.4-4.2% under the peaks allocated on an H100 (Llama-2-7B 66.4 vs 66.6 GiB, OPT-6.7B 71.4 vs 72.2,
+# OPT-1.3B 17.2 vs 18.0, each counted with the masks its code held: bench/results/findings/plan-headroom.json); a
+# run fits when its count plus this headroom does, which also covers what the allocator reserves beyond that.
 HEADROOM = 0.12
 QUEUE_BYTES_CUDA = 1 << 29  # curvature.DEFAULT_GROUP_BYTES on CUDA
 TILE = 128  # surgeon_kernels.symmetric.TILE
