@@ -209,15 +209,32 @@ NAMES = {"lobd": "L-OBD", "kobd": "K-OBD", "sparsegpt": "SparseGPT", "wanda": "W
          "llmc-sparsegpt": "llm-compressor SparseGPT", "llmc-wanda": "llm-compressor Wanda"}
 
 
+# What sets a run's result apart from the CLI's defaults (`PruneConfig.resolved`); backends, batches, memory options
+# and the like do not
+SETTINGS = ("method", "shots", "correlation", "max_correlate", "cg_tol", "cg_dtype", "damp_a", "damp_g", "propagate",
+            "held_out_choice", "lora_steps", "kronecker_terms")
+
+
+def ran_defaults(config: dict[str, Any]) -> bool:
+    """Whether a run's recorded config is the CLI's defaults for its structure and target (settings it predates
+    count as the defaults)."""
+    from surgeon.config import PruneConfig
+
+    nm = ":" in config["structure"]
+    default = PruneConfig(structure=config["structure"], target_size=None if nm else config["target_size"]).resolved()
+    return all(config[key] == default[key] for key in SETTINGS if key in config)
+
+
 def headline_cells(runs: dict[str, dict[str, Any]], prefix: str) -> str:
-    """The best baseline's and LLM Surgeon's perplexity at one structure, the lower in bold, with a second decimal
-    where one would print them alike; '- | -' if not run."""
+    """The best baseline's perplexity at one structure and LLM Surgeon's with the CLI's defaults, the lower in bold,
+    with a second decimal where one would print them alike; '- | -' if either was not run."""
     rows = {name[len(prefix) + 1:]: run for name, run in runs.items() if name.startswith(prefix + "-")}
     baselines = {m: r["ppl"] for m, r in rows.items() if m in NAMES}
-    if not baselines or "surgeon" not in rows:
+    surgeon = [run for name, run in sorted(rows.items()) if name.startswith("surgeon") and ran_defaults(run["config"])]
+    if not baselines or not surgeon:
         return "- | -"
     best = min(baselines, key=baselines.__getitem__)
-    cells = [(NAMES[best] + " ", baselines[best]), ("", rows["surgeon"]["ppl"])]
+    cells = [(NAMES[best] + " ", baselines[best]), ("", surgeon[0]["ppl"])]
     lowest = min(value for _, value in cells)
     digits = 2 if len({f"{value:.1f}" for _, value in cells}) == 1 else 1
     return " | ".join(f"{label}**{value:.{digits}f}**" if value == lowest else f"{label}{value:.{digits}f}"

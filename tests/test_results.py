@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from surgeon.config import PruneConfig
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -49,15 +51,22 @@ def test_cpu_runs_do_not_go_stale_when_only_a_triton_kernel_changes():
     assert code_changed("2620b43~1", "2620b43", CPU_PRUNING)  # that kernel and surgeon's curvature pass
 
 
-def test_headline_prints_a_second_decimal_only_where_one_would_print_a_tie():
+def test_the_headline_quotes_the_defaults_with_a_second_decimal_only_where_one_would_print_a_tie():
     sys.path.insert(0, str(ROOT))
     from bench.results_md import headline_cells
 
-    runs = {"unstructured-0.5-sparsegpt": {"ppl": 39.694}, "unstructured-0.5-surgeon": {"ppl": 39.662},
-            "2of4-0.5-wanda": {"ppl": 74.68}, "2of4-0.5-surgeon": {"ppl": 64.31}}
+    def run(ppl: float, structure: str, **settings) -> dict:
+        config = PruneConfig(structure=structure, target_size=None if ":" in structure else 0.5, **settings)
+        return {"ppl": ppl, "config": config.resolved()}
+
+    runs = {"unstructured-0.5-sparsegpt": run(39.694, "unstructured", method="sparsegpt", shots=1),
+            "unstructured-0.5-surgeon": run(31.295, "unstructured", shots=4),  # more shots than the CLI's 2
+            "unstructured-0.5-surgeon-shots2": run(39.662, "unstructured"),
+            "2of4-0.5-wanda": run(74.68, "2:4", method="wanda"), "2of4-0.5-surgeon": run(64.31, "2:4"),
+            "4of8-0.5-wanda": run(80.0, "4:8", method="wanda"), "4of8-0.5-surgeon": run(60.0, "4:8", damp_g=0.1)}
     assert headline_cells(runs, "unstructured-0.5") == "SparseGPT 39.69 | **39.66**"
     assert headline_cells(runs, "2of4-0.5") == "Wanda 74.7 | **64.3**"
-    assert headline_cells(runs, "4of8-0.5") == "- | -"
+    assert headline_cells(runs, "4of8-0.5") == "- | -"  # LLM Surgeon's run is not the defaults
 
 
 def test_the_quick_gpu_measurement_fits_eight_minutes_by_its_own_count():
