@@ -16,8 +16,8 @@ class Layer:
     """A prunable layer and what has been removed from it so far.
 
     An element run (unstructured, N:M) holds a mask of single weights (`elements`, True = pruned); a structured run
-    removes whole rows and columns (`rows`, `cols`), so its mask is their outer OR, built only when read: no
-    layer's [R, C] mask is held beside its weights.
+    removes whole rows and columns (`rows`, `cols`), so its mask is their outer OR, built only when read: it holds
+    no [R, C] mask beside the weights.
     """
 
     name: str
