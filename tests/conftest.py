@@ -11,21 +11,26 @@ import os
 # Triton kernels run under the interpreter on the CPU unless the caller chose otherwise
 # (`TRITON_INTERPRET=0 pytest` on a GPU machine tests the compiled kernels on CUDA tensors).
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# pytest-xdist's workers share the cores: each torch process (and what it spawns) takes its share of them, since
+# OpenMP threads that outnumber the cores spin against each other and slow every worker several-fold.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Assemble the models that ship as GGUF chunks once, before pytest-xdist's workers start: two workers
-    assembling the same file at once would each read the other's half-written copy."""
+    """Assemble and convert the built-in models once, before pytest-xdist's workers start: two workers assembling
+    the same chunked file at once would each read the other's half-written copy, and two converting the same model
+    would each spend the time."""
     if hasattr(config, "workerinput"):
         return
-    from surgeon.models.adapter import EMBEDDED_MODELS
+    from surgeon.models.builtin import EMBEDDED_MODELS
 
     for name, model in EMBEDDED_MODELS.items():  # one not installed is named by the tests that need it
-        if model.filename is None and importlib.util.find_spec(model.module) is not None:
-            model.path(name)
+        if importlib.util.find_spec(model.module) is not None:
+            model.folder(name)
 
 
 @pytest.fixture

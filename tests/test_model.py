@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+import surgeon.models.builtin
 from surgeon.errors import SurgeonError
-from surgeon.models.adapter import _warn_untested, load_model, prunable_layers, resolve_source
+from surgeon.models.adapter import _warn_untested, load_model, load_tokenizer, prunable_layers, resolve_source
+from surgeon.models.builtin import EMBEDDED_MODELS, cache_root, drop_quantizer
 from tests._helpers import tiny_model
 
 
@@ -56,12 +59,61 @@ def test_resolve_source_errors(tmp_path):
         resolve_source(str(text))
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
-def test_embedded_model_resolves_to_gguf(name):
-    source = resolve_source(name)
-    path = Path(source.path) / source.gguf_file
-    with path.open("rb") as file:
+def test_a_builtin_model_loads_from_its_converted_folder_as_from_its_gguf_file():
+    """The same weights and config as transformers reads from the GGUF file, and the same tokenizer; Gemma-3's
+    tokenizer begins a text with its BOS as its GGUF file's does (ids read from that file)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = EMBEDDED_MODELS["smollm2-135m"].path("smollm2-135m")
+    with gguf.open("rb") as file:
         assert file.read(4) == b"GGUF"  # the file's magic number
+    source = resolve_source("smollm2-135m")
+    assert source.gguf_file is None and Path(source.path).parent == cache_root()
+    model, tokenizer = load_model("smollm2-135m")
+    reference = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    weights, expected = model.state_dict(), reference.state_dict()
+    assert weights.keys() == expected.keys() and all(torch.equal(weights[k], expected[k]) for k in weights)
+    drop_quantizer(reference)
+    assert model.config.to_diff_dict() | {"_name_or_path": ""} == reference.config.to_diff_dict() | {
+        "_name_or_path": "", "architectures": model.config.architectures}
+    text = "= Valkyria Chronicles III =\n Senjō no Valkyria 3 : <unk> Chronicles ( Japanese : 戦場のヴァルキュリア3 )"
+    assert tokenizer(text).input_ids == AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)(text).input_ids
+    gemma = load_tokenizer("gemma3-270m")
+    assert gemma(text).input_ids == [2, 236784, 123313, 236762, 4540, 104635, 8488, 578, 107, 6122, 236804, 238803, 951,
+                                     123313, 236762, 4540, 236743, 236800, 1017, 236743, 3, 104635, 568, 12139, 1017,
+                                     130390, 114422, 58607, 237123, 59910, 17321, 236800, 1732]
+    assert (gemma.bos_token_id, gemma.eos_token_id, gemma.pad_token_id) == (2, 1, 0)
+
+
+def test_a_builtin_model_is_converted_once_and_whole(monkeypatch, tmp_path):
+    builtin = EMBEDDED_MODELS["smollm2-135m"]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    written = []
+
+    def convert(gguf, folder):
+        (folder / "config.json").write_text("{}")
+        written.append(folder)
+        if len(written) == 1:
+            raise OSError("no space left on device")
+
+    monkeypatch.setattr(surgeon.models.builtin, "convert", convert)
+    with pytest.raises(OSError, match="no space left"):
+        builtin.folder("smollm2-135m")
+    assert not any(cache_root().iterdir())  # neither the model's folder nor the half-written one
+    folder = builtin.folder("smollm2-135m")
+    assert folder.parent == cache_root() and (folder / "config.json").is_file() and len(written) == 2
+    assert builtin.folder("smollm2-135m") == folder and len(written) == 2  # the next run reuses it
+    # another release converts anew (loading a GGUF file may leave another transformers module in sys.modules)
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", "0.0.0")
+    assert builtin.folder("smollm2-135m") != folder and len(written) == 3
+
+
+def test_a_builtin_model_loads_from_its_gguf_file_where_the_cache_cannot_be_written(monkeypatch, tmp_path, caplog):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))
+    source = resolve_source("smollm2-135m")
+    assert Path(source.path) / source.gguf_file == EMBEDDED_MODELS["smollm2-135m"].path("smollm2-135m")
+    assert f"loading smollm2-135m from its GGUF file: cannot convert it into {tmp_path / 'file'}" in caplog.text
 
 
 def test_embedded_model_missing_package_names_the_install(monkeypatch):

