@@ -33,6 +33,13 @@ def pytest_configure(config: pytest.Config) -> None:
             model.folder(name)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the files that hold slow tests first: pytest-xdist hands out whole files in this order, so the suite
+    ends on short files and no worker waits long for the other."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
+
+
 @pytest.fixture
 def gen() -> torch.Generator:
     return torch.Generator().manual_seed(1234)

@@ -64,23 +64,21 @@ class EmbeddedModel:
         target = cache_root() / f"{name}-{conversion_key(gguf)}"
         if target.is_dir():  # complete: a folder appears only by the rename below
             return target
+        scratch = None
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             scratch = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-        except OSError as error:
-            logger.warning("loading %s from its GGUF file: cannot convert it into %s (%s)", name, target,
-                           first_line(error))
-            return None
-        try:
             logger.info("converting %s from GGUF into %s, once", name, target)
             convert(gguf, scratch)
-            try:
-                scratch.rename(target)
-            except OSError:
-                if not target.is_dir():  # else another process converted it first
-                    raise
+            scratch.rename(target)
+        except OSError as error:
+            if not target.is_dir():  # else another process converted it first
+                logger.warning("loading %s from its GGUF file: cannot convert it into %s (%s)", name, target,
+                               first_line(error))
+                return None
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
         return target
 
 
