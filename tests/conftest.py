@@ -11,10 +11,6 @@ import os
 # Triton kernels run under the interpreter on the CPU unless the caller chose otherwise
 # (`TRITON_INTERPRET=0 pytest` on a GPU machine tests the compiled kernels on CUDA tensors).
 os.environ.setdefault("TRITON_INTERPRET", "1")
-# pytest-xdist's workers share the cores: each torch process (and what it spawns) takes its share of them, since
-# OpenMP threads that outnumber the cores spin against each other and slow every worker several-fold.
-_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

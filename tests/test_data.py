@@ -89,7 +89,7 @@ def test_held_out_windows_share_no_token_with_the_calibration_windows():
 
 
 @pytest.mark.parametrize("name, bos", [("smollm2-135m", None),
-                                       pytest.param("gemma3-270m", 2, marks=pytest.mark.slow)])  # its GGUF: 15 s
+                                       pytest.param("gemma3-270m", 2, marks=pytest.mark.slow)])
 def test_windows_begin_as_the_tokenizer_begins_a_text(name, bos):
     """Gemma's tokenizer puts its BOS before every text, so each calibration and held-out window begins with it;
     SmolLM2's puts none, and its windows are the text's tokens."""

