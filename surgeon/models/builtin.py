@@ -5,7 +5,7 @@ builds the config, the weights or the tokenizer from it: three reads of about 10
 a 2-core CPU. A built-in model is therefore converted once, on first use, into a folder of float32 safetensors, its
 config and its tokenizer (`save_pretrained`), and loaded from that folder afterwards. The dequantized weights are
 float32 exactly, so the folder gives the model the GGUF file gives, to every bit. The folder is named after the
-file and the transformers release that converted it, and appears whole or not at all.
+file, the releases that read it and the layout written (`conversion_key`), and appears whole or not at all.
 """
 
 from __future__ import annotations
