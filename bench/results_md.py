@@ -145,16 +145,20 @@ def quality_runs(folder: str = "quality",
     denses = {commit_of(p) for p in files if p.stem.rsplit("@", 1)[0] == "dense"}
     if not denses:
         raise SystemExit(f"no bench/results/{folder}/dense@<commit>.json: run `python bench/quality/table.py`")
-    sets: dict[str, dict[str, Path]] = {}
-    for commit in denses:
-        rows: dict[str, Path] = {}
-        for path in sorted(files, key=lambda p: -order[commit_of(p)]):  # oldest first: the newest stays
-            if same_code(commit_of(path), commit, paths):
-                rows[path.stem.rsplit("@", 1)[0]] = path
-        sets[commit] = rows
+    sets = {commit: runs_of(files, commit, paths) for commit in denses}
     commit = min(sets, key=lambda c: (-len(sets[c]), order[c]))  # the most rows; among equals the newest
-    rows = sorted(sets[commit].items(), key=lambda item: item[1].name)
-    return commit, {row: load(path) for row, path in rows}
+    return commit, sets[commit]
+
+
+def runs_of(files: list[Path], commit: str, paths: tuple[str, ...] = CPU_PRUNING) -> dict[str, dict[str, Any]]:
+    """Each row's newest run among `files` (`<row>@<commit>.json`) at a commit that runs the same code as `commit`,
+    by row name."""
+    order, rows = commit_order(), {}
+    known = [path for path in files if commit_of(path) in order]
+    for path in sorted(known, key=lambda p: -order[commit_of(p)]):  # oldest first: the newest stays
+        if same_code(commit_of(path), commit, paths):
+            rows[path.stem.rsplit("@", 1)[0]] = path
+    return {row: load(path) for row, path in sorted(rows.items(), key=lambda item: item[1].name)}
 
 
 def commits_of(commit: str, runs: dict[str, dict[str, Any]]) -> list[str]:
@@ -295,13 +299,13 @@ def gpu_time_section() -> list[str]:
 
 def time_to_quality_section(runs: dict[str, dict[str, Any]], commit: str) -> list[str]:
     """The time-to-quality curve of each structure at the quality table's commit: its LLM Surgeon rows and the
-    points of `bench/quality/time_to_quality.py` saved at that commit."""
+    points of `bench/quality/time_to_quality.py` saved at commits that run the same code."""
     reference = [(name, runs[name]) for name in (
         "structured-0.8-surgeon", "structured-0.8-surgeon-lora20", "unstructured-0.5-surgeon",
         "unstructured-0.5-surgeon-shots2", "2of4-0.5-surgeon", "2of4-0.5-surgeon-4shots", "4of8-0.5-surgeon",
         "4of8-0.5-surgeon-4shots") if name in runs]
-    points = [(p.stem.rsplit("@", 1)[0], load(p)) for p in sorted((RESULTS / "ttq").glob(f"*@{commit}.json"))]
-    out = [f"All rows at {mark(commit, CPU_PRUNING)}.", "",
+    points = list(runs_of(list((RESULTS / "ttq").glob("*@*.json")), commit).items())
+    out = [f"{rows_at(commit, {**runs, **dict(points)}, CPU_PRUNING)}.", "",
            "| point | structure | shots | CG tolerance | damping G | propagated | LoRA steps | kept by held-out loss | "
            "perplexity | seconds |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

@@ -40,6 +40,24 @@ def test_runs_at_commits_that_change_only_benchmarks_or_documents_form_one_set()
     assert not same_code("a49198b", "64461c4")  # between them: surgeon/config.py's code
 
 
+def test_a_table_resumes_a_row_saved_at_a_commit_that_runs_the_same_code(tmp_path):
+    sys.path.insert(0, str(ROOT))
+    from bench.quality.table import measured
+    from bench.results_md import git, runs_of
+
+    if git("cat-file", "-e", "a49198b^{commit}").returncode != 0:
+        pytest.skip("needs the repository's history")
+    assert not measured(tmp_path / "dense@94ac23f.json")
+    (tmp_path / "dense@64461c4.json").write_text('{"ppl": 1}')
+    (tmp_path / "dense@a49198b.json").write_text('{"ppl": 2}')
+    assert measured(tmp_path / "dense@94ac23f.json")  # only benchmarks and documents changed since 64461c4
+    assert not measured(tmp_path / "other@94ac23f.json")
+    (tmp_path / "dense@64461c4.json").unlink()
+    assert not measured(tmp_path / "dense@94ac23f.json")  # a49198b's pruning code differs
+    (tmp_path / "other@94ac23f.json").write_text('{"ppl": 3}')
+    assert runs_of(list(tmp_path.glob("*.json")), "64461c4") == {"other": {"ppl": 3}}
+
+
 def test_cpu_runs_do_not_go_stale_when_only_a_triton_kernel_changes():
     sys.path.insert(0, str(ROOT))
     from bench.results_md import CPU_PRUNING, PRUNING, code_changed, git

@@ -21,8 +21,8 @@ first 2 test windows of 2048; each structure's CLI defaults (LLM Surgeon) agains
 against K-OBD, unstructured 50% and 2:4 against SparseGPT, Wanda and sparsegpt-refine (one shot each).
 
 Each run is saved as bench/results/quality/<row>@<commit>.json (another model or calibration budget:
-bench/results/quality-<model>-<n>x<seqlen>/) and skipped when that file exists, so an interrupted table
-resumes; `python bench/results_md.py` writes the tables into RESULTS.md.
+bench/results/quality-<model>-<n>x<seqlen>/) and skipped where a run of it at a commit with the same pruning code
+exists, so an interrupted table resumes; `python bench/results_md.py` writes the tables into RESULTS.md.
 
     python bench/quality/table.py                        # every row (about 1.5 hours on 2 cores)
     python bench/quality/table.py --only structured-0.8  # rows whose id contains this text
@@ -116,6 +116,15 @@ def head_commit() -> str:
                                                       text=True, cwd=Path(__file__).parent).stdout.strip()
 
 
+def measured(path: Path) -> bool:
+    """Whether the run `path` (`<row>@<commit>.json`) was saved, at its commit or at another that runs the same
+    pruning code (between them only benchmarks or documents changed), so an interrupted table resumes across commits."""
+    from bench.results_md import commit_of, same_code
+
+    row, commit = path.stem.rsplit("@", 1)[0], commit_of(path)
+    return any(same_code(commit_of(other), commit) for other in path.parent.glob(f"{row}@*.json"))
+
+
 def folder(model: str, calib_windows: int, calib_seqlen: int) -> Path:
     """Where the rows of `model` at this calibration budget are saved (SmolLM2's protocol: `ROOT`)."""
     if (model, calib_windows, calib_seqlen) == ("smollm2-135m", *PROTOCOLS["smollm2-135m"][:2]):
@@ -205,13 +214,13 @@ def main() -> None:
     protocol = protocol_of(args)
     commit = protocol["commit"]
     dense_path = root / f"dense@{commit}.json"
-    if not dense_path.exists():
+    if not measured(dense_path):
         result = perplexity(run.model, run.test_ids, 2048, args.eval_windows, progress=False)
         write_json(dense_path, {"ppl": result.ppl, "seconds": result.seconds, **protocol})
     table = rows(args.shots_structured, args.shots_element) if args.model == "smollm2-135m" else second_model_rows()
     for name, config in table:
         path = root / f"{name}@{commit}.json"
-        if path.exists() or args.only not in name:
+        if args.only not in name or measured(path):
             continue
         result = measure(run, config, args.eval_windows)
         logging.info("%s: ppl %.3f sparsity %.4f (%.0f s)", name, result["ppl"], result["sparsity"], result["seconds"])
