@@ -483,21 +483,25 @@ def dropin_oneshot_rows() -> list[str]:
            "SmolLM2-135M, 8 × 512 calibration tokens, perplexity on 8 test windows of 2048), "
            f"{mark(newest_commit, CPU_PRUNING)}: "
            "`SurgeonSparseGPTModifier` with its defaults against `SparseGPTModifier`; seconds are whole `oneshot` "
-           "calls, run in turn on the same machine. The exact mode's rows (`-exact`) are the newest measured.", "",
+           "calls, run in turn on the same machine. The exact mode's rows (`-exact`) are the newest measured, "
+           "their times against SparseGPTModifier's at their own commit.", "",
            "| structure | modifier | ppl | seconds | time against SparseGPTModifier |",
            "| --- | --- | --- | --- | --- |"]
     for structure in ("unstructured", "2of4"):
         peer = load(quality / f"{structure}-0.5-llmc-sparsegpt@{newest_commit}.json")
-        rows = [("SparseGPTModifier", peer)]
+        rows = [("SparseGPTModifier", peer, peer)]
         ours = quality / f"{structure}-0.5-llmc-surgeon-sparsegpt@{newest_commit}.json"
         if ours.exists():
             run = load(ours)
-            rows.append((f"SurgeonSparseGPTModifier (refine, {run['config'].get('iterations', '-')} steps)", run))
+            rows.append((f"SurgeonSparseGPTModifier (refine, {run['config'].get('iterations', '-')} steps)", run, peer))
         exact = newest(sorted(quality.glob(f"{structure}-0.5-llmc-surgeon-sparsegpt-exact@*.json")))
-        if exact is not None:
-            rows.append((f"SurgeonSparseGPTModifier (exact, {mark(commit_of(exact), CPU_PRUNING)})", load(exact)))
+        if exact is not None:  # its time against the SparseGPTModifier run of its own commit and machine
+            beside = quality / f"{structure}-0.5-llmc-sparsegpt@{commit_of(exact)}.json"
+            rows.append((f"SurgeonSparseGPTModifier (exact, {mark(commit_of(exact), CPU_PRUNING)})", load(exact),
+                         load(beside) if beside.exists() else None))
         out += [f"| {structure.replace('of', ':')} 0.5 | {label} | {run['ppl']:.3f} | {run['seconds']:.0f} | "
-                f"{run['seconds'] / peer['seconds']:.2f}× |" for label, run in rows]
+                + (f"{run['seconds'] / against['seconds']:.2f}× |" if against else "– |")
+                for label, run, against in rows]
     return out
 
 
