@@ -1,6 +1,6 @@
 # One command for the main job (`make demo`) and one for the tests (`make test`).
-# torch is pinned to the CPU build on this platform's disk: an unpinned `torch` would pull a
-# multi-GB CUDA build. On a GPU machine, install a CUDA torch first and run `make install TORCH=`.
+# torch is pinned to the release the tests run (which build pip's index serves decides: CI's serves the CPU
+# build). On a GPU machine, install a CUDA torch first and run `make install TORCH=`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin

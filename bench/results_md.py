@@ -53,6 +53,11 @@ def commit_of(path: Path) -> str:
     return path.stem.rsplit("@", 1)[1] if "@" in path.stem else "unknown"
 
 
+def row_of(path: Path) -> str:
+    """The row in a result file's name (`name@commit.json`)."""
+    return path.stem.rsplit("@", 1)[0]
+
+
 def git(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
 
@@ -142,7 +147,7 @@ def quality_runs(folder: str = "quality",
     which only the benchmarks or the documents changed, is one set)."""
     order, root = commit_order(), RESULTS / folder
     files = [p for p in root.glob("*@*.json") if commit_of(p) in order]
-    denses = {commit_of(p) for p in files if p.stem.rsplit("@", 1)[0] == "dense"}
+    denses = {commit_of(p) for p in files if row_of(p) == "dense"}
     if not denses:
         raise SystemExit(f"no bench/results/{folder}/dense@<commit>.json: run `python bench/quality/table.py`")
     sets = {commit: runs_of(files, commit, paths) for commit in denses}
@@ -157,8 +162,13 @@ def runs_of(files: list[Path], commit: str, paths: tuple[str, ...] = CPU_PRUNING
     known = [path for path in files if commit_of(path) in order]
     for path in sorted(known, key=lambda p: -order[commit_of(p)]):  # oldest first: the newest stays
         if same_code(commit_of(path), commit, paths):
-            rows[path.stem.rsplit("@", 1)[0]] = path
+            rows[row_of(path)] = path
     return {row: load(path) for row, path in sorted(rows.items(), key=lambda item: item[1].name)}
+
+
+def ttq_points(commit: str) -> dict[str, dict[str, Any]]:
+    """The points of `bench/quality/time_to_quality.py` saved at commits that run the same code as `commit`."""
+    return runs_of(list((RESULTS / "ttq").glob("*@*.json")), commit)
 
 
 def commits_of(commit: str, runs: dict[str, dict[str, Any]]) -> list[str]:
@@ -304,7 +314,7 @@ def time_to_quality_section(runs: dict[str, dict[str, Any]], commit: str) -> lis
         "structured-0.8-surgeon", "structured-0.8-surgeon-lora20", "unstructured-0.5-surgeon",
         "unstructured-0.5-surgeon-shots2", "2of4-0.5-surgeon", "2of4-0.5-surgeon-4shots", "4of8-0.5-surgeon",
         "4of8-0.5-surgeon-4shots") if name in runs]
-    points = list(runs_of(list((RESULTS / "ttq").glob("*@*.json")), commit).items())
+    points = list(ttq_points(commit).items())
     out = [f"{rows_at(commit, {**runs, **dict(points)}, CPU_PRUNING)}.", "",
            "| point | structure | shots | CG tolerance | damping G | propagated | LoRA steps | kept by held-out loss | "
            "perplexity | seconds |",
@@ -495,13 +505,16 @@ def dropin_oneshot_rows() -> list[str]:
             run = load(ours)
             rows.append((f"SurgeonSparseGPTModifier (refine, {run['config'].get('iterations', '-')} steps)", run, peer))
         exact = newest(sorted(quality.glob(f"{structure}-0.5-llmc-surgeon-sparsegpt-exact@*.json")))
-        if exact is not None:  # its time against the SparseGPTModifier run of its own commit and machine
+        if exact is not None:  # against the SparseGPTModifier run in turn with it
             beside = quality / f"{structure}-0.5-llmc-sparsegpt@{commit_of(exact)}.json"
             rows.append((f"SurgeonSparseGPTModifier (exact, {mark(commit_of(exact), CPU_PRUNING)})", load(exact),
                          load(beside) if beside.exists() else None))
-        out += [f"| {structure.replace('of', ':')} 0.5 | {label} | {run['ppl']:.3f} | {run['seconds']:.0f} | "
-                + (f"{run['seconds'] / against['seconds']:.2f}× |" if against else "– |")
-                for label, run, against in rows]
+        for label, run, against in rows:
+            ratio = f"{run['seconds'] / against['seconds']:.2f}×" if against else "–"
+            if against is not None and against is not peer:
+                ratio += f" (SparseGPTModifier then: {against['ppl']:.3f} in {against['seconds']:.0f} s)"
+            out.append(f"| {structure.replace('of', ':')} 0.5 | {label} | {run['ppl']:.3f} | {run['seconds']:.0f} | "
+                       f"{ratio} |")
     return out
 
 

@@ -47,15 +47,19 @@ def test_a_table_resumes_a_row_saved_at_a_commit_that_runs_the_same_code(tmp_pat
 
     if git("cat-file", "-e", "a49198b^{commit}").returncode != 0:
         pytest.skip("needs the repository's history")
-    assert not measured(tmp_path / "dense@94ac23f.json")
-    (tmp_path / "dense@64461c4.json").write_text('{"ppl": 1}')
-    (tmp_path / "dense@a49198b.json").write_text('{"ppl": 2}')
-    assert measured(tmp_path / "dense@94ac23f.json")  # only benchmarks and documents changed since 64461c4
-    assert not measured(tmp_path / "other@94ac23f.json")
+    here, there = "AMD EPYC", "Intel Xeon"
+    assert not measured(tmp_path / "dense@94ac23f.json", here)
+    (tmp_path / "dense@64461c4.json").write_text('{"ppl": 1, "machine": "AMD EPYC"}')
+    (tmp_path / "dense@a49198b.json").write_text('{"ppl": 2, "machine": "AMD EPYC"}')
+    assert measured(tmp_path / "dense@94ac23f.json", here)  # only benchmarks and documents changed since 64461c4
+    assert not measured(tmp_path / "dense@94ac23f.json", there)  # its seconds would be another machine's
+    assert not measured(tmp_path / "other@94ac23f.json", here)
     (tmp_path / "dense@64461c4.json").unlink()
-    assert not measured(tmp_path / "dense@94ac23f.json")  # a49198b's pruning code differs
-    (tmp_path / "other@94ac23f.json").write_text('{"ppl": 3}')
-    assert runs_of(list(tmp_path.glob("*.json")), "64461c4") == {"other": {"ppl": 3}}
+    assert not measured(tmp_path / "dense@94ac23f.json", here)  # a49198b's pruning code differs
+    (tmp_path / "other@0000000.json").write_text('{"ppl": 3}')
+    assert measured(tmp_path / "other@0000000.json", here)  # saved at this very commit, though git knows none such
+    (tmp_path / "other@94ac23f.json").write_text('{"ppl": 4}')
+    assert runs_of(list(tmp_path.glob("*.json")), "64461c4") == {"other": {"ppl": 4}}
 
 
 def test_cpu_runs_do_not_go_stale_when_only_a_triton_kernel_changes():

@@ -19,8 +19,7 @@ one command, `make install-llmcompressor`:
     .venv-llmcompressor/bin/python bench/quality/peers.py --model gemma3-270m --weights G --only 'llmc-(sparsegpt|wan)'
 
 Each run is saved beside bench/quality/table.py's rows (bench/results/quality/<row>@<commit>.json for SmolLM2)
-and skipped where one at a commit with the same pruning code exists; `make results` puts them into RESULTS'
-quality tables.
+and skipped when that file exists; `make results` puts them into RESULTS' quality tables.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.quality.table import folder, load_protocol, measured, parse_protocol, protocol_of, protocol_parser  # noqa: E402
+from bench.quality.table import folder, load_protocol, parse_protocol, protocol_of, protocol_parser  # noqa: E402
 from surgeon.app.evaluate import perplexity  # noqa: E402
 from surgeon.integrations.llmcompressor import SurgeonModifier, SurgeonSparseGPTModifier  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
@@ -88,7 +87,7 @@ def main() -> None:
             for suffix, (modifier, settings) in PEERS.items():
                 name = f"{structure.replace(':', 'of')}-0.5-{suffix}"
                 path = root / f"{name}@{commit}.json"
-                if not re.search(args.only, name) or measured(path):
+                if path.exists() or not re.search(args.only, name):
                     continue
                 model = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32).eval()
                 if modifier is SurgeonModifier:  # prunes the decoder blocks' linear layers, never the LM head

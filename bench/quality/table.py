@@ -21,8 +21,9 @@ first 2 test windows of 2048; each structure's CLI defaults (LLM Surgeon) agains
 against K-OBD, unstructured 50% and 2:4 against SparseGPT, Wanda and sparsegpt-refine (one shot each).
 
 Each run is saved as bench/results/quality/<row>@<commit>.json (another model or calibration budget:
-bench/results/quality-<model>-<n>x<seqlen>/) and skipped where a run of it at a commit with the same pruning code
-exists, so an interrupted table resumes; `python bench/results_md.py` writes the tables into RESULTS.md.
+bench/results/quality-<model>-<n>x<seqlen>/) and skipped where a run of it on the same machine at a commit with the
+same pruning code exists, so an interrupted table resumes; `python bench/results_md.py` writes the tables into
+RESULTS.md.
 
     python bench/quality/table.py                        # every row (about 1.5 hours on 2 cores)
     python bench/quality/table.py --only structured-0.8  # rows whose id contains this text
@@ -116,13 +117,14 @@ def head_commit() -> str:
                                                       text=True, cwd=Path(__file__).parent).stdout.strip()
 
 
-def measured(path: Path) -> bool:
-    """Whether the run `path` (`<row>@<commit>.json`) was saved, at its commit or at another that runs the same
-    pruning code (between them only benchmarks or documents changed), so an interrupted table resumes across commits."""
-    from bench.results_md import commit_of, same_code
+def measured(path: Path, machine: str) -> bool:
+    """Whether the run `path` (`<row>@<commit>.json`) was saved, or the same row on `machine` at another commit that
+    runs the same pruning code (between them only benchmarks or documents changed): an interrupted table resumes
+    across commits, and its seconds stay those of one machine."""
+    from bench.results_md import commit_of, load, row_of, same_code
 
-    row, commit = path.stem.rsplit("@", 1)[0], commit_of(path)
-    return any(same_code(commit_of(other), commit) for other in path.parent.glob(f"{row}@*.json"))
+    return path.exists() or any(load(other).get("machine") == machine and same_code(commit_of(other), commit_of(path))
+                                for other in path.parent.glob(f"{row_of(path)}@*.json"))
 
 
 def folder(model: str, calib_windows: int, calib_seqlen: int) -> Path:
@@ -214,13 +216,13 @@ def main() -> None:
     protocol = protocol_of(args)
     commit = protocol["commit"]
     dense_path = root / f"dense@{commit}.json"
-    if not measured(dense_path):
+    if not measured(dense_path, protocol["machine"]):
         result = perplexity(run.model, run.test_ids, 2048, args.eval_windows, progress=False)
         write_json(dense_path, {"ppl": result.ppl, "seconds": result.seconds, **protocol})
     table = rows(args.shots_structured, args.shots_element) if args.model == "smollm2-135m" else second_model_rows()
     for name, config in table:
         path = root / f"{name}@{commit}.json"
-        if args.only not in name or measured(path):
+        if args.only not in name or measured(path, protocol["machine"]):
             continue
         result = measure(run, config, args.eval_windows)
         logging.info("%s: ppl %.3f sparsity %.4f (%.0f s)", name, result["ppl"], result["sparsity"], result["seconds"])

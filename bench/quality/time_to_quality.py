@@ -5,8 +5,8 @@
 The protocol of bench/quality/table.py (8 × 512 calibration tokens, perplexity on 8 test windows of 2048
 tokens) and the CLI's defaults but the shots: structured 80% in 1, 2 and 8 shots, unstructured 50% in
 1, 3 and 8 (the quality table holds 4 shots of both, 2 of unstructured, and N:M's one propagated shot and
-4 shots). Each point is saved as bench/results/ttq/<point>@<commit>.json and skipped where one at a commit
-with the same pruning code exists; `make results` puts the curves into RESULTS.md,
+4 shots). Each point is saved as bench/results/ttq/<point>@<commit>.json and skipped where one on the same
+machine at a commit with the same pruning code exists; `make results` puts the curves into RESULTS.md,
 `python bench/quality/time_to_quality.py --figure` draws them into docs/figures/time-to-quality.png. Run it
 alone: the seconds are wall time.
 """
@@ -40,10 +40,10 @@ def draw(path: Path = FIGURE) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from bench.results_md import quality_runs, runs_of
+    from bench.results_md import quality_runs, ttq_points
 
     commit, runs = quality_runs()
-    points = list(runs_of(list(ROOT.glob("*@*.json")), commit).items())
+    points = list(ttq_points(commit).items())
     table = [(name, run) for name, run in runs.items() if "-surgeon" in name and "llmc" not in name]
     peers = {name.split("-0.5")[0]: run for name, run in runs.items() if name.endswith("-llmc-sparsegpt")}
     panels = (("unstructured-0.5", "unstructured 50%"), ("2of4-0.5", "2:4"), ("4of8-0.5", "4:8"),
@@ -80,7 +80,7 @@ def main() -> None:
     for name, config in POINTS.items():
         protocol = protocol_of(args)
         path = ROOT / f"{name}@{protocol['commit']}.json"
-        if args.only not in name or measured(path):
+        if args.only not in name or measured(path, protocol["machine"]):
             continue
         result = measure(run, config, args.eval_windows)
         logging.info("%s: ppl %.3f (%.0f s)", name, result["ppl"], result["seconds"])
