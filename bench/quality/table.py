@@ -25,7 +25,7 @@ bench/results/quality-<model>-<n>x<seqlen>/) and skipped where a run of it on th
 same pruning code exists, so an interrupted table resumes; `python bench/results_md.py` writes the tables into
 RESULTS.md.
 
-    python bench/quality/table.py                        # every row (about 1.5 hours on 2 cores)
+    python bench/quality/table.py                        # every row (1.5-3 hours on 2 cores)
     python bench/quality/table.py --only structured-0.8  # rows whose id contains this text
     python bench/quality/table.py --model gemma3-270m    # Gemma-3-270M's rows (about 20 minutes)
     python bench/quality/table.py --model gemma3-270m --calib-windows 16 --calib-seqlen 512 --only 2of4
