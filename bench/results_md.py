@@ -186,6 +186,12 @@ def rows_at(commit: str, runs: dict[str, dict[str, Any]], paths: tuple[str, ...]
     return f"Rows at {earlier} and {mark(commits[-1], paths)}, which run the same code"
 
 
+def listing(commits: list[str]) -> str:
+    """Commits as prose: `a`, `b` and `c`."""
+    quoted = [f"`{c}`" for c in commits]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+
+
 def second_models() -> list[str]:
     """The folders of the quality rows on other models and calibration budgets (`quality-<model>-<n>x<seqlen>`)."""
     return sorted(path.name for path in RESULTS.glob("quality-*") if path.is_dir())
@@ -627,12 +633,12 @@ def readme_with_headline(readme: str) -> str:
     """`readme` with its results table filled from the newest complete quality runs of both models."""
     commit, runs = quality_runs()
     models = [("SmolLM2-135M", runs)]
-    note = f"SmolLM2 (dense {runs['dense']['ppl']:.2f}) at {' and '.join(f'`{c}`' for c in commits_of(commit, runs))}"
+    note = f"SmolLM2 (dense {runs['dense']['ppl']:.2f}) at {listing(commits_of(commit, runs))}"
     if (RESULTS / SECOND[0]).is_dir():
         second_commit, second = quality_runs(SECOND[0])
         models.append((SECOND[1], second))
         note += (f", {SECOND[1]} (dense {second['dense']['ppl']:.2f}) at "
-                 f"{' and '.join(f'`{c}`' for c in commits_of(second_commit, second))}")
+                 f"{listing(commits_of(second_commit, second))}")
     note = f"Perplexity on WikiText-2: {note}; every row and method in `bench/RESULTS.md`."
     table = f"{HEADLINE_START}\n{headline_table(models)}\n\n{note}\n{HEADLINE_END}"
     pattern = re.compile(re.escape(HEADLINE_START) + ".*?" + re.escape(HEADLINE_END), re.S)
