@@ -182,14 +182,12 @@ def rows_at(commit: str, runs: dict[str, dict[str, Any]], paths: tuple[str, ...]
     commits = commits_of(commit, runs)
     if len(commits) == 1:
         return f"All rows at {mark(commit, paths)}"
-    earlier = ", ".join(f"`{c}`" for c in commits[:-1])
-    return f"Rows at {earlier} and {mark(commits[-1], paths)}, which run the same code"
+    return f"Rows at {listing([f'`{c}`' for c in commits[:-1]] + [mark(commits[-1], paths)])}, which run the same code"
 
 
-def listing(commits: list[str]) -> str:
-    """Commits as prose: `a`, `b` and `c`."""
-    quoted = [f"`{c}`" for c in commits]
-    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+def listing(items: list[str]) -> str:
+    """Items as prose: a, b and c."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def second_models() -> list[str]:
@@ -333,7 +331,7 @@ def time_to_quality_section(runs: dict[str, dict[str, Any]], commit: str) -> lis
     peers = [(name, run) for name, run in runs.items() if name.endswith("-llmc-sparsegpt")]
     if peers:
         shown = ", ".join(f"{name} {run['ppl']:.3f} in {run['seconds']:.0f} s" for name, run in peers)
-        out += ["", f"The peer on the same protocol and commit, llm-compressor's SparseGPTModifier "
+        out += ["", f"The peer on the same protocol and code, llm-compressor's SparseGPTModifier "
                 f"(`bench/quality/peers.py`): {shown}."]
     return out
 
@@ -633,12 +631,12 @@ def readme_with_headline(readme: str) -> str:
     """`readme` with its results table filled from the newest complete quality runs of both models."""
     commit, runs = quality_runs()
     models = [("SmolLM2-135M", runs)]
-    note = f"SmolLM2 (dense {runs['dense']['ppl']:.2f}) at {listing(commits_of(commit, runs))}"
+    note = f"SmolLM2 (dense {runs['dense']['ppl']:.2f}) at {listing([f'`{c}`' for c in commits_of(commit, runs)])}"
     if (RESULTS / SECOND[0]).is_dir():
         second_commit, second = quality_runs(SECOND[0])
         models.append((SECOND[1], second))
         note += (f", {SECOND[1]} (dense {second['dense']['ppl']:.2f}) at "
-                 f"{listing(commits_of(second_commit, second))}")
+                 f"{listing([f'`{c}`' for c in commits_of(second_commit, second)])}")
     note = f"Perplexity on WikiText-2: {note}; every row and method in `bench/RESULTS.md`."
     table = f"{HEADLINE_START}\n{headline_table(models)}\n\n{note}\n{HEADLINE_END}"
     pattern = re.compile(re.escape(HEADLINE_START) + ".*?" + re.escape(HEADLINE_END), re.S)
