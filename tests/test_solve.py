@@ -156,3 +156,22 @@ def test_refine_refuses_bad_arguments(kwargs, message, gen):
     W, _, A = problem(4, 16, gen)
     with pytest.raises(ValueError, match=message):
         solver.refine(W, A, **kwargs)
+
+
+@pytest.mark.parametrize("R,C,blocksize,nm,sparsity,before,dead", [
+    (7, 40, 16, None, 0.5, None, 0), (5, 64, 64, None, 0.3, None, 0), (9, 48, 16, None, 0.6, 0.2, 3),
+    (3, 20, 128, None, 0.5, None, 0), (6, 32, 8, (2, 4), 0.0, None, 0), (4, 48, 16, (4, 8), 0.0, None, 2),
+    (8, 40, 8, (2, 4), 0.0, (3, 4), 0),
+], ids=["unstructured", "one-block", "previous-and-dead", "narrower-than-a-block", "2:4", "4:8-dead", "2:4-after-3:4"])
+def test_sweep_is_the_published_loop(R, C, blocksize, nm, sparsity, before, dead, gen):
+    """`baselines.sparsegpt` (transposed blocks, rank-1 updates) against the published column loop it lays out anew."""
+    W, _, A = problem(R, C, gen)
+    A[:dead], A[:, :dead] = 0, 0
+    if isinstance(before, tuple):
+        previous = baselines.sparsegpt_reference(W, A, 0.0, torch.zeros(R, C, dtype=torch.bool), before, blocksize)[1]
+    else:
+        previous = random_mask(R, C, gen, before) if before else torch.zeros(R, C, dtype=torch.bool)
+    fast, mask = baselines.sparsegpt(W, A, sparsity, previous, nm, blocksize)
+    reference, reference_mask = baselines.sparsegpt_reference(W, A, sparsity, previous, nm, blocksize)
+    assert torch.equal(mask, reference_mask) and (mask | ~previous).all() and (fast[mask] == 0).all()
+    torch.testing.assert_close(fast, reference, **FLOAT64)

@@ -1,4 +1,5 @@
-"""surgeon.integrations.sparsegpt.SparseGPT against the published SparseGPT algorithm (`baselines.sparsegpt`)."""
+"""surgeon.integrations.sparsegpt.SparseGPT against the published SparseGPT algorithm
+(`baselines.sparsegpt_reference`) and the sweep it runs (`baselines.sparsegpt`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from surgeon.integrations.sparsegpt import SparseGPT
-from surgeon.method.baselines import sparsegpt
+from surgeon.method.baselines import sparsegpt, sparsegpt_reference
 from tests._tolerances import assert_within_reference_error, removed_by_rule
 
 R, C = 48, 256
@@ -53,7 +54,7 @@ def test_output_error_is_below_sparsegpts(layer, nm, gen):
     W = layer.weight.detach().clone()
     gpt = calibrated(layer, inputs)
     ours_nm = dict(prunen=nm[1] - nm[0], prunem=nm[1]) if nm else {}
-    theirs, theirs_mask = sparsegpt(W, gpt.H, 0.5, torch.zeros(R, C, dtype=torch.bool), nm)
+    theirs, theirs_mask = sparsegpt_reference(W, gpt.H, 0.5, torch.zeros(R, C, dtype=torch.bool), nm)
     gpt.fasterprune(0.5, **ours_nm)
     pruned = layer.weight.detach()
     mask = pruned == 0

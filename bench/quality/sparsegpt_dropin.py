@@ -7,8 +7,8 @@
 For every linear layer of the chosen blocks of the dense SmolLM2-135M, H = (2/n) Σ x xᵀ is
 accumulated from the CPU protocol's calibration windows (8 × 512 tokens of WikiText-2 validation,
 seed 0) exactly as SparseGPT's `add_batch` does. On that H each method prunes the layer to
-unstructured 50% and 2:4: SparseGPT as published (`surgeon.method.baselines.sparsegpt` in float32, block
-size 128, percdamp 0.01) and the drop-in (`sparsegpt_solve`) in its refine mode for each
+unstructured 50% and 2:4: SparseGPT as published (its column loop, `surgeon.method.baselines.sparsegpt_reference`
+in float32, block size 128, percdamp 0.01) and the drop-in (`sparsegpt_solve`) in its refine mode for each
 `--iterations` and its exact mode for each `--exact-shots`. The error is ‖X(W − Ŵ)ᵀ‖² / n =
 ½ tr(ΔW H ΔWᵀ) with the undamped H; the times are each method's solve alone. Result:
 bench/results/cpu/sparsegpt-dropin@<commit>.json; `make results` puts the summary in RESULTS.md.
@@ -34,7 +34,7 @@ from bench.machine import cpu_machine  # noqa: E402
 from bench.quality.table import head_commit, load_protocol  # noqa: E402
 from surgeon.integrations.sparsegpt import REFINE_ITERATIONS, SparseGPT, sparsegpt_solve  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
-from surgeon.method.baselines import sparsegpt  # noqa: E402
+from surgeon.method.baselines import sparsegpt_reference  # noqa: E402
 from surgeon.models.adapter import prunable_layers  # noqa: E402
 
 STRUCTURES = {"unstructured-0.5": None, "2:4": (2, 4)}
@@ -114,8 +114,8 @@ def main() -> None:
     rows = []
     for name, (W, H) in layers.items():
         for structure, nm in STRUCTURES.items():
-            (theirs, _), seconds = timed(lambda: sparsegpt(W.float(), H, 0.5, torch.zeros_like(W, dtype=torch.bool), nm,
-                                                           dtype=torch.float32))
+            (theirs, _), seconds = timed(lambda: sparsegpt_reference(W.float(), H, 0.5, torch.zeros_like(W, dtype=torch.bool),
+                                                                     nm, dtype=torch.float32))
             row = dict(layer=name, structure=structure, shape=list(W.shape), sparsegpt_error=error(W, theirs, H),
                        sparsegpt_seconds=seconds, dropin={})
             n, m = (nm[1] - nm[0], nm[1]) if nm else (0, 0)

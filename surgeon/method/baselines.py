@@ -42,19 +42,55 @@ def sparsegpt(
     """SparseGPT's lazy-batch OBS pruning of one layer with Hessian H = XᵀX: (new W, mask).
 
     Columns are processed left to right in blocks; within a block the mask is chosen by the OBS
-    saliency W²/[H⁻¹]_cc² (per block for unstructured, per group of m for N:M), each pruned
-    column's error is spread over the later columns through the Cholesky factor of H⁻¹, and
-    whole blocks update the rest lazily. Weights in `previous` are pruned first. The sweep runs in
-    `dtype` (float32 is the published implementation's precision).
+    saliency W²/[H⁻¹]_cc² (exactly round(sparsity · R · b) weights per block for unstructured, m−n of
+    every group of m for N:M), each pruned column's error is spread over the later columns through
+    the Cholesky factor of H⁻¹, and whole blocks update the rest lazily. Weights in `previous` are
+    pruned first. The sweep runs in `dtype` (float32 is the published implementation's precision).
+    The arithmetic of `sparsegpt_reference`, laid out for speed: each block is held transposed, so
+    that a column of W is a contiguous row and its error spreads by one rank-1 update in place.
     """
-    W = W.to(dtype, copy=True)
-    H = H.to(dtype, copy=True)
+    W, Hinv = _sweep_inputs(W, H, percdamp, dtype)
     C = W.shape[1]
-    dead = H.diagonal() == 0
-    H[dead, dead] = 1
-    W[:, dead] = 0
-    H = damp(H, percdamp)
-    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    mask = torch.zeros_like(previous)
+    for i1 in range(0, C, blocksize):
+        i2 = min(i1 + blocksize, C)
+        Wt, Hinv1, before = W[:, i1:i2].t().contiguous(), Hinv[i1:i2, i1:i2], previous[:, i1:i2].t()
+        d = Hinv1.diagonal()
+        Errt = torch.empty_like(Wt)
+        if nm is None:
+            block_mask = _smallest(Wt.square() / d.square()[:, None], before, round(sparsity * Wt.numel()))
+            scale = block_mask / d[:, None]  # a pruned weight's error is w / [H⁻¹]_cc, a kept one's 0
+        else:
+            block_mask, scale = torch.zeros_like(Wt, dtype=torch.bool), torch.empty_like(Wt)
+        for i in range(i2 - i1):
+            if nm is not None and i % nm[1] == 0:
+                n, m = nm
+                group = (Wt[i : i + m].square() / d[i : i + m, None].square()).masked_fill(before[i : i + m],
+                                                                                        float("-inf"))
+                block_mask[i : i + m].scatter_(0, group.topk(m - n, dim=0, largest=False).indices, True)
+                torch.div(block_mask[i : i + m], d[i : i + m, None], out=scale[i : i + m])
+            err = torch.mul(Wt[i], scale[i], out=Errt[i])
+            Wt[i:].addr_(Hinv1[i, i:], err, alpha=-1)
+        W[:, i1:i2] = Wt.masked_fill_(block_mask, 0.0).t()
+        W[:, i2:] -= Errt.t() @ Hinv[i1:i2, i2:]
+        mask[:, i1:i2] = block_mask.t()
+    return W, mask
+
+
+def sparsegpt_reference(
+    W: torch.Tensor,
+    H: torch.Tensor,
+    sparsity: float,
+    previous: torch.Tensor,
+    nm: tuple[int, int] | None = None,
+    blocksize: int = 128,
+    percdamp: float = DEFAULT_DAMP_A,
+    dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sparsegpt` as published, column by column on W's own layout: the plain reference it is tested against and
+    the SparseGPT it is timed against (bench/quality/sparsegpt_dropin.py)."""
+    W, Hinv = _sweep_inputs(W, H, percdamp, dtype)
+    C = W.shape[1]
     mask = torch.zeros_like(previous)
     for i1 in range(0, C, blocksize):
         i2 = min(i1 + blocksize, C)
@@ -85,3 +121,25 @@ def sparsegpt(
         W[:, i2:] -= Err1 @ Hinv[i1:i2, i2:]
         mask[:, i1:i2] = block_mask
     return W.masked_fill(mask, 0.0), mask
+
+
+def _sweep_inputs(W: torch.Tensor, H: torch.Tensor, percdamp: float,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sweep's copy of W and the upper Cholesky factor of the damped H⁻¹, dead inputs (H_cc = 0) zeroed."""
+    W = W.to(dtype, copy=True)
+    H = H.to(dtype, copy=True)
+    dead = H.diagonal() == 0
+    H[dead, dead] = 1
+    W[:, dead] = 0
+    H = damp(H, percdamp)
+    return W, torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+
+
+def _smallest(saliency: torch.Tensor, before: torch.Tensor, k: int) -> torch.Tensor:
+    """The mask of the k smallest saliencies, those `before` first and ties in order, by selection, not a sort."""
+    flat = saliency.masked_fill(before, float("-inf")).reshape(-1)
+    if k == 0:
+        return torch.zeros_like(saliency, dtype=torch.bool)
+    tau = flat.kthvalue(k).values
+    below, tied = flat < tau, flat == tau
+    return (below | (tied & (tied.cumsum(0) <= k - below.sum()))).reshape(saliency.shape)
