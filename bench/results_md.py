@@ -469,7 +469,8 @@ def dropin_section() -> list[str]:
     run = load(path)
     out = [f"{run['layers']} linear layers of SmolLM2-135M (blocks {', '.join(map(str, run['blocks']))}), H from "
            "the CPU protocol's calibration windows; each method prunes the same layer on the same H. Ratio: the "
-           "drop-in's layer output error ½ tr(ΔW H ΔWᵀ) over SparseGPT's (lower is better). "
+           "drop-in's layer output error ½ tr(ΔW H ΔWᵀ) over SparseGPT's (lower is better); SparseGPT's error and "
+           "seconds are its published column loop's (`baselines.sparsegpt_reference`). "
            f"{mark(commit_of(path))}, {run['machine']}, `{run['command']}`.", ""]
     out += dropin_rows(run)
     out += dropin_oneshot_rows()

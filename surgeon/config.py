@@ -307,7 +307,8 @@ class PruneConfig:
 class RunConfig:
     """Settings of a CLI run: which model, which data, where the results go."""
 
-    model: str = _opt("smollm2-135m", "hub id, local directory, .gguf file, or smollm2-135m")
+    model: str = _opt("smollm2-135m", "hub id, local directory, .gguf file, or a built-in model: smollm2-135m, "
+                      "gemma3-270m")
     tokenizer: str | None = _opt(None, "tokenizer to use instead of the model's own", shown="the model's")
     dataset: str = _opt("wikitext2", "evaluation text: wikitext2, c4, ptb, or a text file")
     calibration: str = _opt(
@@ -419,7 +420,8 @@ class ReportConfig:
 class PlanConfig:
     """Settings of `surgeon plan`: the run to count, and the GPUs to fit it on."""
 
-    model: str = _opt("smollm2-135m", "hub id, local directory, config.json, .gguf file, or smollm2-135m; "
+    model: str = _opt("smollm2-135m", "hub id, local directory, config.json, .gguf file, or a built-in model: "
+                      "smollm2-135m, gemma3-270m; "
                       "only its configuration is read")
     dtype: str = _opt("bfloat16", "model dtype", ("float32", "bfloat16", "float16"))
     nsamples: int = _opt(128, "calibration windows")

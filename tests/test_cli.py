@@ -187,6 +187,12 @@ def test_help_explains_each_option_once():
     method = next(a for a in commands["prune"]._actions if a.dest == "method").help
     for name in ("lobd: L-OBD", "kobd: K-OBD", "sparsegpt:", "wanda:", "magnitude:"):
         assert name in method
+    from surgeon.models.builtin import EMBEDDED_MODELS
+
+    for command in commands.values():  # --model names every built-in model, wherever it is offered
+        for action in command._actions:
+            if action.dest == "model":
+                assert all(name in action.help for name in EMBEDDED_MODELS), action.help
 
 
 def test_a_setting_resolved_by_structure_is_switched_either_way():

@@ -4,9 +4,10 @@
 
 SparseGPT (Frantar & Alistarh, 2023) prunes a layer in blocks of 128 columns. Inside a block, each column in
 turn is pruned or kept and its error is spread over the block's later columns through the Cholesky factor of
-H⁻¹; `surgeon.method.baselines.sparsegpt` runs that as seven small kernels per column, so on a GPU its time
-follows the columns and not the rows (115-137 µs per column for the float32 sweep on an H100 at Llama-2-7B's
-shapes: bench/results/gpu/sparsegpt-dropin-llama2-7b@7b562d5.json), and the held-out choice's sparsegpt-refine
+H⁻¹; the published loop (`surgeon.method.baselines.sparsegpt_reference`) runs that as seven small kernels per
+column and `baselines.sparsegpt` as two, so on a GPU its time follows the columns and not the rows (115-137 µs
+per column for the published loop in float32 on an H100 at Llama-2-7B's shapes:
+bench/results/gpu/sparsegpt-dropin-llama2-7b@7b562d5.json), and the held-out choice's sparsegpt-refine
 shot is mostly these sweeps (`surgeon plan`). Here one program holds BLOCK_R rows of a block in registers and
 runs the block's whole sweep, N:M groups chosen inside it; PyTorch keeps H⁻¹'s factor, the unstructured block's
 mask (its smallest saliencies over all rows) and the lazy update of the later columns (one GEMM per block).

@@ -114,8 +114,8 @@ def main() -> None:
     rows = []
     for name, (W, H) in layers.items():
         for structure, nm in STRUCTURES.items():
-            (theirs, _), seconds = timed(lambda: sparsegpt_reference(W.float(), H, 0.5, torch.zeros_like(W, dtype=torch.bool),
-                                                                     nm, dtype=torch.float32))
+            none = torch.zeros_like(W, dtype=torch.bool)
+            (theirs, _), seconds = timed(lambda: sparsegpt_reference(W.float(), H, 0.5, none, nm, dtype=torch.float32))
             row = dict(layer=name, structure=structure, shape=list(W.shape), sparsegpt_error=error(W, theirs, H),
                        sparsegpt_seconds=seconds, dropin={})
             n, m = (nm[1] - nm[0], nm[1]) if nm else (0, 0)
@@ -142,7 +142,7 @@ def main() -> None:
                else cpu_machine(torch.get_num_threads()))
     write_json(args.output or ROOT / "bench" / "results" / "cpu" / f"sparsegpt-dropin@{commit}.json", dict(
         commit=commit, machine=machine,
-        command="python bench/quality/sparsegpt_dropin.py " + " ".join(sys.argv[1:]), shapes=args.shapes,
+        command=" ".join(["python bench/quality/sparsegpt_dropin.py", *sys.argv[1:]]), shapes=args.shapes,
         blocks=args.blocks if args.shapes == "smollm2" else None, layers=len(layers), summary=summary, rows=rows))
 
 
