@@ -175,3 +175,15 @@ def test_sweep_is_the_published_loop(R, C, blocksize, nm, sparsity, before, dead
     reference, reference_mask = baselines.sparsegpt_reference(W, A, sparsity, previous, nm, blocksize)
     assert torch.equal(mask, reference_mask) and (mask | ~previous).all() and (fast[mask] == 0).all()
     torch.testing.assert_close(fast, reference, **FLOAT64)
+
+
+def test_a_blocks_mask_takes_exactly_k_earlier_first_and_ties_in_order():
+    saliency = torch.tensor([[3.0, 1.0, 1.0, 4.0], [1.0, 0.5, 2.0, 1.0]])
+    before = torch.tensor([[True, False, False, False], [False, False, True, False]])
+    expected = {0: [], 2: [(0, 0), (1, 2)], 4: [(0, 0), (1, 2), (1, 1), (0, 1)],
+                7: [(0, 0), (1, 2), (1, 1), (0, 1), (0, 2), (1, 0), (1, 3)], 8: "all"}
+    for k, chosen in expected.items():
+        mask = baselines._smallest(saliency, before, k)
+        assert int(mask.sum()) == k
+        if chosen != "all":
+            assert sorted(mask.nonzero().tolist()) == sorted(map(list, chosen)), k

@@ -12,10 +12,10 @@ shot is mostly these sweeps (`surgeon plan`). Here one program holds BLOCK_R row
 runs the block's whole sweep, N:M groups chosen inside it; PyTorch keeps H⁻¹'s factor, the unstructured block's
 mask (its smallest saliencies over all rows) and the lazy update of the later columns (one GEMM per block).
 
-`sparsegpt` is `baselines.sparsegpt` with the fused sweep, an alternative that `surgeon` does not use yet: the
-test suite holds it to the same masks (where no tie decides them: ties go to the lower column here, in whatever
-order `torch.topk` returns them there) and weights under the Triton interpreter and compiles it for sm_90; this
-script times both on Llama-2-7B's layer shapes (`sparsegpt_dropin.random_layers`) on a CUDA device.
+`sparsegpt` is `baselines.sparsegpt` with the fused sweep, an alternative that `surgeon` does not use yet: the test
+suite holds it to the same masks (where no tie decides them: the two break ties in different orders) and weights
+under the Triton interpreter and compiles it for sm_90; this script times both on Llama-2-7B's layer shapes
+(`sparsegpt_dropin.random_layers`) on a CUDA device.
 """
 
 from __future__ import annotations

@@ -46,8 +46,9 @@ def sparsegpt(
     every group of m for N:M), each pruned column's error is spread over the later columns through
     the Cholesky factor of H⁻¹, and whole blocks update the rest lazily. Weights in `previous` are
     pruned first. The sweep runs in `dtype` (float32 is the published implementation's precision).
-    The arithmetic of `sparsegpt_reference`, laid out for speed: each block is held transposed, so
-    that a column of W is a contiguous row and its error spreads by one rank-1 update in place.
+    The arithmetic of `sparsegpt_reference` (up to rounding and the order of ties), laid out for speed: each
+    block is held transposed, so that a column of W is a contiguous row and its error spreads by one rank-1
+    update in place.
     """
     W, Hinv = _sweep_inputs(W, H, percdamp, dtype)
     C = W.shape[1]
@@ -87,8 +88,7 @@ def sparsegpt_reference(
     percdamp: float = DEFAULT_DAMP_A,
     dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`sparsegpt` as published, column by column on W's own layout: the plain reference it is tested against and
-    the SparseGPT it is timed against (bench/quality/sparsegpt_dropin.py)."""
+    """SparseGPT's column loop as published (Frantar & Alistarh, 2023): `sparsegpt`'s reference and yardstick."""
     W, Hinv = _sweep_inputs(W, H, percdamp, dtype)
     C = W.shape[1]
     mask = torch.zeros_like(previous)

@@ -22,7 +22,7 @@ from surgeon.method import baselines, costs, threshold, updates
 from surgeon.method.damping import damp
 from surgeon.method.inverses import KroneckerInverse, spd_inverse
 
-REFINE_ITERATIONS = 8  # `refine`'s conjugate-gradient steps: about one published sweep's time (bench/RESULTS.md)
+REFINE_ITERATIONS = 8  # `refine`'s conjugate-gradient steps: with its sweep, about the published loop's time (RESULTS)
 
 
 def _check_factors(W: torch.Tensor, G: torch.Tensor | None, A: torch.Tensor, one_dtype: bool = True) -> None:
