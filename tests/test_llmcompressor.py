@@ -15,6 +15,7 @@ from llmcompressor.modifiers.pruning.sparsegpt import SparseGPTModifier  # noqa:
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from surgeon import PruneConfig, prune  # noqa: E402
+from surgeon.errors import SurgeonError  # noqa: E402
 from surgeon.integrations.llmcompressor import (  # noqa: E402
     SurgeonModifier,
     SurgeonSparseGPTModifier,
@@ -121,6 +122,14 @@ def test_surgeon_sparsegpt_keeps_sparsegpts_mask_with_lower_error(model, ids, ma
         error = [float((X @ (dense[name].double() - w[name].double()).T).square().sum()) for w in (ours_w, theirs_w)]
         assert error[0] < error[1], (name, error)  # refined or exact for the mask; ≤ 0.95× on LLM-like inputs
         # is tested on the drop-in class (tests/test_sparsegpt_dropin.py); these inputs are nearly isotropic
+
+
+def test_surgeon_sparsegpt_names_a_module_whose_weights_hold_nan(model, ids):
+    with torch.no_grad():
+        model.model.layers[0].self_attn.k_proj.weight[1, 2] = float("nan")
+    with pytest.raises(SurgeonError, match=r"model\.layers\.0\.self_attn\.k_proj: NaN or infinity in the layer's "
+                                           "weights"):
+        oneshot(model=model, dataset=dataset(ids), recipe=[SurgeonSparseGPTModifier(sparsity=0.5)], **ONESHOT)
 
 
 @pytest.mark.parametrize("make, message", [

@@ -183,7 +183,7 @@ def test_a_blocks_mask_takes_exactly_k_earlier_first_and_ties_in_order():
     expected = {0: [], 2: [(0, 0), (1, 2)], 4: [(0, 0), (1, 2), (1, 1), (0, 1)],
                 7: [(0, 0), (1, 2), (1, 1), (0, 1), (0, 2), (1, 0), (1, 3)], 8: "all"}
     for k, chosen in expected.items():
-        mask = baselines._smallest(saliency, before, k)
+        mask = baselines.smallest(saliency, before, k)
         assert int(mask.sum()) == k
         if chosen != "all":
             assert sorted(mask.nonzero().tolist()) == sorted(map(list, chosen)), k

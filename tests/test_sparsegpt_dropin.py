@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from surgeon.errors import SurgeonError
 from surgeon.integrations.sparsegpt import SparseGPT
 from surgeon.method.baselines import sparsegpt, sparsegpt_reference
 from tests._tolerances import assert_within_reference_error, removed_by_rule
@@ -148,3 +149,19 @@ def test_misuse_is_refused(layer, gen):
     gpt.free()
     with pytest.raises(RuntimeError, match="after free"):
         gpt.add_batch(torch.randn(2, C))
+
+
+@pytest.mark.parametrize("update", ["refine", "exact"])
+@pytest.mark.parametrize("where", ["weights", "input Hessian"])
+def test_a_nan_weight_or_input_is_refused_not_pruned(layer, gen, update, where):
+    inputs = correlated_inputs(gen)
+    if where == "weights":
+        with torch.no_grad():
+            layer.weight[3, 7] = float("nan")
+    else:
+        inputs[1][0, 5, 9] = float("inf")
+    gpt = calibrated(layer, inputs)
+    before = layer.weight.detach().clone()
+    with pytest.raises(SurgeonError, match=f"NaN or infinity in the layer's {where}"):
+        gpt.fasterprune(0.5, update=update)
+    torch.testing.assert_close(layer.weight, before, rtol=0, atol=0, equal_nan=True)

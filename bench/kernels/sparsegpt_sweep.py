@@ -10,12 +10,13 @@ per column for the published loop in float32 on an H100 at Llama-2-7B's shapes:
 bench/results/gpu/sparsegpt-dropin-llama2-7b@7b562d5.json), and the held-out choice's sparsegpt-refine
 shot is mostly these sweeps (`surgeon plan`). Here one program holds BLOCK_R rows of a block in registers and
 runs the block's whole sweep, N:M groups chosen inside it; PyTorch keeps H⁻¹'s factor, the unstructured block's
-mask (its smallest saliencies over all rows) and the lazy update of the later columns (one GEMM per block).
+mask (its smallest saliencies over all rows, chosen by `baselines.smallest` as there) and the lazy update of the
+later columns (one GEMM per block).
 
 `sparsegpt` is `baselines.sparsegpt` with the fused sweep, an alternative that `surgeon` does not use yet: the test
-suite holds it to the same masks (where no tie decides them: the two break ties in different orders) and weights
-under the Triton interpreter and compiles it for sm_90; this script times both on Llama-2-7B's layer shapes
-(`sparsegpt_dropin.random_layers`) on a CUDA device.
+suite holds it to the same masks (where no tie inside an N:M group decides them: the kernel and `topk` may break
+those in different orders) and weights under the Triton interpreter and compiles it for sm_90; this script times
+both on Llama-2-7B's layer shapes (`sparsegpt_dropin.random_layers`) on a CUDA device.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.quality.sparsegpt_dropin import LLAMA2_7B_SHAPES, random_layers  # noqa: E402
 from surgeon.config import DEFAULT_DAMP_A  # noqa: E402
 from surgeon.method import baselines  # noqa: E402
-from surgeon.method.damping import damp  # noqa: E402
 from surgeon_kernels._triton import autotune_configs  # noqa: E402
 
 CONFIGS = autotune_configs([dict(BLOCK_R=16, num_warps=4), dict(BLOCK_R=32, num_warps=4),
@@ -111,19 +111,14 @@ def sparsegpt(W: torch.Tensor, H: torch.Tensor, sparsity: float, previous: torch
               nm: tuple[int, int] | None = None, blocksize: int = 128, percdamp: float = DEFAULT_DAMP_A,
               dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     """`baselines.sparsegpt` with each block's sweep fused (`sweep`): (new W, mask)."""
-    W, H = W.to(dtype, copy=True), H.to(dtype, copy=True)
-    dead = H.diagonal() == 0
-    H[dead, dead] = 1
-    W[:, dead] = 0
-    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(damp(H, percdamp))), upper=True)
+    W, Hinv = baselines.sweep_inputs(W, H, percdamp, dtype)
     mask = torch.zeros_like(previous)
     for i1 in range(0, W.shape[1], blocksize):
         i2 = min(i1 + blocksize, W.shape[1])
         Hinv1, given = Hinv[i1:i2, i1:i2], previous[:, i1:i2]
         if nm is None:  # the block's mask before its sweep, as SparseGPT chooses it
-            saliency = (W[:, i1:i2].square() / Hinv1.diagonal().square()).masked_fill(given, float("-inf"))
-            given = torch.zeros_like(given)
-            given.view(-1)[saliency.reshape(-1).topk(round(sparsity * saliency.numel()), largest=False).indices] = True
+            saliency = W[:, i1:i2].square() / Hinv1.diagonal().square()
+            given = baselines.smallest(saliency, given, round(sparsity * saliency.numel()))
         W[:, i1:i2], err, mask[:, i1:i2] = sweep(W[:, i1:i2], Hinv1, given, nm)
         W[:, i2:] -= err @ Hinv[i1:i2, i2:]
     return W.masked_fill(mask, 0.0), mask

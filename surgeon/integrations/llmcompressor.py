@@ -33,6 +33,7 @@ from loguru import logger
 from pydantic import Field, PrivateAttr, model_validator
 
 from surgeon.config import PruneConfig
+from surgeon.errors import SurgeonError
 from surgeon.integrations.sparsegpt import REFINE_ITERATIONS, Update, is_conv1d, sparsegpt_solve
 from surgeon.pruning.report import PruneReport
 from surgeon.pruning.shots import prune
@@ -163,9 +164,12 @@ class SurgeonSparseGPTModifier(SparseGPTModifier):
                 weight = module.weight
                 W = weight.flatten(1) if weight.dim() > 2 else weight  # Conv2d: [out, in·kh·kw]
                 W = W.t() if is_conv1d(module) else W
-                solution = sparsegpt_solve(W.float(), H.to(W.device), float(self._module_sparsities[module]),
-                                           self._prune_n or 0, self._prune_m or 0, self.block_size,
-                                           self.dampening_frac or 0.0, self.shots, self.update, self.iterations)
+                try:
+                    solution = sparsegpt_solve(W.float(), H.to(W.device), float(self._module_sparsities[module]),
+                                               self._prune_n or 0, self._prune_m or 0, self.block_size,
+                                               self.dampening_frac or 0.0, self.shots, self.update, self.iterations)
+                except SurgeonError as error:
+                    raise SurgeonError(f"{name.rstrip('.')}: {error}") from None  # its module names end with '.'
                 new = solution.weight.t() if is_conv1d(module) else solution.weight
                 log.set_results(name="SurgeonSGPT", loss=solution.loss)
             update_offload_parameter(module, "weight", new.reshape(weight.shape).to(weight.dtype))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from surgeon.config import DEFAULT_DAMP_A
+from surgeon.errors import SurgeonError
 from surgeon.method.damping import damp
 from surgeon_kernels import ops
 
@@ -50,7 +51,7 @@ def sparsegpt(
     block is held transposed, so that a column of W is a contiguous row and its error spreads by one rank-1
     update in place.
     """
-    W, Hinv = _sweep_inputs(W, H, percdamp, dtype)
+    W, Hinv = sweep_inputs(W, H, percdamp, dtype)
     C = W.shape[1]
     mask = torch.zeros_like(previous)
     for i1 in range(0, C, blocksize):
@@ -59,7 +60,7 @@ def sparsegpt(
         d = Hinv1.diagonal()
         Errt = torch.empty_like(Wt)
         if nm is None:
-            block_mask = _smallest(Wt.square() / d.square()[:, None], before, round(sparsity * Wt.numel()))
+            block_mask = smallest(Wt.square() / d.square()[:, None], before, round(sparsity * Wt.numel()))
             scale = block_mask / d[:, None]  # a pruned weight's error is w / [H⁻¹]_cc, a kept one's 0
         else:
             block_mask, scale = torch.zeros_like(Wt, dtype=torch.bool), torch.empty_like(Wt)
@@ -89,7 +90,7 @@ def sparsegpt_reference(
     dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """SparseGPT's column loop as published (Frantar & Alistarh, 2023): `sparsegpt`'s reference and yardstick."""
-    W, Hinv = _sweep_inputs(W, H, percdamp, dtype)
+    W, Hinv = sweep_inputs(W, H, percdamp, dtype)
     C = W.shape[1]
     mask = torch.zeros_like(previous)
     for i1 in range(0, C, blocksize):
@@ -123,9 +124,15 @@ def sparsegpt_reference(
     return W.masked_fill(mask, 0.0), mask
 
 
-def _sweep_inputs(W: torch.Tensor, H: torch.Tensor, percdamp: float,
+def sweep_inputs(W: torch.Tensor, H: torch.Tensor, percdamp: float,
                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sweep's copy of W and the upper Cholesky factor of the damped H⁻¹, dead inputs (H_cc = 0) zeroed."""
+    """The sweep's copy of W and the upper Cholesky factor of the damped H⁻¹, dead inputs (H_cc = 0) zeroed.
+
+    Raises `SurgeonError` when W or H holds a NaN or an infinity: no mask chosen from such saliencies means anything.
+    """
+    for label, tensor in (("weights", W), ("input Hessian XᵀX", H)):
+        if not tensor.isfinite().all():
+            raise SurgeonError(f"NaN or infinity in the layer's {label}: SparseGPT's sweep cannot prune it")
     W = W.to(dtype, copy=True)
     H = H.to(dtype, copy=True)
     dead = H.diagonal() == 0
@@ -135,7 +142,7 @@ def _sweep_inputs(W: torch.Tensor, H: torch.Tensor, percdamp: float,
     return W, torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
 
 
-def _smallest(saliency: torch.Tensor, before: torch.Tensor, k: int) -> torch.Tensor:
+def smallest(saliency: torch.Tensor, before: torch.Tensor, k: int) -> torch.Tensor:
     """The mask of the k smallest saliencies, those `before` first and ties in order, by selection, not a sort."""
     flat = saliency.masked_fill(before, float("-inf")).reshape(-1)
     if k == 0:
