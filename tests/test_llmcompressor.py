@@ -127,8 +127,7 @@ def test_surgeon_sparsegpt_keeps_sparsegpts_mask_with_lower_error(model, ids, ma
 def test_surgeon_sparsegpt_names_a_module_whose_weights_hold_nan(model, ids):
     with torch.no_grad():
         model.model.layers[0].self_attn.k_proj.weight[1, 2] = float("nan")
-    with pytest.raises(SurgeonError, match=r"model\.layers\.0\.self_attn\.k_proj: NaN or infinity in the layer's "
-                                           "weights"):
+    with pytest.raises(SurgeonError, match=r"^model\.layers\.0\.self_attn\.k_proj: NaN or infinity in the weights W;"):
         oneshot(model=model, dataset=dataset(ids), recipe=[SurgeonSparseGPTModifier(sparsity=0.5)], **ONESHOT)
 
 

@@ -267,6 +267,17 @@ def test_backends_give_the_same_element_wise_model(structure, max_correlate):
                                       torch.cat([W.flatten() for W in reference.values()]))
 
 
+@pytest.mark.parametrize("method", ["sparsegpt", "sparsegpt-refine", "wanda"])
+def test_a_nan_weight_is_named_not_pruned(method):
+    """The last block's down_proj reads finite inputs, so only the weight check can find its NaN."""
+    model = tiny_model("llama")
+    with torch.no_grad():
+        model.model.layers[-1].mlp.down_proj.weight[0, 1] = float("nan")
+    with pytest.raises(SurgeonError, match=r"^NaN or infinity in the weights of layer \S*layers\.1\.mlp\.down_proj;"):
+        prune(model, calibration(), PruneConfig(structure="unstructured", target_size=0.5, shots=1, method=method),
+              progress=False)
+
+
 @pytest.mark.parametrize("structure", ["unstructured", "2:4"])
 def test_sparsegpt_exact_and_refine_keep_sparsegpts_mask_and_lower_its_error(structure):
     """In the first block (same inputs for all), the same mask and a lower output error ½ tr(ΔW A ΔWᵀ) per layer."""

@@ -7,6 +7,7 @@ import torch
 
 import surgeon
 import surgeon.method.solver as solver
+from surgeon.errors import SurgeonError
 from surgeon.method import baselines
 from tests._helpers import closed_form, problem
 from tests._tolerances import FLOAT64, SPARSEGPT_BLOCK, removed_by_rule
@@ -103,6 +104,20 @@ def test_mismatched_factors_are_refused(gen):
         surgeon.solve(W, A[:8, :8], sparsity=0.5)
     with pytest.raises(ValueError, match="G must be 4×4"):
         surgeon.solve(W, A, A, sparsity=0.5)
+
+
+@pytest.mark.parametrize("factor,what", [(0, "weights W"), (1, "output factor G"), (2, r"input factor A \(")])
+def test_non_finite_inputs_are_refused_before_any_inversion(factor, what, gen):
+    given = list(problem(4, 16, gen))
+    given[factor][1, 2] = float("inf") if factor else float("nan")
+    W, G, A = given
+    with pytest.raises(SurgeonError, match=f"^NaN or infinity in the {what}"):
+        surgeon.solve(W, A, G, sparsity=0.5)
+    if factor != 1:
+        with pytest.raises(SurgeonError, match=f"^NaN or infinity in the {what}"):
+            solver.refine(W, A, sparsity=0.5)
+        with pytest.raises(SurgeonError, match="^NaN or infinity in the (weights W|inputs' matrix H);"):
+            baselines.sparsegpt(W, A, 0.5, torch.zeros_like(W, dtype=torch.bool))
 
 
 def test_refined_rows_reach_the_closed_form(gen):

@@ -152,16 +152,16 @@ def test_misuse_is_refused(layer, gen):
 
 
 @pytest.mark.parametrize("update", ["refine", "exact"])
-@pytest.mark.parametrize("where", ["weights", "input Hessian"])
+@pytest.mark.parametrize("where", ["weights W", "input factor A"])
 def test_a_nan_weight_or_input_is_refused_not_pruned(layer, gen, update, where):
     inputs = correlated_inputs(gen)
-    if where == "weights":
+    if where == "weights W":
         with torch.no_grad():
             layer.weight[3, 7] = float("nan")
     else:
         inputs[1][0, 5, 9] = float("inf")
     gpt = calibrated(layer, inputs)
     before = layer.weight.detach().clone()
-    with pytest.raises(SurgeonError, match=f"NaN or infinity in the layer's {where}"):
+    with pytest.raises(SurgeonError, match=f"NaN or infinity in the {where}"):
         gpt.fasterprune(0.5, update=update)
     torch.testing.assert_close(layer.weight, before, rtol=0, atol=0, equal_nan=True)

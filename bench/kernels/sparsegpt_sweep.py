@@ -118,7 +118,7 @@ def sparsegpt(W: torch.Tensor, H: torch.Tensor, sparsity: float, previous: torch
         Hinv1, given = Hinv[i1:i2, i1:i2], previous[:, i1:i2]
         if nm is None:  # the block's mask before its sweep, as SparseGPT chooses it
             saliency = W[:, i1:i2].square() / Hinv1.diagonal().square()
-            given = baselines.smallest(saliency, given, round(sparsity * saliency.numel()))
+            given = baselines.smallest(saliency.t(), given.t(), round(sparsity * saliency.numel())).t()
         W[:, i1:i2], err, mask[:, i1:i2] = sweep(W[:, i1:i2], Hinv1, given, nm)
         W[:, i2:] -= err @ Hinv[i1:i2, i2:]
     return W.masked_fill(mask, 0.0), mask

@@ -168,8 +168,8 @@ class SurgeonSparseGPTModifier(SparseGPTModifier):
                     solution = sparsegpt_solve(W.float(), H.to(W.device), float(self._module_sparsities[module]),
                                                self._prune_n or 0, self._prune_m or 0, self.block_size,
                                                self.dampening_frac or 0.0, self.shots, self.update, self.iterations)
-                except SurgeonError as error:
-                    raise SurgeonError(f"{name.rstrip('.')}: {error}") from None  # its module names end with '.'
+                except SurgeonError as error:  # a layer matched as itself is named '<layer>.'
+                    raise SurgeonError(f"{name.rstrip('.')}: {error}") from None
                 new = solution.weight.t() if is_conv1d(module) else solution.weight
                 log.set_results(name="SurgeonSGPT", loss=solution.loss)
             update_offload_parameter(module, "weight", new.reshape(weight.shape).to(weight.dtype))

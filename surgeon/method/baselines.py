@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from surgeon.config import DEFAULT_DAMP_A
-from surgeon.errors import SurgeonError
+from surgeon.errors import require_finite
 from surgeon.method.damping import damp
 from surgeon_kernels import ops
 
@@ -125,14 +125,12 @@ def sparsegpt_reference(
 
 
 def sweep_inputs(W: torch.Tensor, H: torch.Tensor, percdamp: float,
-                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """The sweep's copy of W and the upper Cholesky factor of the damped H⁻¹, dead inputs (H_cc = 0) zeroed.
 
-    Raises `SurgeonError` when W or H holds a NaN or an infinity: no mask chosen from such saliencies means anything.
+    Raises `SurgeonError` where W or H holds a NaN or an infinity: no mask chosen from such saliencies means anything.
     """
-    for label, tensor in (("weights", W), ("input Hessian XᵀX", H)):
-        if not tensor.isfinite().all():
-            raise SurgeonError(f"NaN or infinity in the layer's {label}: SparseGPT's sweep cannot prune it")
+    require_finite({"the weights W": W, "the inputs' matrix H": H})
     W = W.to(dtype, copy=True)
     H = H.to(dtype, copy=True)
     dead = H.diagonal() == 0

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from surgeon.config import DEFAULT_DAMP_A, DEFAULT_DAMP_G
+from surgeon.errors import require_finite
 from surgeon.method import baselines, costs, threshold, updates
 from surgeon.method.damping import damp
 from surgeon.method.inverses import KroneckerInverse, spd_inverse
@@ -195,6 +196,8 @@ def solve(
     the solve runs in float64.
     """
     _check_factors(W, G, A, one_dtype=False)
+    given = {"the weights W": W, "the input factor A (SparseGPT's H)": A}
+    require_finite(given if G is None else {**given, "the output factor G": G})
     _check_target(W, sparsity, nm, mask, rows, cols, shots)
     if nm is not None and G is None and blocksize % nm[1]:
         raise ValueError(f"blocksize {blocksize} must be a multiple of m={nm[1]}")
@@ -253,6 +256,7 @@ def refine(
     undamped A.
     """
     _check_factors(W, None, A, one_dtype=False)
+    require_finite({"the weights W": W, "the input factor A (SparseGPT's H)": A})
     _check_target(W, sparsity, nm, None, None, None, 1)
     if nm is not None and blocksize % nm[1]:
         raise ValueError(f"blocksize {blocksize} must be a multiple of m={nm[1]}")

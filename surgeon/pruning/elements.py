@@ -13,6 +13,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from surgeon.config import DEFAULT_DAMP_A, PruneConfig
+from surgeon.errors import require_finite
 from surgeon.method import baselines, costs, inverses, solver, threshold, updates
 from surgeon.method.damping import damp
 from surgeon.method.factors import LayerFactors
@@ -175,6 +176,7 @@ def per_layer_shot(model: nn.Module, layers: list[Layer], calibration: torch.Ten
 def _prune_one_layer(layer: Layer, A: torch.Tensor, target_size: float, config: PruneConfig) -> None:
     """SparseGPT (as published, or its mask with the exact update or steps toward it) or Wanda on one layer, given
     its input factor A."""
+    require_finite({f"the weights of layer {layer.name}": layer.weight()})
     if config.method == "wanda":
         W, C = layer.weight(), layer.module.in_features
         layer.mask = layer.mask | baselines.per_row_mask(
