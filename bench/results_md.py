@@ -142,17 +142,44 @@ def same_code(first: str, second: str, paths: tuple[str, ...] = CPU_PRUNING) -> 
 
 def quality_runs(folder: str = "quality",
                  paths: tuple[str, ...] = CPU_PRUNING) -> tuple[str, dict[str, dict[str, Any]]]:
-    """The newest complete set of runs in `bench/results/<folder>` and its runs by row: a dense run's commit, with
+    """The newest set of runs in `bench/results/<folder>` and its runs by row: the newest dense run's commit, with
     each row's newest run at a commit that runs the same code (a set measured over several commits, between
-    which only the benchmarks or the documents changed, is one set)."""
-    order, root = commit_order(), RESULTS / folder
-    files = [p for p in root.glob("*@*.json") if commit_of(p) in order]
-    denses = {commit_of(p) for p in files if row_of(p) == "dense"}
-    if not denses:
+    which only the benchmarks or the documents changed, is one set). A row that set lacks keeps its run in the
+    most complete set (`complete_set`), which the tables mark (`older_rows`): a table measured again in part
+    shows every row."""
+    order, files = commit_order(), result_files(folder)
+    sets = {commit: runs_of(files, commit, paths) for commit in {commit_of(p) for p in files if row_of(p) == "dense"}}
+    if not sets:
         raise SystemExit(f"no bench/results/{folder}/dense@<commit>.json: run `python bench/quality/table.py`")
-    sets = {commit: runs_of(files, commit, paths) for commit in denses}
-    commit = min(sets, key=lambda c: (-len(sets[c]), order[c]))  # the most rows; among equals the newest
-    return commit, sets[commit]
+    commit = min(sets, key=order.__getitem__)
+    return commit, with_older_rows(sets[commit], sets[complete_set(sets)])
+
+
+def result_files(folder: str) -> list[Path]:
+    """The result files in `bench/results/<folder>` saved at commits of this history."""
+    order = commit_order()
+    return [p for p in (RESULTS / folder).glob("*@*.json") if commit_of(p) in order]
+
+
+def complete_set(sets: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """The commit of the set with the most rows, among equals the newest."""
+    order = commit_order()
+    return min(sets, key=lambda c: (-len(sets[c]), order[c]))
+
+
+def with_older_rows(runs: dict[str, dict[str, Any]], older: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """`runs` and each row of `older` that it lacks, by row name."""
+    return dict(sorted({**older, **runs}.items()))
+
+
+def older_rows(commit: str, runs: dict[str, dict[str, Any]], paths: tuple[str, ...]) -> set[str]:
+    """The rows of `runs` measured at code other than `commit`'s."""
+    return {row for row, run in runs.items() if not same_code(run.get("commit", commit), commit, paths)}
+
+
+def row_label(row: str, older: set[str]) -> str:
+    """A row's name as the tables print it: marked † where it was measured at older code."""
+    return f"{row} †" if row in older else row
 
 
 def runs_of(files: list[Path], commit: str, paths: tuple[str, ...] = CPU_PRUNING) -> dict[str, dict[str, Any]]:
@@ -167,8 +194,11 @@ def runs_of(files: list[Path], commit: str, paths: tuple[str, ...] = CPU_PRUNING
 
 
 def ttq_points(commit: str) -> dict[str, dict[str, Any]]:
-    """The points of `bench/quality/time_to_quality.py` saved at commits that run the same code as `commit`."""
-    return runs_of(list((RESULTS / "ttq").glob("*@*.json")), commit)
+    """The points of `bench/quality/time_to_quality.py` saved at commits that run the same code as `commit`, and
+    those it lacks from the points beside the most complete quality set (`quality_runs`)."""
+    quality, ttq = result_files("quality"), result_files("ttq")
+    sets = {c: runs_of(quality, c) for c in {commit_of(p) for p in quality if row_of(p) == "dense"}}
+    return with_older_rows(runs_of(ttq, commit), runs_of(ttq, complete_set(sets)) if sets else {})
 
 
 def commits_of(commit: str, runs: dict[str, dict[str, Any]]) -> list[str]:
@@ -178,11 +208,22 @@ def commits_of(commit: str, runs: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def rows_at(commit: str, runs: dict[str, dict[str, Any]], paths: tuple[str, ...]) -> str:
-    """Where a set of runs was measured: its commit, or its commits that run the same code, marked if stale."""
+    """Where a set of runs was measured: its commit, or its commits that run the same code, marked if stale; then
+    the commits of the rows marked † (`older_rows`), measured at older code."""
+    current, older = commit_groups(commit, runs, paths)
+    where = (f"at {mark(commit, paths)}" if len(current) == 1 else
+             f"at {listing([f'`{c}`' for c in current[:-1]] + [mark(current[-1], paths)])}, which run the same code")
+    if not older:
+        return ("All rows " if len(current) == 1 else "Rows ") + where
+    return (f"Rows {where}; rows marked † not yet measured there, at {listing([f'`{c}`' for c in older])} "
+            "(stale: the code changed since)")
+
+
+def commit_groups(commit: str, runs: dict[str, dict[str, Any]], paths: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """The commits of a set's runs, oldest first: those that run `commit`'s code, and the others."""
     commits = commits_of(commit, runs)
-    if len(commits) == 1:
-        return f"All rows at {mark(commit, paths)}"
-    return f"Rows at {listing([f'`{c}`' for c in commits[:-1]] + [mark(commits[-1], paths)])}, which run the same code"
+    current = [c for c in commits if same_code(c, commit, paths)]
+    return current, [c for c in commits if c not in current]
 
 
 def listing(items: list[str]) -> str:
@@ -207,7 +248,7 @@ def method_label(config: dict[str, Any]) -> str:
     return label + (", last shot propagated" if config.get("propagate") else "")
 
 
-def quality_table(runs: dict[str, dict[str, Any]]) -> str:
+def quality_table(runs: dict[str, dict[str, Any]], older: set[str]) -> str:
     lines = ["| run | structure | kept | method | shots | λ_G / λ_A | sparsity | ppl | seconds |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     dense = runs["dense"]
@@ -217,8 +258,8 @@ def quality_table(runs: dict[str, dict[str, Any]]) -> str:
             continue
         c = run["config"]
         method = method_label(c) + (f"; kept {run['choice']['kept']} by held-out loss" if run.get("choice") else "")
-        lines.append(f"| {name} | {c['structure']} | {c['target_size']:g} | {method} | {c['shots']} | "
-                     f"{c['damp_g']} / {c['damp_a']} | {run['sparsity']:.4f} | {run['ppl']:.3f} | "
+        lines.append(f"| {row_label(name, older)} | {c['structure']} | {c['target_size']:g} | {method} | "
+                     f"{c['shots']} | {c['damp_g']} / {c['damp_a']} | {run['sparsity']:.4f} | {run['ppl']:.3f} | "
                      f"{run['seconds']:.0f} |")
     return "\n".join(lines)
 
@@ -313,25 +354,26 @@ def gpu_time_section() -> list[str]:
 
 def time_to_quality_section(runs: dict[str, dict[str, Any]], commit: str) -> list[str]:
     """The time-to-quality curve of each structure at the quality table's commit: its LLM Surgeon rows and the
-    points of `bench/quality/time_to_quality.py` saved at commits that run the same code."""
+    points of `bench/quality/time_to_quality.py` (`ttq_points`), those measured at older code marked †."""
     reference = [(name, runs[name]) for name in (
         "structured-0.8-surgeon", "structured-0.8-surgeon-lora20", "unstructured-0.5-surgeon",
         "unstructured-0.5-surgeon-shots2", "2of4-0.5-surgeon", "2of4-0.5-surgeon-4shots", "4of8-0.5-surgeon",
         "4of8-0.5-surgeon-4shots") if name in runs]
     points = list(ttq_points(commit).items())
+    older = older_rows(commit, {**runs, **dict(points)}, CPU_PRUNING)
     out = [f"{rows_at(commit, {**runs, **dict(points)}, CPU_PRUNING)}.", "",
            "| point | structure | shots | CG tolerance | damping G | propagated | LoRA steps | kept by held-out loss | "
            "perplexity | seconds |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, run in sorted(reference + points, key=lambda item: (item[0].split("-")[0], item[1]["seconds"])):
         config, choice = run["config"], run.get("choice")
-        out.append(f"| {name} | {config['structure']} | {config['shots']} | {config['cg_tol']:g} | "
+        out.append(f"| {row_label(name, older)} | {config['structure']} | {config['shots']} | {config['cg_tol']:g} | "
                    f"{config['damp_g']:g} | {'yes' if config.get('propagate') else 'no'} | {config['lora_steps']} | "
                    f"{choice['kept'] if choice else '–'} | {run['ppl']:.3f} | {run['seconds']:.0f} |")
     peers = [(name, run) for name, run in runs.items() if name.endswith("-llmc-sparsegpt")]
     if peers:
-        shown = ", ".join(f"{name} {run['ppl']:.3f} in {run['seconds']:.0f} s" for name, run in peers)
-        out += ["", f"The peer on the same protocol and code, llm-compressor's SparseGPTModifier "
+        shown = ", ".join(f"{row_label(name, older)} {run['ppl']:.3f} in {run['seconds']:.0f} s" for name, run in peers)
+        out += ["", f"The peer on the same protocol, llm-compressor's SparseGPTModifier "
                 f"(`bench/quality/peers.py`): {shown}."]
     return out
 
@@ -452,13 +494,14 @@ def coupled_section() -> list[str]:
     if not list((RESULTS / "coupled").glob("dense@*.json")):
         return ["Not yet measured (`python bench/quality/coupled.py`)."]
     commit, runs = quality_runs("coupled", CPU_EXPORTED)
+    older = older_rows(commit, runs, CPU_EXPORTED)
     out = [f"{rows_at(commit, runs, CPU_EXPORTED)}, {runs['dense']['machine']}.", "",
            "| row | ppl | parameters (of dense) | format | decode tokens/s (batch 1, 2048 context) | prune s |",
            "| --- | --- | --- | --- | --- | --- |"]
     for row, run in runs.items():
         size = f"{run['parameters'] / 1e6:.1f} M ({run['parameters'] / run['dense_parameters']:.3f})"
-        out.append(f"| {row} | {run['ppl']:.3f} | {size} | {run['format']} | {run['decode_tokens_per_s']:.1f} | "
-                   f"{run['seconds']:.0f} |")
+        out.append(f"| {row_label(row, older)} | {run['ppl']:.3f} | {size} | {run['format']} | "
+                   f"{run['decode_tokens_per_s']:.1f} | {run['seconds']:.0f} |")
     return out
 
 
@@ -589,7 +632,8 @@ def quality_block(commit: str, runs: dict[str, dict[str, Any]]) -> list[str]:
     dense = runs["dense"]
     budget = f"{dense['calib_windows']} × {dense['calib_seqlen']} calibration tokens, "
     return [f"{rows_at(commit, runs, CPU_PRUNING)}: {dense.get('model', 'smollm2-135m')}, {budget}perplexity on the "
-            f"first {dense['eval_windows']} test windows of 2048.", "", quality_table(runs)]
+            f"first {dense['eval_windows']} test windows of 2048.", "",
+            quality_table(runs, older_rows(commit, runs, CPU_PRUNING))]
 
 
 def blocks() -> dict[str, list[str]]:
@@ -631,14 +675,18 @@ SECOND = ("quality-gemma3-270m-8x256", "Gemma-3-270M")
 
 def readme_with_headline(readme: str) -> str:
     """`readme` with its results table filled from the newest complete quality runs of both models."""
+    def at(commit: str, runs: dict[str, dict[str, Any]]) -> str:
+        current, older = commit_groups(commit, runs, CPU_PRUNING)
+        text = listing([f"`{c}`" for c in current]) + (" (stale)" if stale(current[-1], CPU_PRUNING) else "")
+        return text + (f" (older rows at {listing([f'`{c}`' for c in older])}, stale)" if older else "")
+
     commit, runs = quality_runs()
     models = [("SmolLM2-135M", runs)]
-    note = f"SmolLM2 (dense {runs['dense']['ppl']:.2f}) at {listing([f'`{c}`' for c in commits_of(commit, runs)])}"
+    note = f"SmolLM2 (dense {runs['dense']['ppl']:.2f}) at {at(commit, runs)}"
     if (RESULTS / SECOND[0]).is_dir():
         second_commit, second = quality_runs(SECOND[0])
         models.append((SECOND[1], second))
-        note += (f", {SECOND[1]} (dense {second['dense']['ppl']:.2f}) at "
-                 f"{listing([f'`{c}`' for c in commits_of(second_commit, second)])}")
+        note += f", {SECOND[1]} (dense {second['dense']['ppl']:.2f}) at {at(second_commit, second)}"
     note = f"Perplexity on WikiText-2: {note}; every row and method in `bench/RESULTS.md`."
     table = f"{HEADLINE_START}\n{headline_table(models)}\n\n{note}\n{HEADLINE_END}"
     pattern = re.compile(re.escape(HEADLINE_START) + ".*?" + re.escape(HEADLINE_END), re.S)

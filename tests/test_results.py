@@ -62,6 +62,27 @@ def test_a_table_resumes_a_row_saved_at_a_commit_that_runs_the_same_code(tmp_pat
     assert runs_of(list(tmp_path.glob("*.json")), "64461c4") == {"other": {"ppl": 4}}
 
 
+def test_a_table_measured_again_in_part_keeps_its_other_rows_marked_as_older():
+    sys.path.insert(0, str(ROOT))
+    from bench.results_md import CPU_PRUNING, git, older_rows, quality_table, rows_at, with_older_rows
+
+    if git("cat-file", "-e", "a49198b^{commit}").returncode != 0:
+        pytest.skip("needs the repository's history")
+    config = dict(structure="unstructured", target_size=0.5, method="wanda", shots=1, damp_g=0.1, damp_a=0.01)
+
+    def run(commit: str, ppl: float) -> dict:
+        return dict(commit=commit, ppl=ppl, seconds=1, sparsity=0.5, config=config)
+
+    new = {"dense": run("94ac23f", 10), "b": run("64461c4", 2)}  # between the two: benchmarks and documents only
+    complete = {"dense": run("a49198b", 11), "a": run("a49198b", 1), "b": run("a49198b", 3)}
+    runs = with_older_rows(new, complete)
+    assert list(runs) == ["a", "b", "dense"] and runs["b"]["ppl"] == 2 and runs["dense"]["ppl"] == 10
+    assert older_rows("94ac23f", runs, CPU_PRUNING) == {"a"}
+    assert "| a † |" in quality_table(runs, {"a"}) and "| b |" in quality_table(runs, {"a"})
+    assert rows_at("94ac23f", runs, CPU_PRUNING).endswith(
+        "which run the same code; rows marked † not yet measured there, at `a49198b` (stale: the code changed since)")
+
+
 def test_cpu_runs_do_not_go_stale_when_only_a_triton_kernel_changes():
     sys.path.insert(0, str(ROOT))
     from bench.results_md import CPU_PRUNING, PRUNING, code_changed, git
