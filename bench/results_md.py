@@ -142,17 +142,24 @@ def same_code(first: str, second: str, paths: tuple[str, ...] = CPU_PRUNING) -> 
 
 def quality_runs(folder: str = "quality",
                  paths: tuple[str, ...] = CPU_PRUNING) -> tuple[str, dict[str, dict[str, Any]]]:
-    """The newest set of runs in `bench/results/<folder>` and its runs by row: the newest dense run's commit, with
-    each row's newest run at a commit that runs the same code (a set measured over several commits, between
-    which only the benchmarks or the documents changed, is one set). A row that set lacks keeps its run in the
-    most complete set (`complete_set`), which the tables mark (`older_rows`): a table measured again in part
-    shows every row."""
-    order, files = commit_order(), result_files(folder)
-    sets = {commit: runs_of(files, commit, paths) for commit in {commit_of(p) for p in files if row_of(p) == "dense"}}
-    if not sets:
+    """The newest set of runs in `bench/results/<folder>`: the newest dense run's commit, and by row the runs of
+    that set and of the most complete set (`merged`), each from the newest set that has it. A set is a dense
+    run with each row's newest run at a commit that runs the same code (measured over several commits, between
+    which only the benchmarks or the documents changed); rows from older sets are marked in the tables
+    (`older_rows`), so that a table measured again in part shows every row."""
+    sets = quality_sets(folder, paths)
+    newest = min(sets, key=commit_order().__getitem__)
+    return newest, merged(sets, newest, complete_set(sets))
+
+
+@functools.cache
+def quality_sets(folder: str, paths: tuple[str, ...]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every set of runs in `bench/results/<folder>` by its dense run's commit (see `quality_runs`)."""
+    files = result_files(folder)
+    denses = {commit_of(p) for p in files if row_of(p) == "dense"}
+    if not denses:
         raise SystemExit(f"no bench/results/{folder}/dense@<commit>.json: run `python bench/quality/table.py`")
-    commit = min(sets, key=order.__getitem__)
-    return commit, with_older_rows(sets[commit], sets[complete_set(sets)])
+    return {commit: runs_of(files, commit, paths) for commit in denses}
 
 
 def result_files(folder: str) -> list[Path]:
@@ -167,9 +174,17 @@ def complete_set(sets: dict[str, dict[str, dict[str, Any]]]) -> str:
     return min(sets, key=lambda c: (-len(sets[c]), order[c]))
 
 
-def with_older_rows(runs: dict[str, dict[str, Any]], older: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """`runs` and each row of `older` that it lacks, by row name."""
-    return dict(sorted({**older, **runs}.items()))
+def merged(sets: dict[str, dict[str, dict[str, Any]]], newest: str, complete: str) -> dict[str, dict[str, Any]]:
+    """The rows of the sets at `newest` and `complete`, each from the newest set that has it, in the order of their
+    file names."""
+    order = commit_order()
+    rows = set(sets.get(newest, {})) | set(sets[complete])
+    runs: dict[str, dict[str, Any]] = {}
+    for commit in sorted(sets, key=order.__getitem__):
+        for row, run in sets[commit].items():
+            if row in rows:
+                runs.setdefault(row, run)
+    return dict(sorted(runs.items(), key=lambda item: item[0] + "@"))
 
 
 def older_rows(commit: str, runs: dict[str, dict[str, Any]], paths: tuple[str, ...]) -> set[str]:
@@ -194,11 +209,10 @@ def runs_of(files: list[Path], commit: str, paths: tuple[str, ...] = CPU_PRUNING
 
 
 def ttq_points(commit: str) -> dict[str, dict[str, Any]]:
-    """The points of `bench/quality/time_to_quality.py` saved at commits that run the same code as `commit`, and
-    those it lacks from the points beside the most complete quality set (`quality_runs`)."""
-    quality, ttq = result_files("quality"), result_files("ttq")
-    sets = {c: runs_of(quality, c) for c in {commit_of(p) for p in quality if row_of(p) == "dense"}}
-    return with_older_rows(runs_of(ttq, commit), runs_of(ttq, complete_set(sets)) if sets else {})
+    """The points of `bench/quality/time_to_quality.py` beside the quality sets (`quality_sets`), merged as their rows
+    are (`merged`): those at `commit`'s code and those beside the most complete quality set."""
+    files, sets = result_files("ttq"), quality_sets("quality", CPU_PRUNING)
+    return merged({c: runs_of(files, c) for c in {*sets, commit}}, commit, complete_set(sets))
 
 
 def commits_of(commit: str, runs: dict[str, dict[str, Any]]) -> list[str]:
@@ -284,28 +298,30 @@ def ran_defaults(config: dict[str, Any]) -> bool:
     return all(config[key] == default[key] for key in SETTINGS if key in config)
 
 
-def headline_cells(runs: dict[str, dict[str, Any]], prefix: str) -> str:
+def headline_cells(runs: dict[str, dict[str, Any]], prefix: str, older: frozenset[str] = frozenset()) -> str:
     """The best baseline's perplexity at one structure and LLM Surgeon's with the CLI's defaults, the lower in bold,
-    with a second decimal where one would print them alike; '- | -' if either was not run."""
+    with a second decimal where one would print them alike, † on a row of `older`; '- | -' if either was not run."""
     rows = {name[len(prefix) + 1:]: run for name, run in runs.items() if name.startswith(prefix + "-")}
     baselines = {m: r["ppl"] for m, r in rows.items() if m in NAMES}
-    surgeon = [run for name, run in sorted(rows.items()) if name.startswith("surgeon") and ran_defaults(run["config"])]
+    surgeon = [name for name, run in sorted(rows.items()) if name.startswith("surgeon") and ran_defaults(run["config"])]
     if not baselines or not surgeon:
         return "- | -"
     best = min(baselines, key=baselines.__getitem__)
-    cells = [(NAMES[best] + " ", baselines[best]), ("", surgeon[0]["ppl"])]
-    lowest = min(value for _, value in cells)
-    digits = 2 if len({f"{value:.1f}" for _, value in cells}) == 1 else 1
-    return " | ".join(f"{label}**{value:.{digits}f}**" if value == lowest else f"{label}{value:.{digits}f}"
-                      for label, value in cells)
+    cells = [(NAMES[best] + " ", baselines[best], best), ("", rows[surgeon[0]]["ppl"], surgeon[0])]
+    lowest = min(value for _, value, _ in cells)
+    digits = 2 if len({f"{value:.1f}" for _, value, _ in cells}) == 1 else 1
+    return " | ".join((f"{label}**{value:.{digits}f}**" if value == lowest else f"{label}{value:.{digits}f}")
+                      + (" †" if f"{prefix}-{row}" in older else "") for label, value, row in cells)
 
 
-def headline_table(models: list[tuple[str, dict[str, dict[str, Any]]]]) -> str:
-    """Per structure and model: the best baseline and LLM Surgeon, the lower perplexity in bold (the README's)."""
-    lines = ["| structure | " + " | ".join(f"{label}: best baseline | LLM Surgeon" for label, _ in models) + " |",
+def headline_table(models: list[tuple[str, dict[str, dict[str, Any]], frozenset[str]]]) -> str:
+    """Per structure and model: the best baseline and LLM Surgeon, the lower perplexity in bold, † on a row measured
+    at older code (the README's)."""
+    lines = ["| structure | " + " | ".join(f"{label}: best baseline | LLM Surgeon" for label, _, _ in models) + " |",
              "| --- |" + " --- | --- |" * len(models)]
     for prefix, label in HEADLINE:
-        lines.append(f"| {label} | " + " | ".join(headline_cells(runs, prefix) for _, runs in models) + " |")
+        lines.append(f"| {label} | " + " | ".join(headline_cells(runs, prefix, older) for _, runs, older in models)
+                     + " |")
     return "\n".join(lines)
 
 
@@ -674,19 +690,19 @@ SECOND = ("quality-gemma3-270m-8x256", "Gemma-3-270M")
 
 
 def readme_with_headline(readme: str) -> str:
-    """`readme` with its results table filled from the newest complete quality runs of both models."""
+    """`readme` with its results table filled from the quality runs of both models (`quality_runs`)."""
     def at(commit: str, runs: dict[str, dict[str, Any]]) -> str:
         current, older = commit_groups(commit, runs, CPU_PRUNING)
         text = listing([f"`{c}`" for c in current]) + (" (stale)" if stale(current[-1], CPU_PRUNING) else "")
-        return text + (f" (older rows at {listing([f'`{c}`' for c in older])}, stale)" if older else "")
+        return text + (f", † at {listing([f'`{c}`' for c in older])} (older code)" if older else "")
 
     commit, runs = quality_runs()
-    models = [("SmolLM2-135M", runs)]
+    models = [("SmolLM2-135M", runs, frozenset(older_rows(commit, runs, CPU_PRUNING)))]
     note = f"SmolLM2 (dense {runs['dense']['ppl']:.2f}) at {at(commit, runs)}"
     if (RESULTS / SECOND[0]).is_dir():
         second_commit, second = quality_runs(SECOND[0])
-        models.append((SECOND[1], second))
-        note += f", {SECOND[1]} (dense {second['dense']['ppl']:.2f}) at {at(second_commit, second)}"
+        models.append((SECOND[1], second, frozenset(older_rows(second_commit, second, CPU_PRUNING))))
+        note += f"; {SECOND[1]} (dense {second['dense']['ppl']:.2f}) at {at(second_commit, second)}"
     note = f"Perplexity on WikiText-2: {note}; every row and method in `bench/RESULTS.md`."
     table = f"{HEADLINE_START}\n{headline_table(models)}\n\n{note}\n{HEADLINE_END}"
     pattern = re.compile(re.escape(HEADLINE_START) + ".*?" + re.escape(HEADLINE_END), re.S)

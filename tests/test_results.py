@@ -62,25 +62,43 @@ def test_a_table_resumes_a_row_saved_at_a_commit_that_runs_the_same_code(tmp_pat
     assert runs_of(list(tmp_path.glob("*.json")), "64461c4") == {"other": {"ppl": 4}}
 
 
-def test_a_table_measured_again_in_part_keeps_its_other_rows_marked_as_older():
+def test_a_table_measured_again_in_part_keeps_its_other_rows_marked_as_older(tmp_path, monkeypatch):
     sys.path.insert(0, str(ROOT))
-    from bench.results_md import CPU_PRUNING, git, older_rows, quality_table, rows_at, with_older_rows
+    import json
 
-    if git("cat-file", "-e", "a49198b^{commit}").returncode != 0:
+    from bench import results_md
+
+    if results_md.git("cat-file", "-e", "5768318^{commit}").returncode != 0:
         pytest.skip("needs the repository's history")
     config = dict(structure="unstructured", target_size=0.5, method="wanda", shots=1, damp_g=0.1, damp_a=0.01)
-
-    def run(commit: str, ppl: float) -> dict:
-        return dict(commit=commit, ppl=ppl, seconds=1, sparsity=0.5, config=config)
-
-    new = {"dense": run("94ac23f", 10), "b": run("64461c4", 2)}  # between the two: benchmarks and documents only
-    complete = {"dense": run("a49198b", 11), "a": run("a49198b", 1), "b": run("a49198b", 3)}
-    runs = with_older_rows(new, complete)
-    assert list(runs) == ["a", "b", "dense"] and runs["b"]["ppl"] == 2 and runs["dense"]["ppl"] == 10
-    assert older_rows("94ac23f", runs, CPU_PRUNING) == {"a"}
-    assert "| a † |" in quality_table(runs, {"a"}) and "| b |" in quality_table(runs, {"a"})
-    assert rows_at("94ac23f", runs, CPU_PRUNING).endswith(
-        "which run the same code; rows marked † not yet measured there, at `a49198b` (stale: the code changed since)")
+    # five commits of four codes, oldest first: 64461c4 | 5768318 | 52311fc (SparseGPT's sweep) | 333f22a, 79377c3
+    saved = {"quality": {"64461c4": "dense e", "5768318": "dense a b c", "52311fc": "dense b",
+                         "333f22a": "dense c", "79377c3": "d"},
+             "ttq": {"64461c4": "p3", "5768318": "p1", "333f22a": "p2"}}
+    for folder, commits in saved.items():
+        (tmp_path / folder).mkdir()
+        for commit, rows in commits.items():
+            for row in rows.split():
+                (tmp_path / folder / f"{row}@{commit}.json").write_text(json.dumps(
+                    dict(commit=commit, ppl=1.0, seconds=1, sparsity=0.5, config=config)))
+    monkeypatch.setattr(results_md, "RESULTS", tmp_path)
+    results_md.quality_sets.cache_clear()
+    try:
+        commit, runs = results_md.quality_runs()
+        points = results_md.ttq_points(commit)
+    finally:
+        results_md.quality_sets.cache_clear()
+    assert commit == "333f22a"  # the newest set; the most complete one is 5768318's; e is in neither
+    assert {row: run["commit"] for row, run in runs.items()} == {
+        "a": "5768318", "b": "52311fc", "c": "333f22a", "d": "79377c3", "dense": "333f22a"}
+    assert {name: run["commit"] for name, run in points.items()} == {"p1": "5768318", "p2": "333f22a"}
+    older = results_md.older_rows(commit, runs, results_md.CPU_PRUNING)
+    assert older == {"a", "b"}
+    table = results_md.quality_table(runs, older)
+    assert "| a † |" in table and "| b † |" in table and "| c |" in table and "| d |" in table
+    assert results_md.rows_at(commit, runs, results_md.CPU_PRUNING).endswith(
+        "which run the same code; rows marked † not yet measured there, at `5768318` and `52311fc` (stale: the code "
+        "changed since)")
 
 
 def test_cpu_runs_do_not_go_stale_when_only_a_triton_kernel_changes():
@@ -110,6 +128,7 @@ def test_the_headline_quotes_the_defaults_with_a_second_decimal_only_where_one_w
     assert headline_cells(runs, "unstructured-0.5") == "SparseGPT 39.69 | **39.66**"
     assert headline_cells(runs, "2of4-0.5") == "Wanda 74.7 | **64.3**"
     assert headline_cells(runs, "4of8-0.5") == "- | -"  # LLM Surgeon's run is not the defaults
+    assert headline_cells(runs, "2of4-0.5", frozenset({"2of4-0.5-wanda"})) == "Wanda 74.7 † | **64.3**"
 
 
 def test_the_quick_gpu_measurement_fits_eight_minutes_by_its_own_count():
