@@ -128,7 +128,7 @@ def sweep_inputs(W: torch.Tensor, H: torch.Tensor, percdamp: float,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """The sweep's copy of W and the upper Cholesky factor of the damped H⁻¹, dead inputs (H_cc = 0) zeroed.
 
-    Raises `SurgeonError` where W or H holds a NaN or an infinity: no mask chosen from such saliencies means anything.
+    Raises `SurgeonError` when W or H holds a NaN or an infinity: no mask chosen from such saliencies means anything.
     """
     require_finite({"the weights W": W, "the inputs' matrix H": H})
     W = W.to(dtype, copy=True)
