@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _EXPORTS = {
     "PruneConfig": "surgeon.config",
-    "RunConfig": "surgeon.config",
+    "RunConfig": "surgeon.app.settings",
     "SurgeonError": "surgeon.errors",
     "load_model": "surgeon.models.adapter",
     "load_tokenizer": "surgeon.models.adapter",
@@ -54,7 +54,8 @@ if TYPE_CHECKING:
         tokenize,
     )
     from surgeon.app.evaluate import EvalResult, perplexity
-    from surgeon.config import PruneConfig, RunConfig
+    from surgeon.app.settings import RunConfig
+    from surgeon.config import PruneConfig
     from surgeon.errors import SurgeonError
     from surgeon.export.compact import load_compact
     from surgeon.io import save_model

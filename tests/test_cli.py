@@ -239,7 +239,7 @@ def test_prune_help_groups_every_option():
 def test_config_file_sets_any_field_and_the_command_line_overrides_it(tmp_path):
     """`--config` (JSON or YAML) sets fields shown as options and fields that are not; an option given wins."""
     from surgeon.app.cli import _build, build_parser, read_settings
-    from surgeon.config import RunConfig
+    from surgeon.app.settings import RunConfig
 
     def built(*args: str) -> tuple[RunConfig, PruneConfig]:
         argv = ["prune", "--output", "out", *args]

@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "surgeon"
 # Bottom to top: a module may import its own layer and those before it. The base modules (errors, settings,
 # file helpers) sit below every layer; the facade `surgeon/__init__.py` and `__main__` above them all.
 LAYERS = ("base", "method", "models", "scale", "pruning", "export", "app", "integrations")
-BASE = ("errors", "config", "io")
+BASE = ("errors", "config", "methods", "io")
 # What the method's mathematics must not know: modules, Hugging Face, the process group.
 NOT_IN_METHOD = ("torch.nn", "torch.distributed", "transformers", "tqdm")
 MAX_LINES = 450
@@ -82,6 +82,32 @@ def test_the_check_sees_upward_and_function_level_imports(tmp_path):
     assert imports(source) == ["surgeon.app", "surgeon.app.cli", "torch.nn"]
     assert layer_of("surgeon.app.cli") == "app" and layer_of("surgeon.config") == "base"
     assert layer_of("surgeon") is None
+
+
+def method_branches(path: Path) -> list[str]:
+    """The comparisons in `path` that decide by a method's name: `x.method` or a method's name compared."""
+    from surgeon.methods import METHODS
+
+    def by_name(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "method") or \
+            (isinstance(node, ast.Constant) and node.value in METHODS)
+
+    return [f"{path.name}:{node.lineno}" for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Compare) and any(by_name(side) for side in (node.left, *node.comparators))]
+
+
+def test_what_a_method_does_is_read_from_the_method_table_not_its_name():
+    """Only the table (`surgeon.methods`) and the settings that look a method up in it (`surgeon.config`) compare
+    methods' names; everything else reads the method's entry."""
+    offending = {name_of(path): found for path in modules()
+                 if name_of(path) not in ("surgeon.config", "surgeon.methods") and (found := method_branches(path))}
+    assert offending == {}
+
+
+def test_the_method_check_sees_a_branch_on_a_name(tmp_path):
+    source = tmp_path / "probe.py"
+    source.write_text("if config.method in ('wanda',):\n    pass\nif kept == 'reap':\n    pass\nok = spec.needs_a\n")
+    assert method_branches(source) == ["probe.py:1", "probe.py:3"]
 
 
 def kernel_imports(path: Path) -> list[str]:

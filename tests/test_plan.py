@@ -13,12 +13,13 @@ import torch
 from bench.quality.sparsegpt_dropin import LLAMA2_7B_SHAPES
 from surgeon.app.cli import main
 from surgeon.app.data import held_out_windows
-from surgeon.config import PlanConfig, PruneConfig, parse_bytes
+from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
 from surgeon.models.adapter import decoder_blocks, prunable_layers
 from surgeon.models.experts import experts_as_layers
 from surgeon.pruning import curvature
 from surgeon.scale.plan import GIB, HEADROOM, count, fit_to_gpu, held, make_plan, meta_model, packed_bytes
+from surgeon.scale.plan_config import PlanConfig, parse_bytes
 from surgeon.scale.time_model import (
     CURVATURE_PARTS_SOURCE,
     H100_ACCUMULATION_FLOPS_PER_S,

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from surgeon import PruneConfig, prune
-from surgeon.config import PER_LAYER
 from surgeon.errors import SurgeonError
 from surgeon.method.damping import damp
+from surgeon.methods import METHODS
 from surgeon.models.adapter import prunable_layers
 from tests._helpers import tiny_model
 from tests._tolerances import FLOAT32, assert_reaches_target, assert_within_reference_error, removed_by_rule
@@ -47,7 +47,7 @@ def assert_report_reaches_target(report, model):
 def test_reaches_target_and_keeps_pruned_zero(arch, structure, method):
     model = tiny_model(arch)
     embed = model.get_input_embeddings().weight.detach().clone()
-    shots = 1 if method in PER_LAYER and structure == "2:4" else 2
+    shots = 1 if METHODS[method].layer_rule is not None and structure == "2:4" else 2
     size = None if structure == "2:4" else 0.6
     config = PruneConfig(structure=structure, target_size=size, shots=shots, method=method, max_correlate=40)
     report = prune(model, calibration(), config, progress=False)
@@ -301,7 +301,7 @@ def test_sparsegpt_exact_and_refine_keep_sparsegpts_mask_and_lower_its_error(str
             assert errors[1] < errors[0], name
 
 
-@pytest.mark.parametrize("method", PER_LAYER)
+@pytest.mark.parametrize("method", [name for name, method in METHODS.items() if method.layer_rule is not None])
 def test_per_layer_methods_see_inputs_of_pruned_blocks(method, monkeypatch):
     from surgeon.pruning import curvature
 
@@ -542,7 +542,7 @@ def test_the_held_out_choice_is_for_unstructured_and_nm_surgeon():
     assert not PruneConfig(structure="2:4", method="sparsegpt", shots=1).chooses
     assert not PruneConfig(structure="unstructured", held_out_choice=False).chooses
     for config in (dict(structure="structured"), dict(structure="2:4", method="kobd")):
-        with pytest.raises(ValueError, match="held_out_choice weighs an unstructured or N:M surgeon run"):
+        with pytest.raises(ValueError, match="held_out_choice weighs an unstructured or N:M run"):
             PruneConfig(held_out_choice=True, **config)
 
 

@@ -131,7 +131,7 @@ def stopped_run(folder, fingerprint, config: PruneConfig) -> None:
 def test_resume_refuses_what_it_cannot_continue(tiny_model_dir, tmp_path):
     from surgeon.app.cli import _build, build_parser
     from surgeon.app.run import run_fingerprint
-    from surgeon.config import RunConfig
+    from surgeon.app.settings import RunConfig
 
     options = [*PRUNE, "--model", str(tiny_model_dir)]
 

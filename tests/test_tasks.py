@@ -10,8 +10,7 @@ import torch
 
 pytest.importorskip("lm_eval", reason="the tasks extra (lm-eval)")
 
-from surgeon.app.tasks import load_tasks, zero_shot  # noqa: E402
-from surgeon.config import DEFAULT_TASKS, task_names  # noqa: E402
+from surgeon.app.tasks import DEFAULT_TASKS, load_tasks, task_names, zero_shot  # noqa: E402
 from surgeon.errors import SurgeonError  # noqa: E402
 
 DOCS = [{"question": f"Question {i}: which colour is the sky over the {place}?", "choices": ["blue", "green", "red"],

@@ -15,6 +15,7 @@ from surgeon.models.adapter import decoder_blocks
 from surgeon.models.experts import fused_weights, keep_experts, routing, sparse_blocks
 from surgeon.models.families import FAMILIES as KNOWN
 from surgeon.models.families import supporting
+from surgeon.pruning.resume import Checkpoint, read_state
 from surgeon.pruning.whole_experts import reap_scores, reroute_costs
 from tests._families import VOCAB, family_model
 from tests._helpers import logits
@@ -132,6 +133,31 @@ def test_shots_remove_experts_on_the_linear_schedule():
     assert counts == [3, 2]
 
 
+@pytest.mark.parametrize("method", ["surgeon", "reap"])
+def test_a_whole_expert_run_continued_after_a_shot_equals_the_uninterrupted_run(method, tmp_path):
+    """The one shot loop checkpoints whole-expert runs as any other: each block's kept experts, by original index."""
+    config = PruneConfig(structure="experts", target_size=0.5, shots=2, method=method)
+    uninterrupted = family_model("mixtral")
+    expected = prune(uninterrupted, calibration(), config, progress=False)
+
+    def stop(shot):
+        if shot.shot == 2:  # the checkpoint of shot 1 is on disk, shot 2's is not
+            raise RuntimeError("stopped")
+
+    with pytest.raises(RuntimeError, match="stopped"):
+        prune(family_model("mixtral"), calibration(), config, progress=False, after_shot=stop,
+              checkpoint=Checkpoint(tmp_path, {"test": 1}))
+    assert read_state(tmp_path, {"test": 1})["shot"] == 1
+    model = family_model("mixtral")
+    continued = prune(model, calibration(), config, progress=False,
+                      checkpoint=Checkpoint(tmp_path, {"test": 1}, state=read_state(tmp_path, {"test": 1})))
+    assert model.config.num_local_experts == uninterrupted.config.num_local_experts == 2
+    assert model.state_dict().keys() == uninterrupted.state_dict().keys()
+    assert all(torch.equal(value, uninterrupted.state_dict()[name]) for name, value in model.state_dict().items())
+    assert [s.sparsity for s in continued.shots] == [s.sparsity for s in expected.shots] == [0.25, 0.5]
+    assert continued.layers == expected.layers
+
+
 @pytest.mark.parametrize("family,config,message", [
     ("llama", PruneConfig(structure="experts"), "structure experts removes whole routed experts of mixtral, "
                                                 "olmoe, qwen2_moe, qwen3_moe models; the model is 'llama'"),
@@ -147,8 +173,8 @@ def test_what_whole_experts_cannot_do_is_refused_in_one_line(family, config, mes
 
 
 @pytest.mark.parametrize("settings,message", [
-    (dict(structure="experts", method="kobd"), "whole experts are priced by surgeon or reap"),
-    (dict(structure="2:4", method="reap"), "reap prices only whole experts"),
+    (dict(structure="experts", method="kobd"), "for experts use surgeon or reap"),
+    (dict(structure="2:4", method="reap"), "method=.reap. prunes experts, not 2:4"),
     (dict(structure="experts", lora_steps=2), "without activation_checkpointing, lora_steps and leave_out"),
     (dict(structure="experts", leave_out="router,*.self_attn.*"), "without activation_checkpointing, lora_steps"),
 ])

@@ -34,8 +34,8 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.quality.sparsegpt_dropin import LLAMA2_7B_SHAPES, random_layers  # noqa: E402
-from surgeon.config import DEFAULT_DAMP_A  # noqa: E402
 from surgeon.method import baselines  # noqa: E402
+from surgeon.methods import DEFAULT_DAMP_A  # noqa: E402
 from surgeon_kernels._triton import autotune_configs  # noqa: E402
 
 CONFIGS = autotune_configs([dict(BLOCK_R=16, num_warps=4), dict(BLOCK_R=32, num_warps=4),

@@ -16,8 +16,9 @@ import json
 import subprocess
 from pathlib import Path
 
-from surgeon.config import PlanConfig, PruneConfig
+from surgeon.config import PruneConfig
 from surgeon.scale.plan import make_plan
+from surgeon.scale.plan_config import PlanConfig
 
 ROOT = Path(__file__).resolve().parents[1]  # bench/
 MODELS = ("opt-125m", "opt-1.3b", "opt-2.7b", "opt-6.7b", "llama-2-7b", "llama-2-13b", "llama-2-70b", "mixtral-8x7b",

@@ -22,8 +22,10 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from surgeon import __version__
-from surgeon.config import ExportConfig, PlanConfig, PruneConfig, ReportConfig, RunConfig
+from surgeon.app.settings import ExportConfig, ReportConfig, RunConfig
+from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
+from surgeon.scale.plan_config import PlanConfig
 
 EVAL_FIELDS = ("model", "tokenizer", "dataset", "seqlen", "eval_windows", "eval_seqlen", "device", "dtype", "output",
                "tasks", "task_path", "task_limit")

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from surgeon.config import ReportConfig
+from surgeon.app.settings import ReportConfig
 from surgeon.errors import SurgeonError
 from surgeon.io import COMPLETE_MARKER, OutputDirectory, read_run
 

@@ -23,8 +23,9 @@ from surgeon.app.data import (
     tokenize,
 )
 from surgeon.app.evaluate import perplexity
+from surgeon.app.settings import ExportConfig, RunConfig
 from surgeon.app.tasks import load_tasks, zero_shot
-from surgeon.config import MEMORY_OPTIONS, ExportConfig, PruneConfig, RunConfig
+from surgeon.config import MEMORY_OPTIONS, PruneConfig
 from surgeon.errors import SurgeonError, first_line
 from surgeon.io import OutputDirectory, read_run, write_checkpoint
 from surgeon.models.adapter import load_model, max_seqlen

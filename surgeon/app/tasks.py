@@ -1,7 +1,7 @@
 """Zero-shot task accuracy through lm-evaluation-harness (optional extra `tasks`).
 
 The loaded model is wrapped in lm-eval's `HFLM(pretrained=model, tokenizer=…)` and scored with
-`simple_evaluate`, so the numbers are lm-eval's own. `config.DEFAULT_TASKS` are the zero-shot tasks
+`simple_evaluate`, so the numbers are lm-eval's own. `DEFAULT_TASKS` are the zero-shot tasks
 of the paper's appendix.
 """
 
@@ -17,6 +17,17 @@ if TYPE_CHECKING:  # importing this module does not load torch
     import torch
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_TASKS = (  # the zero-shot tasks of the paper's appendix
+    "boolq", "piqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
+
+
+def task_names(spec: str) -> tuple[str, ...]:
+    """`"piqa,arc_easy"` -> ("piqa", "arc_easy"); `"default"` -> `DEFAULT_TASKS`."""
+    names = tuple(name.strip() for name in spec.split(",") if name.strip())
+    if not names:
+        raise ValueError(f"tasks={spec!r}: name at least one lm-eval task, or default")
+    return DEFAULT_TASKS if names == ("default",) else names
 
 
 

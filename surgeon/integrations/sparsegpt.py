@@ -27,8 +27,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from surgeon.config import DEFAULT_DAMP_A
 from surgeon.method.solver import REFINE_ITERATIONS, Solution, refine, solve
+from surgeon.methods import DEFAULT_DAMP_A
 
 logger = logging.getLogger(__name__)
 

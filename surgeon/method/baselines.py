@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from surgeon.config import DEFAULT_DAMP_A
 from surgeon.errors import require_finite
 from surgeon.method.damping import damp
+from surgeon.methods import DEFAULT_DAMP_A
 from surgeon_kernels import ops
 
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
-from surgeon.config import DEFAULT_DAMP_A, DEFAULT_DAMP_G
 from surgeon.errors import require_finite
 from surgeon.method import baselines, costs, threshold, updates
 from surgeon.method.damping import damp
 from surgeon.method.inverses import KroneckerInverse, spd_inverse
+from surgeon.methods import DEFAULT_DAMP_A, DEFAULT_DAMP_G
 
 REFINE_ITERATIONS = 8  # `refine`'s conjugate-gradient steps: with its sweep, about the published loop's time (RESULTS)
 

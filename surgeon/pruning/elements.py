@@ -12,12 +12,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from surgeon.config import DEFAULT_DAMP_A, PruneConfig
+from surgeon.config import PruneConfig
 from surgeon.errors import require_finite
 from surgeon.method import baselines, costs, inverses, solver, threshold, updates
 from surgeon.method.damping import damp
 from surgeon.method.factors import LayerFactors
 from surgeon.method.threshold import Elsewhere
+from surgeon.methods import DEFAULT_DAMP_A, LayerRule
 from surgeon.models.adapter import decoder_blocks, prunable_layers
 from surgeon.models.layer import Layer
 from surgeon.pruning import curvature
@@ -26,8 +27,6 @@ from surgeon.pruning.report import clock, phases
 from surgeon.scale.distributed import Ranks
 from surgeon_kernels import ops
 from surgeon_kernels.ops import Deferred
-
-SPARSEGPT_UPDATES = {"sparsegpt": "sweep", "sparsegpt-exact": "exact", "sparsegpt-refine": "refine"}  # by method
 
 
 def element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig,
@@ -79,7 +78,7 @@ def _element_plan(layer: Layer, entry: LayerFactors | None, config: PruneConfig,
     R, C = layer.module.out_features, layer.module.in_features
     strengths = config.strengths
     kept: inverses.KroneckerInverse | None = None
-    if config.method == "surgeon" and entry is not None:
+    if config.spec.correlated and entry is not None:
         f, kept = inverses.layer_inverse(entry, slice(None), slice(None), strengths, roots=False, sibling=sibling)
         sibling = (entry, slice(None), kept, f.A)
         weigh = functools.partial(costs.element_costs, f=kept)
@@ -174,30 +173,42 @@ def per_layer_shot(model: nn.Module, layers: list[Layer], calibration: torch.Ten
 
 
 def _prune_one_layer(layer: Layer, A: torch.Tensor, target_size: float, config: PruneConfig) -> None:
-    """SparseGPT (as published, or its mask with the exact update or steps toward it) or Wanda on one layer, given
-    its input factor A."""
+    """The method's per-layer rule (`Method.layer_rule`) on one layer, given its input factor A."""
     require_finite({f"the weights of layer {layer.name}": layer.weight()})
-    if config.method == "wanda":
-        W, C = layer.weight(), layer.module.in_features
-        layer.mask = layer.mask | baselines.per_row_mask(
-            baselines.wanda_scores(W[:, :C], A.diagonal()[:C]), 1 - target_size, layer.mask, config.nm)
-        layer.store(W)
-        return
-    _sparsegpt_layer(layer, A, 1 - target_size, config.nm, SPARSEGPT_UPDATES[config.method])
+    assert config.spec.layer_rule is not None  # the shot loop runs per-layer shots for per-layer methods only
+    LAYER_RULES[config.spec.layer_rule](layer, A, 1 - target_size, config.nm)
 
 
-def _sparsegpt_layer(layer: Layer, A: torch.Tensor, sparsity: float, nm: tuple[int, int] | None, update: str) -> None:
-    """SparseGPT's mask on one layer with its sweep's weights (sweep), every row's kept weights solved exactly for
-    that mask (exact, G = I), or `solver.REFINE_ITERATIONS` conjugate-gradient steps from the sweep toward that
-    solve (refine: an early stop, which on scarce calibration tokens generalises better; docs/DESIGN.md)."""
+def _wanda_layer(layer: Layer, A: torch.Tensor, sparsity: float, nm: tuple[int, int] | None) -> None:
+    """Wanda on one layer: its smallest |w|·‖x‖ in each output row (or N:M group) removed, no update."""
+    W, C = layer.weight(), layer.module.in_features
+    layer.mask = layer.mask | baselines.per_row_mask(
+        baselines.wanda_scores(W[:, :C], A.diagonal()[:C]), sparsity, layer.mask, nm)
+    layer.store(W)
+
+
+def _sparsegpt_layer(update: LayerRule, layer: Layer, A: torch.Tensor, sparsity: float,
+                     nm: tuple[int, int] | None) -> None:
+    """SparseGPT's mask on one layer with its sweep's weights (SWEEP), every row's kept weights solved exactly for
+    that mask (EXACT, G = I), or `solver.REFINE_ITERATIONS` conjugate-gradient steps from the sweep toward that
+    solve (REFINE: an early stop, which on scarce calibration tokens generalises better; docs/DESIGN.md)."""
     W, C = layer.weight(), layer.module.in_features
     A = A[:C, :C]
     pruned, mask = baselines.sparsegpt(W[:, :C], A, sparsity, layer.mask, nm)
     layer.mask = mask | layer.mask
-    if update == "exact":
+    if update is LayerRule.EXACT:
         pruned = solver.solve(W[:, :C], A, mask=layer.mask).weight
-    elif update == "refine":
+    elif update is LayerRule.REFINE:
         pruned = solver.refine_rows(W[:, :C].float(), damp(A.float(), DEFAULT_DAMP_A), pruned.float(), layer.mask,
                                     solver.REFINE_ITERATIONS).to(W.dtype)
     W[:, :C] = pruned
     layer.store(W)
+
+
+LayerPruner = Callable[[Layer, torch.Tensor, float, "tuple[int, int] | None"], None]
+# each per-layer rule's pruner: (layer, its input factor A, sparsity, N:M) -> None, the layer pruned in place
+LAYER_RULES: dict[LayerRule, LayerPruner] = {
+    LayerRule.WANDA: _wanda_layer,
+    **{rule: functools.partial(_sparsegpt_layer, rule) for rule in (LayerRule.SWEEP, LayerRule.EXACT,
+                                                                    LayerRule.REFINE)},
+}

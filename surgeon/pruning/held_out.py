@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from surgeon.config import ALTERNATIVE, PruneConfig
+from surgeon.config import PruneConfig
 from surgeon.models.layer import Layer
 from surgeon.pruning.elements import per_layer_shot
 from surgeon.scale.distributed import Ranks
@@ -47,7 +47,10 @@ def _restore(layers: list[Layer], state: State) -> None:
 
 @dataclass
 class Alternative:
-    """The `ALTERNATIVE` shot's pruned weights and masks (in host memory), held-out loss and seconds."""
+    """The alternative shot's method (`Method.alternative`), pruned weights and masks (in host memory), held-out
+    loss and seconds."""
+
+    method: str
 
     state: State
     loss: float
@@ -56,25 +59,27 @@ class Alternative:
 
 def alternative(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, held_out: torch.Tensor,
                 config: PruneConfig, ranks: Ranks, progress: bool) -> Alternative:
-    """Prune the layers to `config.target` in one `ALTERNATIVE` shot, block by block, score the model on `held_out`
-    and keep its weights aside; the layers are left as they were."""
+    """Prune the layers to `config.target` in one shot of the method's alternative (`Method.alternative`), block by
+    block, score the model on `held_out` and keep its weights aside; the layers are left as they were."""
+    assert config.spec.alternative is not None  # `PruneConfig.chooses` only where the method has one
     start, t0 = _state(layers), time.perf_counter()
-    shot = dataclasses.replace(config, method=ALTERNATIVE, held_out_choice=None, propagate=None, shots=1)
+    shot = dataclasses.replace(config, method=config.spec.alternative, held_out_choice=None, propagate=None, shots=1)
     per_layer_shot(model, layers, calibration, config.target, shot, ranks, progress)
     loss = held_out_loss(model, held_out, config.batch_size)
     pruned = _state(layers)
     _restore(layers, start)
-    return Alternative(pruned, loss, time.perf_counter() - t0)
+    return Alternative(config.spec.alternative, pruned, loss, time.perf_counter() - t0)
 
 
-def keep_lower(model: nn.Module, layers: list[Layer], other: Alternative, held_out: torch.Tensor,
+def keep_lower(model: nn.Module, layers: list[Layer], method: str, other: Alternative, held_out: torch.Tensor,
                batch_size: int) -> dict[str, object]:
-    """Score LLM Surgeon's pruned model on `held_out` and put `other`'s weights in its place where their loss is
-    lower (LLM Surgeon's stay on a tie); the method kept, the held-out loss of each and the other shot's seconds
+    """Score the run's pruned model (`method`'s) on `held_out` and put `other`'s weights in its place where their
+    loss is lower (the run's stay on a tie); the method kept, the held-out loss of each and the other shot's seconds
     (`PruneReport.choice`)."""
-    losses = {"surgeon": held_out_loss(model, held_out, batch_size), ALTERNATIVE: other.loss}
-    kept = "surgeon" if losses["surgeon"] <= other.loss else ALTERNATIVE
-    if kept == ALTERNATIVE:
+    losses = {method: held_out_loss(model, held_out, batch_size), other.method: other.loss}
+    stays = losses[method] <= other.loss
+    kept = method if stays else other.method
+    if not stays:
         _restore(layers, other.state)
-    logger.info("kept %s (held-out loss: surgeon %.4f, %s %.4f)", kept, losses["surgeon"], ALTERNATIVE, other.loss)
+    logger.info("kept %s (held-out loss: %s %.4f, %s %.4f)", kept, method, losses[method], other.method, other.loss)
     return {"kept": kept, "held_out_loss": losses, "seconds": other.seconds}

@@ -1,6 +1,7 @@
 """Resumable runs: after every shot, an atomic checkpoint of all that the next shot reads (docs/DESIGN.md, "Resume").
 
-A shot reads the prunable layers' weights and masks and the shots so far; calibration windows and
+A shot reads what the shots before it removed (the prunable layers' weights and masks, or each sparse block's
+kept experts: the shot strategy's state, `shots.Strategy.state`) and the shots so far; calibration windows and
 per-shot seeds are derived from the configuration. The checkpoint holds exactly these, the torch RNG state, the
 results of the run measured before pruning (the dense perplexity cannot be re-measured from a
 pruned model) and the configuration with its hash. A continued run therefore ends with the model
@@ -28,7 +29,6 @@ import torch
 
 from surgeon.errors import SurgeonError
 from surgeon.io import COMPLETE_MARKER, write_json
-from surgeon.models.layer import Layer
 from surgeon.pruning.report import ShotReport
 
 logger = logging.getLogger(__name__)
@@ -72,11 +72,6 @@ def read_state(folder: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-def _removed(layer: Layer) -> tuple[str, ...]:
-    """What a layer's removed weights are saved as: its removed rows and columns, and an element run's mask."""
-    return ("rows", "cols") + ("mask",) * (layer.elements is not None)
-
-
 def has_state(folder: Path) -> bool:
     """Whether `folder` holds an unfinished run's checkpoint."""
     return (folder / STATE).is_file() and not (folder / COMPLETE_MARKER).is_file()
@@ -96,39 +91,32 @@ class Checkpoint:
     every: int = 1
     state: dict[str, Any] | None = None
 
-    def restore(self, layers: list[Layer]) -> tuple[list[ShotReport], float]:
-        """Load the saved weights, masks and RNG into place: the shots done and their seconds."""
+    def restore(self) -> tuple[dict[str, torch.Tensor], list[ShotReport], float]:
+        """The saved state's tensors, with the RNG put back into place; the shots done and their seconds (nothing
+        without a saved state)."""
         if self.state is None:
-            return [], 0.0
+            return {}, [], 0.0
         from safetensors.torch import load_file
 
         tensors = load_file(self.folder / self.state["tensors"])
-        for layer in layers:
-            layer.assign([tensors[f"{layer.name}.{part}"] for part in ("weight", "bias")[:len(layer.parameters())]])
-            for part in _removed(layer):
-                getattr(layer, part).copy_(tensors[f"{layer.name}.{part}"])
-        torch.set_rng_state(tensors["rng"])
+        torch.set_rng_state(tensors.pop("rng"))
         shots = [ShotReport(**shot) for shot in self.state["shots"]]
         logger.info("resuming %s after shot %d", self.folder, len(shots))
-        return shots, self.state["seconds"]
+        return tensors, shots, self.state["seconds"]
 
     def due(self, shot: int, last: bool) -> bool:
         """Whether a checkpoint is written after `shot` (`last`: the run's final shot)."""
         return self.every != 0 and (shot % self.every == 0 or last)
 
-    def save(self, layers: list[Layer], shots: list[ShotReport], seconds: float, last: bool) -> None:
-        """Write the checkpoint after the newest of `shots` (every `every`-th shot, and the last)."""
+    def save(self, state: dict[str, torch.Tensor], shots: list[ShotReport], seconds: float, last: bool) -> None:
+        """Write the checkpoint of the run's `state` after the newest of `shots` (every `every`-th shot, and the
+        last)."""
         shot = shots[-1].shot
         if not self.due(shot, last):
             return
         from safetensors.torch import save_file
 
-        tensors: dict[str, torch.Tensor] = {"rng": torch.get_rng_state()}
-        for layer in layers:
-            for part, tensor in zip(("weight", "bias"), layer.whole()):
-                tensors[f"{layer.name}.{part}"] = tensor.detach()
-            for part in _removed(layer):
-                tensors[f"{layer.name}.{part}"] = getattr(layer, part)
+        tensors = {**state, "rng": torch.get_rng_state()}
         self.folder.mkdir(parents=True, exist_ok=True)
         name = TENSORS.format(shot)
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{name}.", suffix=".tmp")

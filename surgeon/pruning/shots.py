@@ -1,8 +1,10 @@
-"""The multi-shot LLM Surgeon loop (paper Algorithm 1) and the baselines in the same loop.
+"""The multi-shot LLM Surgeon loop (paper Algorithm 1), one loop for every method and structure.
 
 Each shot t: estimate curvature on the current (pruned) model, compute costs, choose what to
 remove with one global threshold for the shot's target size α_t, apply the (correlated) update,
-keep every pruned weight exactly zero, and optionally run interleaved LoRA corrections.
+keep every pruned weight exactly zero, and optionally run interleaved LoRA corrections. What a shot
+removes (structures, elements or whole experts, `surgeon.methods.Shot`) is its strategy's; the loop
+around it (schedule, progress, reports, `after_shot`, checkpoints) is the same for all.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -18,9 +21,10 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
-from surgeon.config import ALTERNATIVE, NEEDS_A, NEEDS_G, PER_LAYER, PruneConfig
+from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
 from surgeon.method.factors import HostFactors, LayerFactors
+from surgeon.methods import Shot
 from surgeon.models import channels, units
 from surgeon.models.adapter import block_weights, check_prunable, decoder_blocks, max_seqlen
 from surgeon.models.experts import experts_as_layers, is_fused_experts
@@ -30,7 +34,7 @@ from surgeon.pruning.elements import element_shot, per_layer_shot, propagated_sh
 from surgeon.pruning.report import PruneReport, ShotReport, clock, peak_memory_gb, removed_fractions, zero_fraction
 from surgeon.pruning.resume import Checkpoint
 from surgeon.pruning.structured import structured_shot
-from surgeon.pruning.whole_experts import prune_experts
+from surgeon.pruning.whole_experts import ExpertShots
 from surgeon.scale.block_groups import group_edges
 from surgeon.scale.distributed import Ranks, sharded
 from surgeon.scale.settings import check_settings
@@ -82,8 +86,9 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
     group: a torch.distributed process group whose ranks all call `prune` with the same model and
         arguments and share the work (`surgeon.scale.distributed`); each ends with the same pruned model.
     held_out_ids: `torch.LongTensor [h, seqlen]`, windows of the calibration text not in `calibration_ids`, on
-        which unstructured and N:M runs are weighed against one sparsegpt-refine shot (`PruneConfig.held_out_choice`,
-        `surgeon.held_out_windows`); without them, or over several ranks, LLM Surgeon's run stays alone.
+        which unstructured and N:M runs are weighed against one shot of their method's alternative
+        (`PruneConfig.held_out_choice`, `surgeon.held_out_windows`); without them, or over several ranks, the
+        run's own model stays.
     Returns a `PruneReport`: `sparsity` (fraction of zero prunable weights), `layers` (that fraction
     per layer, by qualified name), `shots` (per shot: target size, sparsity reached, seconds per
     phase, peak memory in GiB), `config`, `seconds` and `choice` (the held-out choice's losses).
@@ -97,47 +102,49 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
     experts = [module for module in decoder_blocks(model).modules() if is_fused_experts(module)]
     if any(isinstance(module.gate_up_proj, DTensor) for module in experts):
         raise SurgeonError("Mixture-of-Experts experts are pruned with their weights whole: launch without --fsdp")
-    if config.structure == "experts":
-        return prune_experts(model, calibration_ids, config, progress, after_shot, checkpoint, group)
+    begun = time.perf_counter()
+    if config.shot is Shot.EXPERTS:
+        return _loop(ExpertShots(model, calibration_ids, config, group), model, config, begun, progress, after_shot,
+                     checkpoint)
     with experts_as_layers(decoder_blocks(model)):
-        return _prune(model, calibration_ids, config, progress, after_shot, checkpoint, group, held_out_ids)
+        shots = _LayerShots(model, calibration_ids, config, _resolve(model, calibration_ids, config, group))
+        shots.weigh_against_alternative(held_out_ids, progress)
+        return _loop(shots, model, config, begun, progress, after_shot, checkpoint)
 
 
-def _prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, progress: bool,
-           after_shot: Callable[[ShotReport], None] | None, checkpoint: Checkpoint | None,
-           group: dist.ProcessGroup | None, held_out_ids: torch.Tensor | None) -> PruneReport:
-    """`prune` once its inputs are checked and any fused experts are layers (`experts.experts_as_layers`)."""
-    run = _resolve(model, calibration_ids, config, group)
-    layers, ranks = run.layers, run.ranks
-    total = sum(layer.module.weight.numel() for layer in layers)
+class Strategy(Protocol):
+    """What one kind of shot (`surgeon.methods.Shot`) does to the model, for `prune`'s one shot loop."""
+
+    def shot(self, shot: int, target_size: float, progress: bool) -> tuple[dict[str, float], int, float]:
+        """Run shot `shot` (1-based) down to `target_size`: its seconds per phase, the dead weights it freed and the
+        sparsity reached."""
+
+    def state(self) -> dict[str, torch.Tensor] | None:
+        """What the next shot reads of what the shots so far removed, for a checkpoint; None on a rank that writes
+        none (every rank calls it)."""
+
+    def restore(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Put a checkpoint's `state` back into the model."""
+
+    def finish(self, report: PruneReport) -> None:
+        """Fill the report's totals once the last shot is done."""
+
+
+def _loop(strategy: Strategy, model: nn.Module, config: PruneConfig, begun: float, progress: bool,
+          after_shot: Callable[[ShotReport], None] | None, checkpoint: Checkpoint | None) -> PruneReport:
+    """The shots of the linear schedule, from the checkpoint's last one, each reported, logged and checkpointed."""
     device = next(model.parameters()).device
     report = PruneReport(config=config.resolved())
-    begun = time.perf_counter()
-    other = _alternative(model, calibration_ids, held_out_ids, config, run, progress)
-    done, elapsed = checkpoint.restore(layers) if checkpoint is not None else ([], 0.0)
+    tensors, done, elapsed = checkpoint.restore() if checkpoint is not None else ({}, [], 0.0)
+    if done:
+        strategy.restore(tensors)
     report.shots.extend(done)
     start = begun - elapsed
     last = config.shot_count
     for shot in tqdm(range(len(done) + 1, last + 1), desc="shots", initial=len(done), total=last,
                      disable=not progress):
         target_size = config.shot_target(shot)
-        t0 = clock(device)
-        collective_seconds = ranks.seconds
-        raw = _curvature(model, calibration_ids, config, run, f"shot {shot}/{last} · curvature", progress)
-        t1 = clock(device)
-        with torch.no_grad():
-            phases, freed = _remove(model, calibration_ids, config, run, raw, shot, target_size,
-                                    round((1.0 - target_size) * total), progress)
-        t2 = clock(device)
-        seconds = {"curvature": t1 - t0, "prune": t2 - t1, **phases}
-        if ranks.world > 1:
-            seconds["collectives"] = ranks.seconds - collective_seconds
-        if config.lora_steps:
-            from surgeon.pruning.lora import lora_correction
-
-            lora_correction(model, layers, calibration_ids, config)
-            seconds["lora"] = time.perf_counter() - t2
-        _, _, sparsity = removed_fractions((layer.name, layer.mask) for layer in layers)
+        seconds, freed, sparsity = strategy.shot(shot, target_size, progress)
         shot_report = ShotReport(shot, target_size, sparsity, freed, seconds, peak_memory_gb(device))
         report.shots.append(shot_report)
         logger.info("shot %d/%d · target size %.3f · sparsity %.4f · %s · peak %.2f GB", shot, last,
@@ -146,19 +153,99 @@ def _prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig,
         if after_shot is not None:
             after_shot(shot_report)
         if checkpoint is not None and checkpoint.due(shot, shot == last):
-            ranks.gather_layers(layers, onto=0)  # sharded weights, whole on the rank that writes
-            if ranks.rank == 0:
-                checkpoint.save(layers, report.shots, time.perf_counter() - start, shot == last)
-            for layer in layers:
-                layer.held = None
-    if other is not None:
-        assert held_out_ids is not None
-        report.choice = held_out.keep_lower(model, layers, other, held_out_ids, config.batch_size)
-    report.layers, report.removed, report.sparsity = removed_fractions((layer.name, layer.mask) for layer in layers)
-    report.zero_fraction = zero_fraction([(layer.name, layer.module) for layer in layers])
-    report.block_sparsity = report.removed / sum(param.numel() for _, param in block_weights(model))
+            state = strategy.state()
+            if state is not None:
+                checkpoint.save(state, report.shots, time.perf_counter() - start, shot == last)
+    strategy.finish(report)
     report.seconds = time.perf_counter() - start
     return report
+
+
+class _LayerShots:
+    """Structured and element shots: the prunable layers of the decoder blocks (any fused experts split into
+    layers), priced on each shot's curvature and removed under one global threshold (`Strategy`)."""
+
+    def __init__(self, model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, run: _Run) -> None:
+        self.model, self.calibration_ids, self.config, self.run = model, calibration_ids, config, run
+        self.total = sum(layer.module.weight.numel() for layer in run.layers)
+        self.device = next(model.parameters()).device
+        self.other: held_out.Alternative | None = None
+        self.held_out_ids: torch.Tensor | None = None
+
+    def weigh_against_alternative(self, held_out_ids: torch.Tensor | None, progress: bool) -> None:
+        """Prune the dense model in one shot of the method's alternative, to weigh the run against once its shots
+        are done (`PruneConfig.held_out_choice`); nothing where the run is not weighed, or cannot be (no held-out
+        windows, several ranks: said in the log)."""
+        config = self.config
+        if not config.chooses:
+            return
+        if held_out_ids is None or self.run.ranks.world > 1:
+            logger.info("%s's run alone: no held-out windows to weigh it against %s by, or several processes",
+                        config.method, config.spec.alternative)
+            return
+        self.held_out_ids = held_out_ids
+        self.other = held_out.alternative(self.model, self.run.layers, self.calibration_ids, held_out_ids, config,
+                                          self.run.ranks, progress)
+
+    def shot(self, shot: int, target_size: float, progress: bool) -> tuple[dict[str, float], int, float]:
+        config, run, layers = self.config, self.run, self.run.layers
+        t0 = clock(self.device)
+        collective_seconds = run.ranks.seconds
+        raw = _curvature(self.model, self.calibration_ids, config, run,
+                         f"shot {shot}/{config.shot_count} · curvature", progress)
+        t1 = clock(self.device)
+        with torch.no_grad():
+            phases, freed = _remove(self.model, self.calibration_ids, config, run, raw, shot, target_size,
+                                    round((1.0 - target_size) * self.total), progress)
+        t2 = clock(self.device)
+        seconds = {"curvature": t1 - t0, "prune": t2 - t1, **phases}
+        if run.ranks.world > 1:
+            seconds["collectives"] = run.ranks.seconds - collective_seconds
+        if config.lora_steps:
+            from surgeon.pruning.lora import lora_correction
+
+            lora_correction(self.model, layers, self.calibration_ids, config)
+            seconds["lora"] = time.perf_counter() - t2
+        _, _, sparsity = removed_fractions((layer.name, layer.mask) for layer in layers)
+        return seconds, freed, sparsity
+
+    def state(self) -> dict[str, torch.Tensor] | None:
+        """Every layer's weight (and bias), removed rows and columns, and an element run's mask; gathered whole onto
+        rank 0, which alone returns them."""
+        layers, ranks = self.run.layers, self.run.ranks
+        ranks.gather_layers(layers, onto=0)  # sharded weights, whole on the rank that writes
+        tensors: dict[str, torch.Tensor] = {}
+        if ranks.rank == 0:
+            for layer in layers:
+                for part, tensor in zip(("weight", "bias"), layer.whole()):
+                    tensors[f"{layer.name}.{part}"] = tensor.detach()
+                for part in _removed(layer):
+                    tensors[f"{layer.name}.{part}"] = getattr(layer, part)
+        for layer in layers:
+            layer.held = None
+        return tensors if ranks.rank == 0 else None
+
+    def restore(self, tensors: dict[str, torch.Tensor]) -> None:
+        for layer in self.run.layers:
+            layer.assign([tensors[f"{layer.name}.{part}"] for part in ("weight", "bias")[:len(layer.parameters())]])
+            for part in _removed(layer):
+                getattr(layer, part).copy_(tensors[f"{layer.name}.{part}"])
+
+    def finish(self, report: PruneReport) -> None:
+        layers = self.run.layers
+        if self.other is not None:
+            assert self.held_out_ids is not None
+            report.choice = held_out.keep_lower(self.model, layers, self.config.method, self.other,
+                                                self.held_out_ids, self.config.batch_size)
+        report.layers, report.removed, report.sparsity = removed_fractions(
+            (layer.name, layer.mask) for layer in layers)
+        report.zero_fraction = zero_fraction([(layer.name, layer.module) for layer in layers])
+        report.block_sparsity = report.removed / sum(param.numel() for _, param in block_weights(self.model))
+
+
+def _removed(layer: Layer) -> tuple[str, ...]:
+    """What a layer's removed weights are saved as: its removed rows and columns, and an element run's mask."""
+    return ("rows", "cols") + ("mask",) * (layer.elements is not None)
 
 
 @dataclass
@@ -202,11 +289,11 @@ def _curvature(model: nn.Module, calibration_ids: torch.Tensor, config: PruneCon
     memory with `offload`; none for the methods without a curvature pass."""
     device = next(model.parameters()).device
     raw: dict[str, LayerFactors] | HostFactors = HostFactors(device) if config.offload else {}
-    if config.method not in NEEDS_A:
+    if not config.spec.needs_a:
         return raw
     for part, group_layers in enumerate(run.groups, 1):
         factors = curvature.estimate(
-            model, group_layers, calibration_ids, need_g=config.method in NEEDS_G, batch_size=config.batch_size,
+            model, group_layers, calibration_ids, need_g=config.spec.needs_g, batch_size=config.batch_size,
             backend=config.backend, progress=progress, batches=run.batches, checkpoint_blocks=run.checkpointed,
             desc=desc + (f" {part}/{len(run.groups)}" if len(run.groups) > 1 else ""))
         if config.curvature_split == "batches":
@@ -216,29 +303,16 @@ def _curvature(model: nn.Module, calibration_ids: torch.Tensor, config: PruneCon
     return raw
 
 
-def _alternative(model: nn.Module, calibration_ids: torch.Tensor, held_out_ids: torch.Tensor | None,
-                 config: PruneConfig, run: _Run, progress: bool) -> held_out.Alternative | None:
-    """The sparsegpt-refine shot the run is weighed against (`PruneConfig.held_out_choice`), from the dense model;
-    None where the run is not weighed, or cannot be (no held-out windows, several ranks: said in the log)."""
-    if not config.chooses:
-        return None
-    if held_out_ids is None or run.ranks.world > 1:
-        logger.info("LLM Surgeon's run alone: no held-out windows to weigh it against %s by, or several processes",
-                    ALTERNATIVE)
-        return None
-    return held_out.alternative(model, run.layers, calibration_ids, held_out_ids, config, run.ranks, progress)
-
-
 def _remove(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, run: _Run,
             raw: dict[str, LayerFactors] | HostFactors, shot: int, target_size: float, target_zeros: int,
             progress: bool) -> tuple[dict[str, float], int]:
     """The shot's costs, threshold and updates, by the structure and method; the seconds of each phase where
     they are apart, and the dead weights freed."""
     layers, ranks = run.layers, run.ranks
-    if config.method in PER_LAYER:  # "prune" time includes their input estimation
+    if config.spec.layer_rule is not None:  # "prune" time includes their input estimation
         per_layer_shot(model, layers, calibration_ids, target_size, config, ranks, progress)
         return {}, 0
-    if config.structure in ("structured", "coupled"):
+    if config.shot is Shot.STRUCTURED:
         return structured_shot(layers, raw, target_zeros, config, run.coupled, ranks, run.kinds)
     assert isinstance(raw, dict)  # offload is for structured and coupled runs (PruneConfig)
     if config.propagates and shot == config.shot_count:

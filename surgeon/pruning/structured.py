@@ -139,7 +139,7 @@ def _layer_costs(layer: Layer, kept_indices: tuple[torch.Tensor, torch.Tensor, t
     rows = torch.full((R,), float("-inf"), device=W.device)
     cols = torch.full((C,), float("-inf"), device=W.device)
     kept = joint = None
-    if config.method == "surgeon":
+    if config.spec.correlated:
         assert entry is not None and entry.G is not None  # surgeon's pass gives every layer both factors
         f, kept = inverses.layer_inverse(entry, keep_r, keep_c, strengths, roots=True, sibling=sibling)
         sibling = (entry, keep_c, kept, f.A)

@@ -19,8 +19,6 @@ An expert that no calibration token reaches costs 0 by both and leaves first.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,12 +28,12 @@ from tqdm.auto import tqdm
 
 from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
+from surgeon.methods import ExpertPrice
 from surgeon.models.adapter import block_weights, decoder_blocks
 from surgeon.models.experts import expert_outputs, fused_weights, keep_experts, routing, sparse_blocks
 from surgeon.models.families import family_of, supporting
 from surgeon.pruning import curvature
-from surgeon.pruning.report import PruneReport, ShotReport, clock, peak_memory_gb
-from surgeon.pruning.resume import Checkpoint
+from surgeon.pruning.report import PruneReport, clock
 
 logger = logging.getLogger(__name__)
 
@@ -83,15 +81,16 @@ def reap_scores(moe: Any, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 def expert_costs(model: nn.Module, moes: list[Any], calibration_ids: torch.Tensor, config: PruneConfig,
                  progress: bool) -> list[torch.Tensor]:
-    """Each sparse block's cost of removing each of its routed experts [E], by `config.method` (surgeon: the
-    rerouting price over a forward and backward pass; reap: REAP's score over a forward pass)."""
+    """Each sparse block's cost of removing each of its routed experts [E], by the method's `expert_price` (REROUTE: the
+    rerouting price over a forward and backward pass; REAP: REAP's score over a forward pass)."""
     hidden_size = moes[0].gate.weight.shape[1]
+    reap = config.spec.expert_price is ExpertPrice.REAP
     costs = [torch.zeros(moe.gate.weight.shape[0], dtype=torch.float64) for moe in moes]
     tokens = [torch.zeros_like(cost) for cost in costs]
 
     def hook(index: int, moe: Any, args: tuple, output: torch.Tensor) -> None:
         hidden = args[0].detach().reshape(-1, hidden_size)
-        if config.method == "reap":
+        if reap:
             sums, counts = reap_scores(moe, hidden)
             costs[index] += sums.cpu()
             tokens[index] += counts.cpu()
@@ -108,7 +107,7 @@ def expert_costs(model: nn.Module, moes: list[Any], calibration_ids: torch.Tenso
         with curvature.frozen(model):
             for batch in tqdm(calibration_ids.to(device).split(config.batch_size), desc="expert costs", leave=False,
                               disable=not progress):
-                if config.method == "reap":
+                if reap:
                     with torch.no_grad():
                         model(batch, use_cache=False)
                 else:
@@ -116,7 +115,7 @@ def expert_costs(model: nn.Module, moes: list[Any], calibration_ids: torch.Tenso
     finally:
         for handle in handles:
             handle.remove()
-    if config.method == "reap":
+    if reap:
         return [sums / counts.clamp(min=1) for sums, counts in zip(costs, tokens)]
     return costs
 
@@ -126,60 +125,69 @@ def _weights(moe: Any) -> int:
     return sum(weight.numel() for weight in fused_weights(moe.experts))
 
 
-def prune_experts(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, progress: bool = True,
-                  after_shot: Callable[[ShotReport], None] | None = None, checkpoint: Checkpoint | None = None,
-                  group: dist.ProcessGroup | None = None) -> PruneReport:
-    """Remove whole routed experts until every sparse block keeps round(target · E) of its E, in `shot_count`
-    shots (the linear schedule), the cheapest of each block first; the model's config holds the new count.
+class ExpertShots:
+    """Whole-expert shots (`shots.Strategy`): every shot prices each routed expert of every sparse block on the
+    current model and removes each block's cheapest, until every block keeps round(target · E) of its E, the
+    model's config holding the count.
 
     The target counts the routed experts' weights; the report's `sparsity` is the fraction of them removed and
-    `layers` that fraction per block (`model.layers.3.mlp.experts`).
+    `layers` that fraction per block (`model.layers.3.mlp.experts`). Nothing moves but whole experts, so a
+    checkpoint holds each block's kept experts by their original index.
     """
-    config_of: Any = model.config
-    count_key = family_of(config_of).expert_count
-    if count_key is None:
-        raise SurgeonError(f"structure experts removes whole routed experts of {', '.join(supporting('expert_count'))} "
-                           f"models; the model is {config_of.model_type!r}")
-    if group is not None:
-        raise SurgeonError("structure experts runs in one process; launch without torchrun")
-    if checkpoint is not None and checkpoint.state is not None:
-        raise SurgeonError("structure experts changes the expert count and keeps no shot checkpoints: run it again "
-                           "without --resume")
-    moes = [moe for _, moe in sparse_blocks(decoder_blocks(model))]
-    if not moes:
-        raise SurgeonError("structure experts: the model has no block whose MLP routes to experts")
-    qualified = {id(module): name for name, module in model.named_modules()}
-    names = [qualified[id(moe.experts)] for moe in moes]
-    start_count, top_k = moes[0].gate.weight.shape[0], moes[0].gate.top_k
-    keep = round(config.target * start_count)
-    if keep < top_k:
-        raise SurgeonError(f"target_size {config.target:g} keeps {keep} of {start_count} experts per block, fewer than "
-                           f"the {top_k} the router chooses for every token")
-    total = [_weights(moe) for moe in moes]
-    block_total = sum(param.numel() for _, param in block_weights(model))
-    report = PruneReport(config=config.resolved())
-    device = next(model.parameters()).device
-    start = time.perf_counter()
-    last = config.shot_count
-    for shot in tqdm(range(1, last + 1), desc="shots", total=last, disable=not progress):
-        t0 = clock(device)
-        costs = expert_costs(model, moes, calibration_ids, config, progress)
-        t1 = clock(device)
-        count = round(start_count - (start_count - keep) * shot / last)
-        for moe, cost in zip(moes, costs):
-            keep_experts(moe, cost.argsort(descending=True, stable=True)[:count].sort().values.to(device))
-        setattr(config_of, count_key, count)
-        sparsity = 1 - sum(_weights(moe) for moe in moes) / sum(total)
-        shot_report = ShotReport(shot, config.shot_target(shot), sparsity, 0,
-                                 {"costs": t1 - t0, "prune": clock(device) - t1}, peak_memory_gb(device))
-        report.shots.append(shot_report)
-        logger.info("shot %d/%d · %d of %d experts kept per block · sparsity %.4f · costs %.2fs · peak %.2f GB", shot,
-                    last, count, start_count, sparsity, t1 - t0, shot_report.peak_memory_gb)
-        if after_shot is not None:
-            after_shot(shot_report)
-    report.layers = {name: 1 - _weights(moe) / weights for name, moe, weights in zip(names, moes, total)}
-    report.removed = sum(total) - sum(_weights(moe) for moe in moes)
-    report.sparsity = report.zero_fraction = report.removed / sum(total)
-    report.block_sparsity = report.removed / block_total
-    report.seconds = time.perf_counter() - start
-    return report
+
+    def __init__(self, model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig,
+                 group: dist.ProcessGroup | None) -> None:
+        config_of: Any = model.config
+        count_key = family_of(config_of).expert_count
+        if count_key is None:
+            raise SurgeonError(f"structure experts removes whole routed experts of "
+                               f"{', '.join(supporting('expert_count'))} models; the model is "
+                               f"{config_of.model_type!r}")
+        if group is not None:
+            raise SurgeonError("structure experts runs in one process; launch without torchrun")
+        self.moes = [moe for _, moe in sparse_blocks(decoder_blocks(model))]
+        if not self.moes:
+            raise SurgeonError("structure experts: the model has no block whose MLP routes to experts")
+        qualified = {id(module): name for name, module in model.named_modules()}
+        self.names = [qualified[id(moe.experts)] for moe in self.moes]
+        self.start_count, top_k = self.moes[0].gate.weight.shape[0], self.moes[0].gate.top_k
+        self.keep = round(config.target * self.start_count)
+        if self.keep < top_k:
+            raise SurgeonError(f"target_size {config.target:g} keeps {self.keep} of {self.start_count} experts per "
+                               f"block, fewer than the {top_k} the router chooses for every token")
+        self.model, self.calibration_ids, self.config = model, calibration_ids, config
+        self.config_of, self.count_key = config_of, count_key
+        self.total = [_weights(moe) for moe in self.moes]
+        self.block_total = sum(param.numel() for _, param in block_weights(model))
+        self.device = next(model.parameters()).device
+        self.kept = [torch.arange(self.start_count) for _ in self.moes]  # each block's experts by original index
+
+    def _keep(self, chosen: list[torch.Tensor]) -> None:
+        """Keep each block's experts `chosen` (indices among its current ones, ascending), the count in the config."""
+        for index, (moe, among) in enumerate(zip(self.moes, chosen)):
+            keep_experts(moe, among.to(self.device))
+            self.kept[index] = self.kept[index][among.cpu()]
+        setattr(self.config_of, self.count_key, len(chosen[0]))
+
+    def shot(self, shot: int, target_size: float, progress: bool) -> tuple[dict[str, float], int, float]:
+        t0 = clock(self.device)
+        costs = expert_costs(self.model, self.moes, self.calibration_ids, self.config, progress)
+        t1 = clock(self.device)
+        count = round(self.start_count - (self.start_count - self.keep) * shot / self.config.shot_count)
+        self._keep([cost.argsort(descending=True, stable=True)[:count].sort().values for cost in costs])
+        logger.info("%d of %d experts kept per block", count, self.start_count)
+        sparsity = 1 - sum(_weights(moe) for moe in self.moes) / sum(self.total)
+        return {"costs": t1 - t0, "prune": clock(self.device) - t1}, 0, sparsity
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {f"{name}.kept": kept for name, kept in zip(self.names, self.kept)}
+
+    def restore(self, tensors: dict[str, torch.Tensor]) -> None:
+        self._keep([tensors[f"{name}.kept"] for name in self.names])
+
+    def finish(self, report: PruneReport) -> None:
+        remaining = [_weights(moe) for moe in self.moes]
+        report.layers = {name: 1 - left / weights for name, left, weights in zip(self.names, remaining, self.total)}
+        report.removed = sum(self.total) - sum(remaining)
+        report.sparsity = report.zero_fraction = report.removed / sum(self.total)
+        report.block_sparsity = report.removed / self.block_total

@@ -40,12 +40,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from surgeon.config import ALTERNATIVE, NEEDS_A, NEEDS_G, PlanConfig, PruneConfig, parse_bytes
+from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError, first_line
+from surgeon.methods import Shot
 from surgeon.models import hub
 from surgeon.models.adapter import DTYPES, decoder_blocks, prunable_layers, resolve_source
 from surgeon.models.experts import experts_as_layers, is_fused_experts, routed_share
 from surgeon.scale.block_groups import group_edges, groups_limit
+from surgeon.scale.plan_config import PlanConfig, parse_bytes
 from surgeon.scale.settings import check_skeleton
 from surgeon.scale.time_model import (
     H100_SOURCES,
@@ -125,9 +127,9 @@ def _count(model: nn.Module, config: PruneConfig, nsamples: int, seqlen: int, de
     block_factors: list[int] = []  # the packed factors of each decoder block's layers
     layer_factors, accumulation, inputs, widths, inverse_flops = 0, 0.0, 0.0, 0.0, 0.0
     share = {name: routed_share(settings) if ".experts." in name else 1.0 for name, _ in layers}  # tokens reaching
-    if config.method in NEEDS_A:
+    if config.spec.needs_a:
         trace = trace_forward(model, layers, config.batch_size, seqlen)
-        need_g = config.method in NEEDS_G  # else the pass runs forward only, under no_grad: it saves nothing
+        need_g = config.spec.needs_g  # else the pass runs forward only, under no_grad: it saves nothing
         parts["activations"] = trace.saved_bytes * need_g
         parts["checkpointed_activations"] = trace.checkpointed_bytes * need_g
         for block in blocks:
@@ -176,8 +178,8 @@ def held(counts: dict[str, Any], config: PruneConfig, ranks: int = 1, fsdp: bool
     blocks; the largest of `block_groups` groups of them), the activations (checkpointed or not),
     logits and queue. prune: the weights and the inverses of this rank's blocks (with `offload`: the
     factors and roots of a layer and the one before it, the rest in host memory), one layer's dense work.
-    held-out: in one process, a run that `chooses` first prunes the dense model in one `ALTERNATIVE` shot,
-    block by block, which holds what SparseGPT's runs hold.
+    held-out: in one process, a run that `chooses` first prunes the dense model in one shot of its method's
+    alternative (`Method.alternative`), block by block, which holds what SparseGPT's runs hold.
     A rank owns ⌈blocks / ranks⌉ blocks (rank 0 the most). With `fsdp` it holds 1/ranks of the
     weights, the unsharded root (embeddings, head) and two blocks being gathered, and its own
     layers whole while it prunes them (docs/DESIGN.md, "Several processes").
@@ -246,8 +248,8 @@ def _variants(config: PruneConfig, counts: dict[str, Any], ranks: int, split: st
                                block_groups=1)
     if not counts["block_factor_bytes"]:
         return [base]
-    checkpointing = (False, True) if config.method in NEEDS_G else (False,)
-    offload = config.structure in ("structured", "coupled")
+    checkpointing = (False, True) if config.spec.needs_g else (False,)
+    offload = config.shot is Shot.STRUCTURED
     limit = groups_limit(counts["blocks"], ranks, split) if offload else 1
     variants = [dataclasses.replace(base, activation_checkpointing=ac, offload=off, block_groups=groups)
                 for ac in checkpointing for off in ((False, True) if offload else (False,))
@@ -269,7 +271,7 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
     that fit it (`_variants`), or with all of them when none fits. The chosen strategy is the fastest
     that fits on the GPUs asked for, or else on one.
     """
-    if config.structure == "experts":
+    if config.shot is Shot.EXPERTS:
         raise SurgeonError("surgeon plan does not count whole-expert runs (structure experts) yet")
     model = meta_model(plan.model, plan.dtype)
     check_skeleton(model, config, 1)
@@ -280,9 +282,10 @@ def make_plan(plan: PlanConfig, config: PruneConfig) -> dict[str, Any]:
     # the dense layers and the alternative's pruned ones, weights and masks, both in host memory for a moment
     held_out_host = 2 * (counts["prunable_bytes"] + counts["prunable_parameters"]) if held_out else 0
     if held_out:
-        notes.append(f"in one process the run also prunes the dense model in one {ALTERNATIVE} shot and keeps the "
-                     f"model with the lower held-out loss (held_out_choice): about {sum(held_out.values()):.0f} s "
-                     "more on one H100 (" + ", ".join(f"{part} {value:.0f} s" for part, value in held_out.items())
+        notes.append(f"in one process the run also prunes the dense model in one {config.spec.alternative} shot and "
+                     "keeps the model with the lower held-out loss (held_out_choice): about "
+                     f"{sum(held_out.values()):.0f} s more on one H100 ("
+                     + ", ".join(f"{part} {value:.0f} s" for part, value in held_out.items())
                      + f"), and {held_out_host / GIB:.1f} GiB of host memory for the weights and masks it sets aside")
     budget = parse_bytes(plan.gpu_memory)
     phases, peak_phase, peak = _peak(counts["phases"])
@@ -353,7 +356,7 @@ def fit_to_gpu(model_name: str, dtype: str, nsamples: int, seqlen: int, config: 
     the plan does not count, are not checked: `config` is
     returned with a warning.
     """
-    if config.structure == "experts":
+    if config.shot is Shot.EXPERTS:
         logger.warning("memory not checked before loading: the plan does not count whole-expert runs")
         return config
     try:

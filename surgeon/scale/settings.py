@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from surgeon.config import PER_LAYER, PruneConfig
+from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
 from surgeon.models.adapter import check_prunable, decoder_blocks, prunable_layers
 from surgeon.models.experts import experts_as_layers
@@ -27,7 +27,7 @@ def check_settings(model: nn.Module, config: PruneConfig, world: int) -> list[li
             if module.in_features % config.nm[1]:
                 raise SurgeonError(f"{config.structure}: M={config.nm[1]} does not divide the "
                                    f"{module.in_features} columns of {name}")
-    if config.method in PER_LAYER and config.nm and config.shot_count != 1:
+    if config.spec.layer_rule is not None and config.nm and config.shot_count != 1:
         raise SurgeonError(f"{config.method} prunes N:M in one shot; use --shots 1")
     limit = groups_limit(len(blocks), world, config.curvature_split)
     if config.block_groups > limit:

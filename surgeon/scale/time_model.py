@@ -41,9 +41,9 @@ def projected_seconds(counts: dict[str, Any], config: PruneConfig, nsamples: int
     """Seconds per shot on one H100 from the measured Llama-2-7B rates: curvature scaled by the weights a token
     runs through (all of a dense model's, a share of the experts') × tokens, the prune phase by parameters.
 
-    Only for LLM Surgeon, the runs those rates were measured on; empty otherwise.
+    Only for LLM Surgeon's correlated method, the runs those rates were measured on; empty otherwise.
     """
-    if config.method != "surgeon":
+    if not config.spec.correlated:
         return {}
     kind = config.structure if config.nm is None else "N:M propagated" if config.propagates else "N:M"
     if kind not in H100_PRUNE_S:
@@ -59,8 +59,8 @@ def held_out_windows(nsamples: int) -> int:
 
 
 def held_out_seconds(counts: dict[str, Any], config: PruneConfig, nsamples: int, seqlen: int) -> dict[str, float]:
-    """Seconds on one H100 of the `ALTERNATIVE` shot that a run which `chooses` adds, by part, from the measured
-    rates (`H100_PASS_FLOPS_PER_S`, `H100_ACCUMULATION_FLOPS_PER_S`, `H100_SWEEP_S_PER_COLUMN`).
+    """Seconds on one H100 of the alternative's shot (`Method.alternative`) that a run which `chooses` adds, by
+    part, from the measured rates (`H100_PASS_FLOPS_PER_S`, `H100_ACCUMULATION_FLOPS_PER_S`, `H100_SWEEP_S_PER_COLUMN`).
 
     passes: forward passes only (half the pass's products of the blocks' weights, a third of attention's), twice over
     the calibration windows, block by block, and once per model over the held-out windows, with the output
@@ -85,7 +85,7 @@ def work(counts: dict[str, Any], config: PruneConfig, nsamples: int, seqlen: int
     and written once); prune: each factor's Cholesky factor and triangular inverse in float32, which every kind
     of run needs. What the prune phase does beyond them (costs, selection, updates) is not counted: a floor.
     """
-    if config.method != "surgeon":
+    if not config.spec.correlated:
         return {}
     tokens, batches = nsamples * seqlen, math.ceil(nsamples / config.batch_size)
     itemsize, factor_bytes = counts["itemsize"], sum(counts["block_factor_bytes"])

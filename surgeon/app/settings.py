@@ -1,0 +1,119 @@
+"""The settings of the commands that load a model and write a folder: `RunConfig` (eval and prune), `ExportConfig`
+and `ReportConfig`; the CLI builds their options from the fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from surgeon.app.tasks import task_names
+from surgeon.config import EXPORT_FORMATS, opt
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Settings of a CLI run: which model, which data, where the results go."""
+
+    model: str = opt("smollm2-135m", "hub id, local directory, .gguf file, or a built-in model: smollm2-135m, "
+                      "gemma3-270m")
+    tokenizer: str | None = opt(None, "tokenizer to use instead of the model's own", shown="the model's")
+    dataset: str = opt("wikitext2", "evaluation text: wikitext2, c4, ptb, or a text file")
+    calibration: str = opt(
+        "wikitext2",
+        "calibration text: wikitext2 (hub train split, else packaged validation), wikitext2-valid, c4, ptb, "
+        "or a text file",
+    )
+    nsamples: int = opt(128, "calibration windows")
+    seqlen: int = opt(2048, "tokens per calibration and evaluation window")
+    eval_windows: int | None = opt(None, "evaluate only the first N test windows", shown="all")
+    eval_seqlen: int | None = opt(None, "tokens per evaluation window", shown="--seqlen")
+    device: str = opt("cpu", "cpu or cuda")
+    dtype: str = opt("float32", "model dtype", ("float32", "bfloat16", "float16"))
+    output: str | None = opt(
+        None, "where results go: a JSON file for eval, a new or empty folder for prune", shown="print only",
+    )
+    overwrite: bool = opt(
+        False, "prune into an existing non-empty --output folder, replacing only the files the run writes"
+    )
+    eval_every_shot: bool = opt(False, "also evaluate perplexity after every shot (per shot in report.json)")
+    resume: bool = opt(False, "continue the unfinished run in --output after its last checkpoint (same options)")
+    checkpoint_shots: int = opt(
+        1, "write a checkpoint into --output after every N shots and the last, for --resume (0: never)"
+    )
+    tasks: str | None = opt(
+        None, "zero-shot lm-eval tasks, comma-separated, or default (boolq, piqa, hellaswag, winogrande, arc_easy, "
+        "arc_challenge, openbookqa); accuracies go into the result (needs the tasks extra)", shown="none",
+    )
+    task_path: str | None = opt(None, "a folder of lm-eval task YAML files added to lm-eval's own",
+                                 shown="lm-eval's tasks only")
+    task_limit: int | None = opt(None, "score only the first N documents of each task", shown="all")
+    fsdp: bool = opt(False, "under torchrun, shard the weights over the ranks with FSDP2 (for a model larger than "
+                      "one device; every rank evaluates)")
+
+    @property
+    def test_seqlen(self) -> int:
+        """Tokens per evaluation window."""
+        return self.eval_seqlen or self.seqlen
+
+    def __post_init__(self) -> None:
+        if self.nsamples < 1:
+            raise ValueError(f"nsamples={self.nsamples}: must be at least 1")
+        if self.seqlen < 2:
+            raise ValueError(f"seqlen={self.seqlen}: must be at least 2")
+        if self.eval_seqlen is not None and self.eval_seqlen < 2:
+            raise ValueError(f"eval_seqlen={self.eval_seqlen}: must be at least 2")
+        if self.eval_windows is not None and self.eval_windows < 1:
+            raise ValueError(f"eval_windows={self.eval_windows}: must be at least 1")
+        if self.checkpoint_shots < 0:
+            raise ValueError(f"checkpoint_shots={self.checkpoint_shots}: must be at least 0 (0: never)")
+        if self.tasks is not None:
+            task_names(self.tasks)
+        if self.task_limit is not None and self.task_limit < 1:
+            raise ValueError(f"task_limit={self.task_limit}: must be at least 1")
+        if (self.task_path is not None or self.task_limit is not None) and self.tasks is None:
+            raise ValueError("task_path and task_limit need tasks")
+        if self.fsdp and self.tasks is not None:
+            raise ValueError("fsdp: zero-shot tasks are scored without it (a model that fits one device)")
+
+    @property
+    def task_list(self) -> tuple[str, ...]:
+        """The zero-shot tasks to score, none without `tasks`."""
+        return () if self.tasks is None else task_names(self.tasks)
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """Settings of `surgeon export`: which pruning run, how to export it, where to."""
+
+    run: str = opt("", "a folder written by `surgeon prune`")
+    compact: bool = opt(False, "cut out the MLP neurons and attention heads whose output is exactly zero")
+    format: str = opt(
+        "standard", "standard: the original architecture and model_type, one width for every block (blocks that "
+        "need fewer units keep zero ones, which add exactly 0); decilm (Llama): every layer its own MLP width and "
+        "KV heads, a part left without units a no-op, in DeciLM's block_configs, which vLLM serves "
+        "(`vllm serve OUT --trust-remote-code`; transformers loads it with trust_remote_code=True or "
+        "surgeon.load_compact)", EXPORT_FORMATS,
+    )
+    ffn_mult: bool = opt(False, "decilm: round every MLP width up to a multiple of 256 and write it as ffn_mult, "
+                                 "and keep an MLP of zero neurons beside a live attention, for llama.cpp's "
+                                 "converter and graph")
+    output: str | None = opt(None, "a new or empty folder for the exported checkpoint and report.json")
+    overwrite: bool = opt(False, "export into an existing non-empty --output folder, replacing only its files")
+
+    def __post_init__(self) -> None:
+        if not self.compact:
+            raise ValueError("nothing to export: pass --compact to write the model without its removed units")
+        if self.format not in EXPORT_FORMATS:
+            raise ValueError(f"format {self.format!r} is not one of {', '.join(EXPORT_FORMATS)}")
+        if self.ffn_mult and self.format != "decilm":
+            raise ValueError("--ffn-mult is a setting of --format decilm")
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """Settings of `surgeon report`: which pruning run, what to compare it with, where the figures go."""
+
+    run: str = opt("", "a folder written by `surgeon prune`")
+    compare: str | None = opt(None, "another `surgeon prune` folder of the same model: adds the mask equivalence",
+                               shown="no comparison")
+    output: str | None = opt(None, "a new or empty folder for the figures (PNG) and summary.md")
+    overwrite: bool = opt(False, "write into an existing non-empty --output folder, replacing only its files")
