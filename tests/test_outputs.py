@@ -65,10 +65,9 @@ def test_a_failure_inside_leaves_nothing_and_the_old_result_untouched(tmp_path):
     with OutputDirectory(out) as output:
         (output.staging / "report.json").write_text("first")
         output.commit()
-    with pytest.raises(KeyboardInterrupt):
-        with OutputDirectory(out, overwrite=True) as output:
-            (output.staging / "report.json").write_text("half")
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), OutputDirectory(out, overwrite=True) as output:
+        (output.staging / "report.json").write_text("half")
+        raise KeyboardInterrupt
     assert (out / "report.json").read_text() == "first"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging leftovers
 

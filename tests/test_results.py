@@ -14,9 +14,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_readme_results_table_matches_the_quality_runs():
-    result = subprocess.run([sys.executable, "bench/results_md.py", "--check"], cwd=ROOT, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "bench.results_md", "--check"], cwd=ROOT, capture_output=True,
                             text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_bench_runs_as_a_package_without_editing_the_import_path():
+    assert [str(path) for path in (ROOT / "bench").rglob("*.py") if "sys.path" in path.read_text()] == []
+    result = subprocess.run([sys.executable, "-m", "bench.quality.table", "--help"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.startswith("usage:"), result.stderr
 
 
 def test_results_go_stale_when_code_changes_but_not_its_docstrings_or_comments():

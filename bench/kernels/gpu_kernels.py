@@ -1,6 +1,6 @@
 """GPU microbenchmarks of every op, torch vs Triton, with `triton.testing.do_bench` (needs CUDA).
 
-    python bench/kernels/gpu_kernels.py --output bench/results/micro-gpu.json
+    python -m bench.kernels.gpu_kernels --output bench/results/micro-gpu.json
 
 Shapes: SmolLM2 (576/1536) and Llama-2-7B (4096/11008), K = 2000; batched eigh from 32 to 1536
 rows (Jacobi up to 256) (the Jacobi/eigh crossover; its flop count is the nominal 9n³). Each row: op, provider, shape,
@@ -12,18 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 import triton.testing
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from bench.kernels import _roofline  # noqa: E402
-from surgeon.io import write_json  # noqa: E402
-from surgeon_kernels import ops  # noqa: E402
-from surgeon_kernels.symmetric import PackedSymmetric  # noqa: E402
+from bench.kernels import _roofline
+from surgeon.io import write_json
+from surgeon_kernels import ops
+from surgeon_kernels.symmetric import PackedSymmetric
 
 WIDTHS = {"smollm2-576": 576, "smollm2-1536": 1536, "llama2-7b-4096": 4096, "llama2-7b-11008": 11008}
 

@@ -1,6 +1,6 @@
 """Accuracy of the Triton factor accumulation on CUDA against float64, by input dtype and promotion period.
 
-    python bench/kernels/kfac_accuracy.py --output bench/results/gpu/kfac-accuracy.json
+    python -m bench.kernels.kfac_accuracy --output bench/results/gpu/kfac-accuracy.json
 
 For each input dtype (float16, bfloat16, float32) and shape (tokens × width), the largest absolute
 error of `out = [x, 1]ᵀ[x, 1]` against the float64 product of the same rounded inputs, for: the
@@ -13,18 +13,15 @@ compiler folds a one-chunk partial sum into it). The largest shape is also timed
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 import triton.testing
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from surgeon.io import write_json  # noqa: E402
-from surgeon_kernels import ops  # noqa: E402
-from surgeon_kernels.kfac_accumulate import kernel, reference  # noqa: E402
-from surgeon_kernels.symmetric import PackedSymmetric  # noqa: E402
+from surgeon.io import write_json
+from surgeon_kernels import ops
+from surgeon_kernels.kfac_accumulate import kernel, reference
+from surgeon_kernels.symmetric import PackedSymmetric
 
 SHAPES = [(1000, 577, True), (4096, 1536, False), (8192, 4096, False)]  # tokens, width, bias column
 PROMOTIONS = (1, 2, 4, 8)

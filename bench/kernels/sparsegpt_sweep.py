@@ -1,6 +1,6 @@
 """SparseGPT's column sweep fused into one Triton launch per block of columns, against the sweep `surgeon` runs.
 
-    python bench/kernels/sparsegpt_sweep.py --device cuda [--dtype float32] [--layers q_proj] [--output OUT.json]
+    python -m bench.kernels.sparsegpt_sweep --device cuda [--dtype float32] [--layers q_proj] [--output OUT.json]
 
 SparseGPT (Frantar & Alistarh, 2023) prunes a layer in blocks of 128 columns. Inside a block, each column in
 turn is pruned or kept and its error is spread over the block's later columns through the Cholesky factor of
@@ -31,12 +31,10 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from bench.quality.sparsegpt_dropin import LLAMA2_7B_SHAPES, random_layers  # noqa: E402
-from surgeon.method import baselines  # noqa: E402
-from surgeon.methods import DEFAULT_DAMP_A  # noqa: E402
-from surgeon_kernels._triton import autotune_configs  # noqa: E402
+from bench.quality.sparsegpt_dropin import LLAMA2_7B_SHAPES, random_layers
+from surgeon.method import baselines
+from surgeon.methods import DEFAULT_DAMP_A
+from surgeon_kernels._triton import autotune_configs
 
 CONFIGS = autotune_configs([dict(BLOCK_R=16, num_warps=4), dict(BLOCK_R=32, num_warps=4),
                             dict(BLOCK_R=64, num_warps=8)], test=dict(BLOCK_R=16, num_warps=1))
@@ -45,7 +43,7 @@ CONFIGS = autotune_configs([dict(BLOCK_R=16, num_warps=4), dict(BLOCK_R=32, num_
 @triton.jit
 def _div(x, y, F32: tl.constexpr):
     """x / y rounded as IEEE prescribes, as PyTorch divides (the GPU's default float32 division is approximate)."""
-    if F32:
+    if F32:  # noqa: SIM108 (a constexpr branch: Triton compiles one side)
         result = tl.div_rn(x, y)
     else:
         result = x / y
@@ -69,7 +67,7 @@ def _sweep_kernel(w_ptr, hinv_ptr, given_ptr, out_ptr, err_ptr, pruned_ptr, R, w
     pruned = given & (M == 0)
     for i in range(0, width):
         here = (cols == i)[None, :]
-        if M > 0:
+        if M > 0:  # noqa: SIM102 (a constexpr branch: with M = 0 the inner test would divide by 0)
             if i % M == 0:  # the M−N of column i's group with the least (saliency, column)
                 saliency = tl.where(given, float("-inf"), _div(W * W, (diag * diag)[None, :], F32))
                 group = (tl.arange(0, BLOCK_C // M) == i // M)[None, :, None]
@@ -156,7 +154,7 @@ def main() -> None:
                          "max_weight_difference": float((got - expected).abs().max())})
             print(json.dumps(rows[-1]))
     if args.output:
-        command = "python bench/kernels/sparsegpt_sweep.py " + " ".join(sys.argv[1:])
+        command = "python -m bench.kernels.sparsegpt_sweep " + " ".join(sys.argv[1:])
         device = torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device
         args.output.write_text(json.dumps({"device": device, "torch": torch.__version__,
                                            "triton": triton.__version__, "dtype": args.dtype, "command": command,

@@ -11,29 +11,26 @@ batch 1 after a 2048-token prompt (`generation_speed.py`).
 
 Each run is saved as bench/results/coupled/<row>@<commit>.json and skipped when that file exists.
 
-    python bench/quality/coupled.py                   # every row (1–2 h on 2 cores)
-    python bench/quality/coupled.py --only 0.8        # rows whose id contains this text
+    python -m bench.quality.coupled                   # every row (1–2 h on 2 cores)
+    python -m bench.quality.coupled --only 0.8        # rows whose id contains this text
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from bench.machine import cpu_machine  # noqa: E402
-from bench.quality.table import head_commit, load_protocol  # noqa: E402
-from bench.timing.generation_speed import decode_tokens_per_s  # noqa: E402
-from surgeon import PruneConfig, prune  # noqa: E402
-from surgeon.app.evaluate import perplexity  # noqa: E402
-from surgeon.export.compact import compact_model  # noqa: E402
-from surgeon.io import write_json  # noqa: E402
+from bench.machine import cpu_machine
+from bench.quality.table import head_commit, load_protocol
+from bench.timing.generation_speed import decode_tokens_per_s
+from surgeon import PruneConfig, prune
+from surgeon.app.evaluate import perplexity
+from surgeon.export.compact import compact_model
+from surgeon.io import write_json
 
 ROOT = Path(__file__).resolve().parents[1] / "results" / "coupled"
 # row id -> (PruneConfig settings, compact format: standard or decilm)

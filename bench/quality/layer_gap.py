@@ -1,6 +1,6 @@
 """Where two pruned models part: each layer's relative output error on calibration and on held-out tokens.
 
-    python bench/quality/layer_gap.py --model gemma3-270m --pruned surgeon=OUT/a sparsegpt=OUT/b \
+    python -m bench.quality.layer_gap --model gemma3-270m --pruned surgeon=OUT/a sparsegpt=OUT/b \
         --nsamples 8 --seqlen 256 --output bench/results/findings/NAME.json
 
 For every prunable layer of the dense model, its input factor A = Σ [x, 1][x, 1]ᵀ over the dense model's
@@ -20,12 +20,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from surgeon.app.data import calibration_text, calibration_windows, evaluation_text, tokenize  # noqa: E402
-from surgeon.io import write_json  # noqa: E402
-from surgeon.models.adapter import load_model, prunable_layers  # noqa: E402
-from surgeon.pruning import curvature  # noqa: E402
+from surgeon.app.data import calibration_text, calibration_windows, evaluation_text, tokenize
+from surgeon.io import write_json
+from surgeon.models.adapter import load_model, prunable_layers
+from surgeon.pruning import curvature
 
 
 def _input_factors(model, layers, windows: torch.Tensor) -> dict[str, torch.Tensor]:

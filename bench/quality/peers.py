@@ -13,10 +13,10 @@ propagated block by block, `lm_head` ignored. Times are whole `oneshot` calls.
 Runs in the llm-compressor environment (llm-compressor 0.14 pins transformers 5.15-5.17), created by
 one command, `make install-llmcompressor`:
 
-    .venv-llmcompressor/bin/python bench/quality/peers.py [--only 2of4]   # --only: a regular expression
+    .venv-llmcompressor/bin/python -m bench.quality.peers [--only 2of4]   # --only: a regular expression
     .venv/bin/python -c "import surgeon; m, t = surgeon.load_model('gemma3-270m'); m.save_pretrained('G'); \
         t.save_pretrained('G')"
-    .venv-llmcompressor/bin/python bench/quality/peers.py --model gemma3-270m --weights G --only 'llmc-(sparsegpt|wan)'
+    .venv-llmcompressor/bin/python -m bench.quality.peers --model gemma3-270m --weights G --only 'llmc-(sparsegpt|wan)'
 
 Each run is saved beside bench/quality/table.py's rows (bench/results/quality/<row>@<commit>.json for SmolLM2)
 and skipped when that file exists; `make results` puts them into RESULTS' quality tables.
@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 from datasets import Dataset
@@ -38,13 +36,11 @@ from llmcompressor import oneshot
 from llmcompressor.modifiers.pruning import SparseGPTModifier, WandaPruningModifier
 from transformers import AutoModelForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from bench.quality.table import folder, load_protocol, parse_protocol, protocol_of, protocol_parser  # noqa: E402
-from surgeon.app.evaluate import perplexity  # noqa: E402
-from surgeon.integrations.llmcompressor import SurgeonModifier, SurgeonSparseGPTModifier  # noqa: E402
-from surgeon.io import write_json  # noqa: E402
-from surgeon.models.adapter import prunable_layers  # noqa: E402
+from bench.quality.table import folder, load_protocol, parse_protocol, protocol_of, protocol_parser
+from surgeon.app.evaluate import perplexity
+from surgeon.integrations.llmcompressor import SurgeonModifier, SurgeonSparseGPTModifier
+from surgeon.io import write_json
+from surgeon.models.adapter import prunable_layers
 
 # row suffix -> (modifier, its settings beyond sparsity, mask structure and ignore)
 PEERS = {

@@ -1,8 +1,8 @@
 """Layer output error and time of the SparseGPT drop-in against SparseGPT's own algorithm, on the same H.
 
-    python bench/quality/sparsegpt_dropin.py                 # blocks 0, 10, 20 and 29 of SmolLM2-135M
-    python bench/quality/sparsegpt_dropin.py --blocks 0 5
-    python bench/quality/sparsegpt_dropin.py --shapes llama2-7b --device cuda --output OUT.json
+    python -m bench.quality.sparsegpt_dropin                 # blocks 0, 10, 20 and 29 of SmolLM2-135M
+    python -m bench.quality.sparsegpt_dropin --blocks 0 5
+    python -m bench.quality.sparsegpt_dropin --shapes llama2-7b --device cuda --output OUT.json
 
 For every linear layer of the chosen blocks of the dense SmolLM2-135M, H = (2/n) Σ x xᵀ is
 accumulated from the CPU protocol's calibration windows (8 × 512 tokens of WikiText-2 validation,
@@ -28,7 +28,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 from bench.machine import cpu_machine  # noqa: E402
 from bench.quality.table import head_commit, load_protocol  # noqa: E402
@@ -142,7 +141,7 @@ def main() -> None:
                else cpu_machine(torch.get_num_threads()))
     write_json(args.output or ROOT / "bench" / "results" / "cpu" / f"sparsegpt-dropin@{commit}.json", dict(
         commit=commit, machine=machine,
-        command=" ".join(["python bench/quality/sparsegpt_dropin.py", *sys.argv[1:]]), shapes=args.shapes,
+        command=" ".join(["python -m bench.quality.sparsegpt_dropin", *sys.argv[1:]]), shapes=args.shapes,
         blocks=args.blocks if args.shapes == "smollm2" else None, layers=len(layers), summary=summary, rows=rows))
 
 

@@ -22,13 +22,13 @@ against K-OBD, unstructured 50% and 2:4 against SparseGPT, Wanda and sparsegpt-r
 
 Each run is saved as bench/results/quality/<row>@<commit>.json (another model or calibration budget:
 bench/results/quality-<model>-<n>x<seqlen>/) and skipped where a run of it on the same machine at a commit with the
-same pruning code exists, so an interrupted table resumes; `python bench/results_md.py` writes the tables into
+same pruning code exists, so an interrupted table resumes; `python -m bench.results_md` writes the tables into
 RESULTS.md.
 
-    python bench/quality/table.py                        # every row (1.5-3 hours on 2 cores)
-    python bench/quality/table.py --only structured-0.8  # rows whose id contains this text
-    python bench/quality/table.py --model gemma3-270m    # Gemma-3-270M's rows (about 20 minutes)
-    python bench/quality/table.py --model gemma3-270m --calib-windows 16 --calib-seqlen 512 --only 2of4
+    python -m bench.quality.table                        # every row (1.5-3 hours on 2 cores)
+    python -m bench.quality.table --only structured-0.8  # rows whose id contains this text
+    python -m bench.quality.table --model gemma3-270m    # Gemma-3-270M's rows (about 20 minutes)
+    python -m bench.quality.table --model gemma3-270m --calib-windows 16 --calib-seqlen 512 --only 2of4
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ import logging
 import os
 import platform
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,10 +45,8 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from bench.machine import cpu_machine  # noqa: E402
-from surgeon import PruneConfig, prune  # noqa: E402
+from bench.machine import cpu_machine
+from surgeon import PruneConfig, prune
 from surgeon.app.data import (
     calibration_text,
     calibration_windows,

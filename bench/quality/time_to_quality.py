@@ -1,27 +1,24 @@
 """The time-to-quality curves behind the CLI's default number of shots: perplexity against pruning seconds.
 
-    python bench/quality/time_to_quality.py [--only unstructured]
+    python -m bench.quality.time_to_quality [--only unstructured]
 
 The protocol of bench/quality/table.py (8 × 512 calibration tokens, perplexity on 8 test windows of 2048
 tokens) and the CLI's defaults but the shots: structured 80% in 1, 2 and 8 shots, unstructured 50% in
 1, 3 and 8 (the quality table holds 4 shots of both, 2 of unstructured, and N:M's one propagated shot and
 4 shots). Each point is saved as bench/results/ttq/<point>@<commit>.json and skipped where one on the same
 machine at a commit with the same pruning code exists; `make results` puts the curves into RESULTS.md,
-`python bench/quality/time_to_quality.py --figure` draws them into docs/figures/time-to-quality.png. Run it
+`python -m bench.quality.time_to_quality --figure` draws them into docs/figures/time-to-quality.png. Run it
 alone: the seconds are wall time.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from bench.quality.table import load_protocol, measure, measured, parse_protocol, protocol_of, protocol_parser  # noqa: E402
-from surgeon import PruneConfig  # noqa: E402
-from surgeon.io import write_json  # noqa: E402
+from bench.quality.table import load_protocol, measure, measured, parse_protocol, protocol_of, protocol_parser
+from surgeon import PruneConfig
+from surgeon.io import write_json
 
 ROOT = Path(__file__).resolve().parents[1] / "results" / "ttq"
 POINTS = {f"{structure}-{size}-shots{shots}": PruneConfig(structure=structure, target_size=size, shots=shots)

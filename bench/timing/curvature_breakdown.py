@@ -1,6 +1,6 @@
 """Where a curvature pass's time goes on a model of a paper's shape with random weights.
 
-    python bench/timing/curvature_breakdown.py --config bench/configs/llama-2-7b.json --layers 8 --device cuda \
+    python -m bench.timing.curvature_breakdown --config bench/configs/llama-2-7b.json --layers 8 --device cuda \
         --output out/curvature-breakdown.json
 
 Times, after one warm-up pass (which compiles and autotunes the kernels), three passes over the same
@@ -26,13 +26,11 @@ from unittest import mock
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from bench.timing.shot_time import build  # noqa: E402
-from surgeon.io import write_json  # noqa: E402
-from surgeon.models.adapter import DTYPES, prunable_layers  # noqa: E402
-from surgeon.pruning import curvature  # noqa: E402
-from surgeon.pruning.report import clock  # noqa: E402
+from bench.timing.shot_time import build
+from surgeon.io import write_json
+from surgeon.models.adapter import DTYPES, prunable_layers
+from surgeon.pruning import curvature
+from surgeon.pruning.report import clock
 
 
 def _timed(device: torch.device, run) -> float:

@@ -1,6 +1,6 @@
 """Seconds of one curvature pass (forward, input-gradient backward, factor accumulation) on SmolLM2.
 
-    python bench/timing/curvature_time.py --windows 4 --seqlen 512 --repeats 3 [--dtype float32 bfloat16]
+    python -m bench.timing.curvature_time --windows 4 --seqlen 512 --repeats 3 [--dtype float32 bfloat16]
 
 Loads the embedded SmolLM2-135M, takes calibration windows from the packaged WikiText-2 validation
 split, runs one warm-up window, then times `surgeon.pruning.curvature.estimate` over `--windows` windows once
@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from surgeon.app.data import calibration_text, calibration_windows, tokenize  # noqa: E402
-from surgeon.models.adapter import DTYPES, load_model, prunable_layers  # noqa: E402
-from surgeon.pruning import curvature  # noqa: E402
+from surgeon.app.data import calibration_text, calibration_windows, tokenize
+from surgeon.models.adapter import DTYPES, load_model, prunable_layers
+from surgeon.pruning import curvature
 
 
 def main() -> None:

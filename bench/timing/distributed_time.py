@@ -1,13 +1,13 @@
 """Seconds and perplexity of `surgeon prune` in one process and split over torchrun ranks (gloo), SmolLM2 on the CPU.
 
-    python bench/timing/distributed_time.py [--ranks 1 2] [--only structured] [--split blocks]
+    python -m bench.timing.distributed_time [--ranks 1 2] [--only structured] [--split blocks]
 
 Runs the CPU protocol (8 calibration windows of 512 tokens, 4 shots, perplexity on the first 8
 test windows of 2048 tokens) through the CLI: one process with every core, then
 `torchrun --standalone --nproc-per-node N -m surgeon prune …` with one thread per rank, split by
 batches, or with `--split blocks` by blocks (torchrun runs only). Writes
 bench/results/cpu/ranks-smollm2-<structure>[-by-blocks]@<commit>.json (skipped when it exists) with
-each run's per-shot seconds, the time in collectives and the perplexity; `python bench/results_md.py`
+each run's per-shot seconds, the time in collectives and the perplexity; `python -m bench.results_md`
 puts them into RESULTS.md.
 """
 
@@ -22,7 +22,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]  # bench/
-sys.path.insert(0, str(ROOT.parent))
 
 from bench.machine import cpu_machine  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Generation speed of dense, pruned and compact models: prefill and decode tokens/s, peak memory, size.
 
-    python bench/timing/generation_speed.py smollm2-135m OUT/pruned [--label dense masked] [--device cpu]
+    python -m bench.timing.generation_speed smollm2-135m OUT/pruned [--label dense masked] [--device cpu]
 
 Each model (a built-in name, a hub id or a saved directory such as a `surgeon prune` output) is
 measured in a fresh process, so that its peak memory is its own: prefill tokens/s for one sequence of
@@ -30,7 +30,6 @@ import torch
 from transformers import StaticCache
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 from bench.quality.table import head_commit  # noqa: E402
 from bench.timing.in_turn import add_arguments, labels, median_of, run_in_turn  # noqa: E402
@@ -135,7 +134,7 @@ def main() -> None:
     for label, runs in zip(names, rounds):
         result = {**median_of(runs, FIELDS), "label": label, "machine": machine, "commit": commit,
                   "torch": torch.__version__,
-                  "command": " ".join(["python bench/timing/generation_speed.py", *sys.argv[1:]]), **settings}
+                  "command": " ".join(["python -m bench.timing.generation_speed", *sys.argv[1:]]), **settings}
         write_json(ROOT / "bench" / "results" / kind / f"generation-{label}@{commit}.json", result)
         print(f"{label}: {result['parameters'] / 1e6:.1f} M parameters · prefill "
               + ", ".join(f"{k} tok {v:.0f}/s" for k, v in result["prefill_tokens_per_s"].items()) + " · decode "

@@ -34,7 +34,7 @@ if [ "${1:-}" = --quick ]; then
   quick() {  # LIMIT NAME STRUCTURE BLOCKS [shot_time.py options]: one timed run, its report in $OUT/NAME.json
     local limit=$1 name=$2 structure=$3 blocks=$4
     shift 4
-    timeout "$limit" python3 bench/timing/shot_time.py --config bench/configs/llama-2-7b.json --layers "$blocks" \
+    timeout "$limit" python3 -m bench.timing.shot_time --config bench/configs/llama-2-7b.json --layers "$blocks" \
       --device cuda --dtype bfloat16 --nsamples 128 --seqlen 2048 --batch-size 2 --structure "$structure" \
       --backend auto --output "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1
     echo "$name rc=$?"; grep -v "it/s\]" "$OUT/$name.log" | tail -3
@@ -43,10 +43,10 @@ if [ "${1:-}" = --quick ]; then
   quick 80 structured structured 32 --shots 1 --target-size 0.8
   quick 130 2of4 2:4 32 --held-out 0
   quick 115 unstructured unstructured 32 --shots 1 --target-size 0.5 --held-out 0
-  timeout 45 python3 bench/quality/sparsegpt_dropin.py --shapes llama2-7b --layers q_proj --device cuda --exact-shots 1 \
+  timeout 45 python3 -m bench.quality.sparsegpt_dropin --shapes llama2-7b --layers q_proj --device cuda --exact-shots 1 \
     --output "$OUT/dropin.json" > "$OUT/dropin.log" 2>&1
   echo "dropin rc=$?"; tail -6 "$OUT/dropin.log"
-  timeout 35 python3 bench/kernels/sparsegpt_sweep.py --device cuda --layers q_proj --output "$OUT/sweep.json" \
+  timeout 35 python3 -m bench.kernels.sparsegpt_sweep --device cuda --layers q_proj --output "$OUT/sweep.json" \
     > "$OUT/sweep.log" 2>&1
   echo "sweep rc=$?"; tail -2 "$OUT/sweep.log"
   exit 0
@@ -67,7 +67,7 @@ for spec in "$@"; do
   extra=()
   [ "$profile" = profile ] && extra=(--profile "$OUT/profile-$name.txt")
   [ "$profile" = lowmem ] && extra=(--activation-checkpointing --offload --block-groups 2)
-  timeout 420 python3 bench/timing/shot_time.py --config bench/configs/llama-2-7b.json --layers "$blocks" --device cuda \
+  timeout 420 python3 -m bench.timing.shot_time --config bench/configs/llama-2-7b.json --layers "$blocks" --device cuda \
     --dtype bfloat16 --nsamples 128 --seqlen 2048 --shots "$shots" --batch-size "$batch" "${target[@]}" \
     --structure "$structure" --backend "${BACKEND:-triton}" --output "$OUT/shot-$name.json" --held-out 0 \
     "${extra[@]}" > "$OUT/shot-$name.log" 2>&1
@@ -76,7 +76,7 @@ for spec in "$@"; do
     for split in batches blocks; do
       sharding=()
       [ "$split" = blocks ] && sharding=(--fsdp)
-      timeout 420 torchrun --standalone --nproc-per-node "$RANKS" bench/timing/shot_time.py \
+      timeout 420 torchrun --standalone --nproc-per-node "$RANKS" -m bench.timing.shot_time \
         --config bench/configs/llama-2-7b.json --layers "$blocks" --device cuda --dtype bfloat16 --nsamples 128 \
         --seqlen 2048 --shots "$shots" --batch-size "$batch" "${target[@]}" --structure "$structure" \
         --backend "${BACKEND:-triton}" --curvature-split "$split" "${sharding[@]}" \
@@ -86,9 +86,9 @@ for spec in "$@"; do
   fi
 done
 if [ -z "${SKIP_MICRO:-}" ]; then
-  timeout "${MICRO_TIMEOUT:-300}" python3 bench/kernels/gpu_kernels.py --output "$OUT/micro-gpu.json" > "$OUT/micro.log" 2>&1
+  timeout "${MICRO_TIMEOUT:-300}" python3 -m bench.kernels.gpu_kernels --output "$OUT/micro-gpu.json" > "$OUT/micro.log" 2>&1
   echo "micro rc=$?"; tail -3 "$OUT/micro.log"
-  timeout 120 python3 bench/kernels/kfac_accuracy.py --output "$OUT/kfac-accuracy.json" > "$OUT/kfac-accuracy.log" 2>&1
+  timeout 120 python3 -m bench.kernels.kfac_accuracy --output "$OUT/kfac-accuracy.json" > "$OUT/kfac-accuracy.log" 2>&1
   echo "kfac accuracy rc=$?"
 fi
 if [ -z "${SKIP_GENERATION:-}" ]; then
@@ -96,7 +96,7 @@ if [ -z "${SKIP_GENERATION:-}" ]; then
   read -r -a models <<< "smollm2-135m ${GENERATION_MODELS:-}"
   labels=()
   for model in "${models[@]}"; do labels+=("$(basename "$model")-cuda"); done
-  timeout 600 python3 bench/timing/generation_speed.py "${models[@]}" --label "${labels[@]}" --device cuda \
+  timeout 600 python3 -m bench.timing.generation_speed "${models[@]}" --label "${labels[@]}" --device cuda \
     > "$OUT/generation.log" 2>&1
   echo "generation rc=$?"; tail -4 "$OUT/generation.log"
 fi

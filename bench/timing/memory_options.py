@@ -1,6 +1,6 @@
 """Time and peak memory of the memory options (activation checkpointing, offload, block groups), SmolLM2 on the CPU.
 
-    python bench/timing/memory_options.py
+    python -m bench.timing.memory_options
 
 Prunes SmolLM2-135M structured to 80% in one shot through the CLI, once per option set: none;
 `--activation-checkpointing`; and with `--offload --block-groups 3`. Calibration is one batch of
@@ -9,7 +9,7 @@ own process, so its peak resident memory (`report.json`'s `peak_memory_gb` on th
 on the CPU, host and device are one memory, so offload and block groups change the time only,
 while activation checkpointing lowers the peak. Each run's weights are compared with the first's
 (the options must not change a bit). Writes bench/results/cpu/memory-options-smollm2@<commit>.json;
-`python bench/results_md.py` puts it into RESULTS.md.
+`python -m bench.results_md` puts it into RESULTS.md.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import torch
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]  # bench/
-sys.path.insert(0, str(ROOT.parent))
 
 from bench.machine import cpu_machine  # noqa: E402
 
@@ -68,7 +67,7 @@ def main() -> None:
                          "same_weights": all(torch.equal(first[key], weights[key]) for key in first)})
             print(json.dumps(rows[-1]))
     path.write_text(json.dumps({"commit": commit, "machine": cpu_machine(torch.get_num_threads()),
-                                "command": "python bench/timing/memory_options.py", "rows": rows}, indent=1) + "\n")
+                                "command": "python -m bench.timing.memory_options", "rows": rows}, indent=1) + "\n")
     print(path)
 
 

@@ -1,6 +1,6 @@
 """A DeciLM export of a dense model without its MLPs, to split a decode step into its parts.
 
-    python bench/timing/no_mlp_export.py smollm2-135m OUT/no-mlp
+    python -m bench.timing.no_mlp_export smollm2-135m OUT/no-mlp
 
 writes the model with every MLP a no-op, in the DeciLM format that vLLM serves. Served beside the
 dense model (`bench/timing/serve_speed.py`), its step time is what a decode step spends outside the
@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 from surgeon import load_model  # noqa: E402
 from surgeon.export.compact import compact_model  # noqa: E402

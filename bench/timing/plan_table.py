@@ -1,12 +1,12 @@
 """`surgeon plan` for the paper's model shapes: per-GPU peak, chosen strategy and projected time per shot.
 
-    python bench/timing/plan_table.py
+    python -m bench.timing.plan_table
 
 Counts OPT-125m … Llama-2-70B, Mixtral-8x7B and Qwen3-30B-A3B (bench/configs) in bfloat16, 128 × 2048
 calibration tokens, structured (batch 2; the last three batch 1) and unstructured 50%, on 1, 2 and 8 GPUs
 of 80 GB, from the configuration alone (no weights), with the floor of a shot's counted work on one
 H100 and the projected time of the held-out choice's sparsegpt-refine shot where one process runs it.
-Writes bench/results/plan/plan-table@<commit>.json; `python bench/results_md.py` puts the table into
+Writes bench/results/plan/plan-table@<commit>.json; `python -m bench.results_md` puts the table into
 RESULTS.md.
 """
 
@@ -57,7 +57,7 @@ def main() -> None:
     path = ROOT / "results" / "plan" / f"plan-table@{commit}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"commit": commit, "machine": "counted from the configuration (no device)",
-                                "command": "python bench/timing/plan_table.py", "rows": rows}, indent=1) + "\n")
+                                "command": "python -m bench.timing.plan_table", "rows": rows}, indent=1) + "\n")
     print(path)
 
 

@@ -1,6 +1,6 @@
 """Serving speed in vLLM: offline greedy generation of a dense model and of its compact exports.
 
-    python bench/timing/serve_speed.py DENSE OUT/decilm --label smollm2-dense smollm2-coupled80-decilm
+    python -m bench.timing.serve_speed DENSE OUT/decilm --label smollm2-dense smollm2-coupled80-decilm
 
 Run it in the vLLM environment (`make install-vllm`; `.venv-vllm/bin/python …`). Each model (a hub id
 or a saved directory: a dense checkpoint, a `surgeon export` output) is served by its own vLLM engine
@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 from bench.quality.table import head_commit  # noqa: E402
 from bench.timing.in_turn import add_arguments, labels, median_of, run_in_turn  # noqa: E402
@@ -44,7 +43,7 @@ def parameters(folder: str) -> int | None:
     count = 0
     for file in files:
         with safe_open(file, "pt") as handle:
-            count += sum(math.prod(handle.get_slice(key).get_shape()) for key in handle.keys())
+            count += sum(math.prod(handle.get_slice(key).get_shape()) for key in handle.keys())  # noqa: SIM118 (a safetensors handle, not a dict)
     return count
 
 
@@ -105,7 +104,7 @@ def main() -> None:
     kind = "cpu" if args.device == "cpu" else "gpu"
     for label, runs in zip(names, rounds):
         result = {**median_of(runs, FIELDS), "label": label, "machine": machine, "commit": commit,
-                  "command": " ".join(["python bench/timing/serve_speed.py", *sys.argv[1:]]), **settings}
+                  "command": " ".join(["python -m bench.timing.serve_speed", *sys.argv[1:]]), **settings}
         write_json(ROOT / "bench" / "results" / kind / f"serve-{label}@{commit}.json", result)
         print(f"{label}: decode " + ", ".join(f"batch {k} {v:.1f}/s" for k, v in result["decode_tokens_per_s"].items())
               + " · end to end " + ", ".join(f"batch {k} {v:.1f}/s"

@@ -1,6 +1,6 @@
 """End-to-end time and memory of pruning shots on a model of a paper's shape with random weights.
 
-    python bench/timing/shot_time.py --config bench/configs/llama-2-7b.json --device cuda --dtype bfloat16 \
+    python -m bench.timing.shot_time --config bench/configs/llama-2-7b.json --device cuda --dtype bfloat16 \
         --nsamples 128 --seqlen 2048 --shots 4 --target-size 0.8 --output bench/results/shot-llama2-7b.json
 
 The model is built from a Hugging Face config (bench/configs/: the paper's OPT and Llama-2 shapes)
@@ -12,7 +12,7 @@ sparsegpt-refine shot on held-out windows of random tokens, max(2, nsamples // 4
 Writes the prune report (seconds per phase and peak memory per shot, the other shot's seconds
 under `choice`) with the device, shapes and settings.
 
-Under torchrun (`torchrun --nproc-per-node N bench/timing/shot_time.py … --device cuda`) the ranks prune
+Under torchrun (`torchrun --nproc-per-node N -m bench.timing.shot_time … --device cuda`) the ranks prune
 together, one GPU each (`--curvature-split`, `--fsdp`: as `surgeon prune`); rank 0 writes the report,
 its peak memory being its own.
 """
@@ -29,11 +29,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from surgeon import PruneConfig, prune  # noqa: E402
-from surgeon.io import write_json  # noqa: E402
-from surgeon.models.adapter import DTYPES  # noqa: E402
+from surgeon import PruneConfig, prune
+from surgeon.io import write_json
+from surgeon.models.adapter import DTYPES
 from surgeon.pruning import curvature
 from surgeon.scale import distributed
 from surgeon.scale.time_model import held_out_windows
