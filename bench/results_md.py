@@ -291,8 +291,8 @@ def quality_table(runs: dict[str, dict[str, Any]], older: set[str]) -> str:
     return "\n".join(lines)
 
 
-NAMES = {"lobd": "L-OBD", "kobd": "K-OBD", "sparsegpt": "SparseGPT", "wanda": "Wanda",
-         "llmc-sparsegpt": "llm-compressor SparseGPT", "llmc-wanda": "llm-compressor Wanda"}
+NAMES = {"lobd": "L-OBD", "kobd": "K-OBD", "sparsegpt": "SparseGPT", "sparsegpt-refine": "sparsegpt-refine",
+         "wanda": "Wanda", "llmc-sparsegpt": "llm-compressor SparseGPT", "llmc-wanda": "llm-compressor Wanda"}
 
 
 # What sets a run's result apart from the CLI's defaults (`PruneConfig.resolved`); backends, batches, memory options
@@ -312,15 +312,18 @@ def ran_defaults(config: dict[str, Any]) -> bool:
 
 
 def headline_cells(runs: dict[str, dict[str, Any]], prefix: str, older: frozenset[str] = frozenset()) -> str:
-    """The best baseline's perplexity at one structure and LLM Surgeon's with the CLI's defaults, the lower in bold,
-    with a second decimal where one would print them alike, † on a row of `older`; '- | -' if either was not run."""
+    """The best baseline's perplexity at one structure and the CLI's default run's, the lower in bold, with a second
+    decimal where one would print them alike, † on a row of `older`, and the method whose model the default kept
+    where the held-out choice kept another's ("sparsegpt-refine (kept)"); '- | -' if either was not run."""
     rows = {name[len(prefix) + 1:]: run for name, run in runs.items() if name.startswith(prefix + "-")}
     baselines = {m: r["ppl"] for m, r in rows.items() if m in NAMES}
     surgeon = [name for name, run in sorted(rows.items()) if name.startswith("surgeon") and ran_defaults(run["config"])]
     if not baselines or not surgeon:
         return "- | -"
     best = min(baselines, key=baselines.__getitem__)
-    cells = [(NAMES[best] + " ", baselines[best], best), ("", rows[surgeon[0]]["ppl"], surgeon[0])]
+    choice = rows[surgeon[0]].get("choice") or {}
+    whose = f"{choice['kept']} (kept) " if choice.get("kept", "surgeon") != "surgeon" else ""
+    cells = [(NAMES[best] + " ", baselines[best], best), (whose, rows[surgeon[0]]["ppl"], surgeon[0])]
     lowest = min(value for _, value, _ in cells)
     digits = 2 if len({f"{value:.1f}" for _, value, _ in cells}) == 1 else 1
     return " | ".join((f"{label}**{value:.{digits}f}**" if value == lowest else f"{label}{value:.{digits}f}")
@@ -328,9 +331,9 @@ def headline_cells(runs: dict[str, dict[str, Any]], prefix: str, older: frozense
 
 
 def headline_table(models: list[tuple[str, dict[str, dict[str, Any]], frozenset[str]]]) -> str:
-    """Per structure and model: the best baseline and LLM Surgeon, the lower perplexity in bold, † on a row measured
+    """Per structure and model: the best baseline and the default run, the lower perplexity in bold, † on a row measured
     at older code (the README's)."""
-    lines = ["| structure | " + " | ".join(f"{label}: best baseline | LLM Surgeon" for label, _, _ in models) + " |",
+    lines = ["| structure | " + " | ".join(f"{label}: best baseline | default run" for label, _, _ in models) + " |",
              "| --- |" + " --- | --- |" * len(models)]
     for prefix, label in HEADLINE:
         lines.append(f"| {label} | " + " | ".join(headline_cells(runs, prefix, older) for _, runs, older in models)

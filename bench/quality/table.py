@@ -18,7 +18,9 @@ methods alone; every window begins with the tokenizer's BOS where it puts one (G
 
 Gemma-3-270M (`--model gemma3-270m`, GGUF Q4_K_M, a second family): 8 calibration windows of 256 tokens, the
 first 2 test windows of 2048; each structure's CLI defaults (LLM Surgeon) against its baselines: structured 80%
-against K-OBD, unstructured 50% and 2:4 against SparseGPT, Wanda and sparsegpt-refine (one shot each).
+against K-OBD, unstructured 50% and 2:4 against SparseGPT, Wanda and sparsegpt-refine (one shot each). The same
+rows run on SmolLM2 at any calibration budget but its table's (`--calib-windows 128 --calib-seqlen 2048`: the
+CLI's own).
 
 Each run is saved as bench/results/quality/<row>@<commit>.json (another model or calibration budget:
 bench/results/quality-<model>-<n>x<seqlen>/) and skipped where a run of it on the same machine at a commit with the
@@ -96,8 +98,9 @@ def rows(shots_structured: int, shots_element: int) -> list[tuple[str, PruneConf
     return out
 
 
-def second_model_rows() -> list[tuple[str, PruneConfig]]:
-    """(id, config) of the rows on a second model: each structure's defaults against its baselines."""
+def defaults_rows() -> list[tuple[str, PruneConfig]]:
+    """(id, config) of each structure's CLI defaults against its baselines: the rows on a second model, or at
+    another calibration budget than SmolLM2's table."""
     out = [(f"structured-0.8-{method}", PruneConfig(structure="structured", target_size=0.8, method=method))
            for method in ("kobd", "surgeon")]
     for structure in ("unstructured", "2:4"):
@@ -216,7 +219,7 @@ def main() -> None:
     if not measured(dense_path, protocol["machine"]):
         result = perplexity(run.model, run.test_ids, 2048, args.eval_windows, progress=False)
         write_json(dense_path, {"ppl": result.ppl, "seconds": result.seconds, **protocol})
-    table = rows(args.shots_structured, args.shots_element) if args.model == "smollm2-135m" else second_model_rows()
+    table = rows(args.shots_structured, args.shots_element) if root == ROOT else defaults_rows()
     for name, config in table:
         path = root / f"{name}@{commit}.json"
         if args.only not in name or measured(path, protocol["machine"]):
