@@ -54,7 +54,7 @@ def _make_parent(target: Path) -> None:
                            f"{_describe(error)}") from error
 
 
-def check_writable_file(path: str | os.PathLike) -> None:
+def check_writable_file(path: str | os.PathLike[str]) -> None:
     """Fail now, in one line, if a file cannot be created at `path` (folder missing, read-only, a file)."""
     target = Path(path)
     if target.is_dir():
@@ -68,15 +68,16 @@ def check_writable_file(path: str | os.PathLike) -> None:
     os.unlink(tmp)
 
 
-def read_run(folder: str | os.PathLike) -> dict:
+def read_run(folder: str | os.PathLike[str]) -> dict[str, Any]:
     """The report of a finished `surgeon prune` output folder, or a SurgeonError saying it is not one."""
     path = Path(folder) / COMPLETE_MARKER
     if not path.is_file():
         raise SurgeonError(f"{str(folder)!r} is not a `surgeon prune` output folder (it has no {COMPLETE_MARKER})")
-    return json.loads(path.read_text())
+    report: dict[str, Any] = json.loads(path.read_text())
+    return report
 
 
-def write_json(path: str | os.PathLike, data: dict) -> None:
+def write_json(path: str | os.PathLike[str], data: dict[str, Any]) -> None:
     """Write `data` as JSON to `path` atomically (a temporary file in the same folder, then a rename)."""
     target = Path(path)
     _make_parent(target)
@@ -101,7 +102,7 @@ class OutputDirectory:
     looks like a finished result is left.
     """
 
-    def __init__(self, path: str | os.PathLike, overwrite: bool = False):
+    def __init__(self, path: str | os.PathLike[str], overwrite: bool = False):
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise SurgeonError(f"output {str(self.path)!r} exists and is not a folder")
@@ -158,8 +159,8 @@ class OutputDirectory:
                                f"it is complete in {str(self.staging)!r}") from error
 
 
-def write_checkpoint(folder: Path, model: Any, tokenizer: Any, report: dict | None = None,
-                     state_dict: dict | None = None) -> None:
+def write_checkpoint(folder: Path, model: Any, tokenizer: Any, report: dict[str, Any] | None = None,
+                     state_dict: dict[str, Any] | None = None) -> None:
     """Write a Hugging Face checkpoint (`save_pretrained` of model and tokenizer) and `report.json` into `folder`.
 
     state_dict: the weights to write instead of the model's own (e.g. gathered whole from shards).
@@ -174,7 +175,7 @@ def write_checkpoint(folder: Path, model: Any, tokenizer: Any, report: dict | No
         write_json(folder / COMPLETE_MARKER, report)
 
 
-def save_model(path: str | os.PathLike, model: Any, tokenizer: Any = None, report: dict | None = None,
+def save_model(path: str | os.PathLike[str], model: Any, tokenizer: Any = None, report: dict[str, Any] | None = None,
                overwrite: bool = False) -> Path:
     """Save a pruned model where `AutoModelForCausalLM.from_pretrained(path)` loads it, all at once.
 

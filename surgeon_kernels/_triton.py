@@ -20,7 +20,7 @@ except ImportError:  # the package works without Triton (PyTorch and compiled op
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def autotune_configs(configs: list[dict], test: dict) -> list:
+def autotune_configs(configs: list[dict[str, int]], test: dict[str, int]) -> list[triton.Config]:
     """`triton.Config`s from dicts (block sizes plus num_warps/num_stages); only `test` when interpreting."""
     chosen = [test] if INTERPRET else configs
     out = []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 
@@ -137,7 +138,7 @@ def nm_select(costs: torch.Tensor, n: int, m: int, backend: str = "auto") -> tup
 
         return kernel.nm_select(costs, n, m)
     if chosen == "cpp" and costs.dtype in (torch.float32, torch.float64):
-        return torch.ops.surgeon.nm_select(costs, n, m)
+        return cast(tuple[torch.Tensor, torch.Tensor], torch.ops.surgeon.nm_select(costs, n, m))
     return nm_reference.nm_select(costs, n, m)
 
 
@@ -201,7 +202,8 @@ def kk_solve(G_inv: torch.Tensor, A_inv: torch.Tensor, rows: torch.Tensor, cols:
                          f"{tuple(cols.shape)}, {tuple(w.shape)}, {tuple(offsets.shape)}")
     chosen = _resolve(backend, G_inv.device, "kk_solve")
     if chosen == "cpp" and G_inv.dtype in (torch.float32, torch.float64):
-        return torch.ops.surgeon.kk_solve(G_inv, A_inv, rows, cols, w, offsets.to(torch.int64))
+        return cast(tuple[torch.Tensor, torch.Tensor],
+                    torch.ops.surgeon.kk_solve(G_inv, A_inv, rows, cols, w, offsets.to(torch.int64)))
     gather_backend = "triton" if chosen == "triton" else "torch"
     return kk_solve_reference.kk_solve(G_inv, A_inv, rows, cols, w, offsets, budget or kk_solve_reference.BUDGET,
                                        lambda G, A, r, c, valid: kk_gather(G, A, r, c, valid, gather_backend))

@@ -43,7 +43,8 @@ class PackedSymmetric:
         return -(-self.n // self.tile)
 
     @classmethod
-    def zeros(cls, n: int, device=None, dtype: torch.dtype = torch.float32, tile: int = TILE) -> PackedSymmetric:
+    def zeros(cls, n: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
+              tile: int = TILE) -> PackedSymmetric:
         """The n×n zero matrix."""
         nb = -(-n // tile)
         return cls(torch.zeros(nb * (nb + 1) // 2, tile, tile, device=device, dtype=dtype), n, tile)

@@ -18,6 +18,7 @@ import sys
 import types
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
@@ -51,7 +52,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"surgeon: error: {message} (see `{self.prog} --help`)\n")
 
 
-def _field_type(cls: type, f: dataclasses.Field) -> tuple[type, tuple | None]:
+def _field_type(cls: type, f: dataclasses.Field[Any]) -> tuple[type, tuple[Any, ...] | None]:
     """The type a field's option or settings-file value takes (X for `X | None`, str for a Literal), and its choices."""
     base = typing.get_type_hints(cls)[f.name]
     if typing.get_origin(base) in (typing.Union, types.UnionType):  # X | None: the option takes an X
@@ -246,7 +247,7 @@ def read_settings(path: str) -> dict[str, Any]:
     import json
 
     try:
-        text = open(path, encoding="utf-8").read()
+        text = Path(path).read_text(encoding="utf-8")
         if path.endswith((".yaml", ".yml")):
             import yaml
 
@@ -354,7 +355,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tqdm.contrib.logging import logging_redirect_tqdm
 
         with logging_redirect_tqdm():  # log lines print above the progress bars, not through them
-            return args.func(args)
+            status: int = args.func(args)
+            return status
     except SurgeonError as error:
         if args is not None and args.debug:
             raise

@@ -14,12 +14,15 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from surgeon.errors import SurgeonError, first_line
 from surgeon.models import hub
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -110,17 +113,18 @@ def calibration_text(name: str) -> Text:
     return _file(name)
 
 
-def tokenize(tokenizer, text: Text) -> torch.Tensor:
+def tokenize(tokenizer: PreTrainedTokenizerBase, text: Text) -> torch.Tensor:
     """Token ids [1, T] of a whole text; empty text is an error."""
     if not text.text.strip():
         raise SurgeonError(f"text from {text.source} is empty")
-    return tokenizer(text.text, return_tensors="pt").input_ids
+    ids: torch.Tensor = tokenizer(text.text, return_tensors="pt").input_ids
+    return ids
 
 
-def leading_token(tokenizer) -> int | None:
+def leading_token(tokenizer: PreTrainedTokenizerBase) -> int | None:
     """The token the tokenizer puts before every text, its BOS (Gemma, Llama), or None (SmolLM2, OPT's GPT-2 style
     tokenizers put none)."""
-    ids = tokenizer("").input_ids
+    ids: list[int] = tokenizer("").input_ids
     return ids[0] if len(ids) == 1 and ids[0] == tokenizer.bos_token_id else None
 
 

@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 
 def run_prune(run: RunConfig, config: PruneConfig, progress: bool = True,
-              group: dist.ProcessGroup | None = None) -> dict | None:
+              group: dist.ProcessGroup | None = None) -> dict[str, Any] | None:
     """Prune `run.model` with `config`; write `run.output`/{report.json, model files}; return the report.
 
     The output folder is checked and staged first, so a folder that cannot be written, or one that
@@ -106,7 +106,7 @@ def _skeleton(run: RunConfig) -> nn.Module | None:
 
 def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
                         checkpoint: Checkpoint | None = None,
-                        group: dist.ProcessGroup | None = None) -> tuple[dict, Any, Any]:
+                        group: dist.ProcessGroup | None = None) -> tuple[dict[str, Any], Any, Any]:
     """Load, evaluate, prune and evaluate again; the report, the pruned model and its tokenizer.
 
     A `checkpoint` holding a saved state continues that run: what was measured before pruning comes
@@ -179,7 +179,7 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
     return result, model, tokenizer
 
 
-def run_export(config: ExportConfig) -> dict:
+def run_export(config: ExportConfig) -> dict[str, Any]:
     """Write `config.run`'s pruned model without its removable units to `config.output`; return its report.
 
     The compact model's logits are checked against the pruned model's on one window of random tokens

@@ -295,7 +295,8 @@ def _decilm_model(model: nn.Module, units: list[BlockUnits], ffn_mult: bool) -> 
 
 def _prefix(model: nn.Module, block: nn.Module) -> str:
     """The state-dict prefix of a decoder block of `model` ("model.layers.3.")."""
-    return next(name for name, module in model.named_modules() if module is block) + "."
+    prefix: str = next(name for name, module in model.named_modules() if module is block) + "."
+    return prefix
 
 
 def _put(state: dict[str, torch.Tensor], prefix: str, parts: dict[str, dict[str, torch.Tensor]]) -> None:
@@ -323,7 +324,8 @@ def _loaded(compact: Any, state: dict[str, torch.Tensor]) -> nn.Module:
     if unexpected or [name for name in missing if not name.endswith("lm_head.weight")]:
         raise SurgeonError(f"compact export: the new model's weights do not match ({(missing + unexpected)[:3]})")
     compact.tie_weights()
-    return compact.eval()
+    loaded: nn.Module = compact.eval()
+    return loaded
 
 
 def compact_model(model: nn.Module, format: str = "standard", ffn_mult: bool = False) -> nn.Module:
@@ -391,7 +393,8 @@ def compact_model(model: nn.Module, format: str = "standard", ffn_mult: bool = F
 def load_compact(path: str | Path, **kwargs: Any) -> nn.Module:
     """Load a compact checkpoint, DeciLM ones without remote code (`compact_modeling`); `kwargs` go to
     `from_pretrained` (dtype, device_map, …)."""
-    return causal_lm_class(str(path)).from_pretrained(path, **kwargs)
+    model: nn.Module = causal_lm_class(str(path)).from_pretrained(path, **kwargs)
+    return model
 
 
 def same_logits(model: nn.Module, compact: nn.Module, tokens: int = 32) -> None:

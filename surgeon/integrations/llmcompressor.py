@@ -34,7 +34,8 @@ from pydantic import Field, PrivateAttr, model_validator
 
 from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
-from surgeon.integrations.sparsegpt import REFINE_ITERATIONS, Update, is_conv1d, sparsegpt_solve
+from surgeon.integrations.sparsegpt import Update, is_conv1d, sparsegpt_solve
+from surgeon.method.solver import REFINE_ITERATIONS
 from surgeon.pruning.report import PruneReport
 from surgeon.pruning.shots import prune
 

@@ -96,4 +96,5 @@ def set_costs(W: torch.Tensor, root: torch.Tensor, M: torch.Tensor, size: int) -
     n = W.shape[0] // size
     numerators = (W @ M).reshape(n, size, -1) @ W.reshape(n, size, -1).mT
     blocks = root.reshape(n, size, -1)
-    return 0.5 * torch.linalg.solve(blocks @ blocks.mT, numerators).diagonal(dim1=1, dim2=2).sum(1)
+    costs: torch.Tensor = 0.5 * torch.linalg.solve(blocks @ blocks.mT, numerators).diagonal(dim1=1, dim2=2).sum(1)
+    return costs

@@ -82,7 +82,7 @@ def as_indices(index: torch.Tensor | Sequence[int], size: int, name: str) -> tor
     index = index.reshape(-1).long()
     if index.numel() and (int(index.min()) < 0 or int(index.max()) >= size):
         raise ValueError(f"{name} holds indices outside [0, {size})")
-    unique = index.unique()
+    unique: torch.Tensor = index.unique()
     if unique.numel() != index.numel():
         raise ValueError(f"{name} holds repeated indices")
     return unique

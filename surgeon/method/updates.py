@@ -133,7 +133,8 @@ def joint_solve(
     """
     if tol is None and 0 < w.numel() <= DIRECT_SOLVE_MAX:
         G_inv, A_inv = f.matrices()
-        return torch.linalg.solve(submatrix(G_inv, r, r) * submatrix(A_inv, c, c), w)
+        exact: torch.Tensor = torch.linalg.solve(submatrix(G_inv, r, r) * submatrix(A_inv, c, c), w)
+        return exact
     tol = cg_tolerance(w.dtype) if tol is None else tol
     max_iter = max(w.numel(), CG_MIN_ITERATIONS) if max_iter is None else max_iter
     u = torch.zeros_like(w)

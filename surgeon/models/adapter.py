@@ -19,7 +19,7 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -29,6 +29,9 @@ from surgeon.models import hub
 from surgeon.models.builtin import EMBEDDED_MODELS, drop_quantizer
 from surgeon.models.experts import ExpertLayers, is_fused_experts
 from surgeon.models.families import FAMILIES
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +84,7 @@ def resolve_source(name: str) -> ModelSource:
     return ModelSource(str(path) if path.is_dir() else name)
 
 
-def load_tokenizer(name: str, gguf_file: str | None = None):
+def load_tokenizer(name: str, gguf_file: str | None = None) -> PreTrainedTokenizerBase:
     """Load a tokenizer by hub id, directory, or from a GGUF file inside a directory."""
     from transformers import AutoTokenizer
 
@@ -111,7 +114,7 @@ def causal_lm_class(path: str) -> Any:
 
 def load_model(
     name: str, tokenizer: str | None = None, dtype: str = "float32", device: str = "cpu"
-) -> tuple[nn.Module, object]:
+) -> tuple[nn.Module, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer (or the one named by `tokenizer`), in eval mode."""
 
     if dtype not in DTYPES:

@@ -51,7 +51,8 @@ def kept_neurons(module: nn.Module, kept: torch.Tensor) -> dict[str, torch.Tenso
 def routed_share(config: Any) -> float:
     """The fraction of tokens a routed expert runs on average: experts per token over experts."""
     experts = getattr(config, "num_local_experts", None) or config.num_experts
-    return config.num_experts_per_tok / experts
+    share: float = config.num_experts_per_tok / experts
+    return share
 
 
 def sparse_blocks(blocks: Any) -> list[tuple[int, Any]]:

@@ -9,6 +9,7 @@ Holds one block's inputs for all calibration windows (n × seqlen × hidden in t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -27,10 +28,10 @@ class BlockInputs:
     def __init__(self, model: nn.Module, blocks: nn.ModuleList, windows: torch.Tensor, batch_size: int):
         self.blocks = blocks
         self.index = 0
-        self.batches: list[tuple[tuple, dict[str, Any]]] = []
+        self.batches: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
         device = next(model.parameters()).device
 
-        def catch(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        def catch(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             self.batches.append((args, kwargs))
             raise _Caught
 
@@ -38,10 +39,8 @@ class BlockInputs:
         try:
             with torch.no_grad():
                 for batch in windows.split(batch_size):
-                    try:
+                    with contextlib.suppress(_Caught):
                         model(batch.to(device), use_cache=False)
-                    except _Caught:
-                        pass
         finally:
             handle.remove()
 

@@ -29,6 +29,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from types import MappingProxyType
+from typing import Any
 
 import torch
 from torch import nn
@@ -61,7 +62,9 @@ def _accumulate(total: torch.Tensor | None, term: torch.Tensor) -> torch.Tensor:
 
 
 @contextmanager
-def _layer_hooks(layers: list[tuple[str, nn.Linear]], before, after) -> Iterator[None]:
+def _layer_hooks(layers: list[tuple[str, nn.Linear]],
+                 before: Callable[[str, nn.Linear, tuple[Any, ...]], tuple[Any, ...] | None],
+                 after: Callable[[str, torch.Tensor], None]) -> Iterator[None]:
     """`before(name, module, args)` as each layer's forward pre-hook (its return value replaces the
     args when not None) and `after(name, output)` as its forward hook, removed on exit."""
     handles = []
@@ -131,7 +134,7 @@ class _Collector:
         self._queue, self._queued_bytes = [], 0
         ops.kfac_accumulate_group(outs, xs, self.scale, biases, self.backend)
 
-    def _before(self, name: str, module: nn.Linear, args: tuple) -> tuple | None:
+    def _before(self, name: str, module: nn.Linear, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         x = args[0]
         if self.recomputing:  # the same alias as the first run, so that the block saves the same tensors
             return (x.view_as(x), *args[1:]) if self.need_g and x.requires_grad else None
@@ -175,12 +178,13 @@ class _Collector:
 
 
 @contextmanager
-def _checkpointed(blocks: Sequence[nn.Module], recomputing: Callable[[], AbstractContextManager]) -> Iterator[None]:
+def _checkpointed(blocks: Sequence[nn.Module],
+                  recomputing: Callable[[], AbstractContextManager[None]]) -> Iterator[None]:
     """Each of `blocks` run under activation checkpointing (`torch.utils.checkpoint`, non-reentrant): the forward
     keeps only the block's inputs, and the backward runs the block again inside `recomputing()`."""
     from torch.utils.checkpoint import checkpoint
 
-    def contexts() -> tuple[AbstractContextManager, AbstractContextManager]:
+    def contexts() -> tuple[AbstractContextManager[None], AbstractContextManager[None]]:
         return nullcontext(), recomputing()
 
     own = [block.__dict__.get("forward") for block in blocks]  # a forward set on the instance, kept

@@ -29,7 +29,7 @@ from surgeon_kernels import ops
 from surgeon_kernels.ops import Deferred
 
 
-def element_shot(layers: list[Layer], raw: dict, target_zeros: int, config: PruneConfig,
+def element_shot(layers: list[Layer], raw: dict[str, LayerFactors], target_zeros: int, config: PruneConfig,
                  ranks: Ranks) -> dict[str, float]:
     """Elements (unstructured or N:M): costs, global threshold, correlated update (eqs. 4-5).
 
@@ -112,7 +112,7 @@ def _layer_element_costs(layer: Layer, weigh: Callable[[torch.Tensor], torch.Ten
     return e.masked_fill(layer.mask, float("-inf"))
 
 
-def propagated_shot(model: nn.Module, layers: list[Layer], raw: dict, calibration: torch.Tensor,
+def propagated_shot(model: nn.Module, layers: list[Layer], raw: dict[str, LayerFactors], calibration: torch.Tensor,
                     config: PruneConfig, ranks: Ranks, progress: bool) -> None:
     """The N:M shot that prunes every group left, block by block (`PruneConfig.propagate`).
 

@@ -12,9 +12,10 @@ from torch import nn
 
 from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
+from surgeon.models.layer import Layer
 
 
-def lora_correction(model: nn.Module, layers: list, calibration: torch.Tensor, config: PruneConfig) -> float:
+def lora_correction(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, config: PruneConfig) -> float:
     """Train LoRA adapters for `config.lora_steps` steps, merge them, re-apply masks; return the last loss."""
     try:
         from peft import LoraConfig, get_peft_model

@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -48,7 +49,7 @@ class PruneReport:
     None.
     """
 
-    config: dict
+    config: dict[str, Any]
     shots: list[ShotReport] = field(default_factory=list)
     layers: dict[str, float] = field(default_factory=dict)
     removed: int = 0
@@ -56,9 +57,9 @@ class PruneReport:
     block_sparsity: float = 0.0
     zero_fraction: float = 0.0
     seconds: float = 0.0
-    choice: dict | None = None
+    choice: dict[str, Any] | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-ready dictionary."""
         return asdict(self)
 

@@ -61,7 +61,7 @@ def read_state(folder: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
     if not (folder / STATE).is_file():
         raise SurgeonError(f"{str(folder)!r} holds no run to resume (no {STATE}): start it without --resume")
     try:
-        state = json.loads((folder / STATE).read_text())
+        state: dict[str, Any] = json.loads((folder / STATE).read_text())
     except (OSError, ValueError) as error:
         raise SurgeonError(f"cannot read {STATE} in {str(folder)!r}: {error}") from error
     if state.get("config_hash") != config_hash(fingerprint):

@@ -35,9 +35,9 @@ def _column_set_costs(cols: torch.Tensor, real_c: torch.Tensor, size: int,
     return per_set
 
 
-def structured_shot(layers: list[Layer], raw: dict | HostFactors, target_zeros: int, config: PruneConfig,
-                    coupled: list[channels.Coupling], ranks: Ranks, kinds: list[units.UnitKind] | None = None,
-                    ) -> tuple[dict[str, float], int]:
+def structured_shot(layers: list[Layer], raw: dict[str, LayerFactors] | HostFactors, target_zeros: int,
+                    config: PruneConfig, coupled: list[channels.Coupling], ranks: Ranks,
+                    kinds: list[units.UnitKind] | None = None) -> tuple[dict[str, float], int]:
     """Rows and columns, or coupled units: costs (eq. 7), global threshold, joint or within update (sec. 3.4).
 
     With `kinds` (structure coupled) the structures are neurons, heads and KV groups (`surgeon.models.units`),
@@ -76,7 +76,7 @@ def structured_shot(layers: list[Layer], raw: dict | HostFactors, target_zeros: 
 Plan = tuple[torch.Tensor, torch.Tensor, inverses.KroneckerInverse | None]  # kept rows, kept columns, F⁻¹ roots
 
 
-def _costs(layers: list[Layer], raw: dict | HostFactors, config: PruneConfig, ranks: Ranks,
+def _costs(layers: list[Layer], raw: dict[str, LayerFactors] | HostFactors, config: PruneConfig, ranks: Ranks,
            kinds: list[units.UnitKind] | None) -> tuple[list[Plan], list[torch.Tensor], list[torch.Tensor],
                                                         dict[tuple[int, int], torch.Tensor]]:
     """Every layer's row and column costs (eq. 7; −inf where already removed), the costs of its consumer column

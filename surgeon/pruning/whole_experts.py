@@ -41,7 +41,8 @@ logger = logging.getLogger(__name__)
 def _output(moe: Any, hidden: torch.Tensor, dropped: torch.Tensor | None = None) -> torch.Tensor:
     """The routed part of a sparse block's output for the tokens `hidden` [T, H], without the experts `dropped`."""
     weights, chosen = routing(moe.gate, hidden, dropped)
-    return moe.experts(hidden, chosen, weights)
+    routed: torch.Tensor = moe.experts(hidden, chosen, weights)
+    return routed
 
 
 @torch.no_grad()
@@ -88,7 +89,7 @@ def expert_costs(model: nn.Module, moes: list[Any], calibration_ids: torch.Tenso
     costs = [torch.zeros(moe.gate.weight.shape[0], dtype=torch.float64) for moe in moes]
     tokens = [torch.zeros_like(cost) for cost in costs]
 
-    def hook(index: int, moe: Any, args: tuple, output: torch.Tensor) -> None:
+    def hook(index: int, moe: Any, args: tuple[Any, ...], output: torch.Tensor) -> None:
         hidden = args[0].detach().reshape(-1, hidden_size)
         if reap:
             sums, counts = reap_scores(moe, hidden)

@@ -90,7 +90,8 @@ def meta_model(name: str, dtype: str) -> nn.Module:
             with hub.cache_only_when_unreachable(source.on_hub):
                 config = AutoConfig.from_pretrained(source.path, gguf_file=source.gguf_file)
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype])  # attention as load_model gets it
+            # attention as load_model gets it
+            model: nn.Module = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype])
     except (OSError, ValueError, KeyError) as error:
         raise SurgeonError(f"cannot build {name!r} from its configuration: {first_line(error)}") from error
     prunable_layers(model)  # names the architecture when nothing in it can be pruned
@@ -224,7 +225,8 @@ def _attention_products(settings: Any, blocks: int, seqlen: int) -> float:
     heads = settings.num_attention_heads
     head_dim = getattr(settings, "head_dim", None) or settings.hidden_size // heads
     keys = min(seqlen, getattr(settings, "sliding_window", None) or seqlen)
-    return blocks * 6 * heads * head_dim * keys / 2
+    products: float = blocks * 6 * heads * head_dim * keys / 2
+    return products
 
 
 def _peak(phases: dict[str, dict[str, int]]) -> tuple[dict[str, dict[str, int]], str, int]:

@@ -77,7 +77,8 @@ def held_out_seconds(counts: dict[str, Any], config: PruneConfig, nsamples: int,
             "sweeps": counts["input_columns"] * H100_SWEEP_S_PER_COLUMN[kind]}
 
 
-def work(counts: dict[str, Any], config: PruneConfig, nsamples: int, seqlen: int) -> dict[str, dict[str, dict]]:
+def work(counts: dict[str, Any], config: PruneConfig, nsamples: int,
+         seqlen: int) -> dict[str, dict[str, dict[str, float]]]:
     """FLOPs and bytes of one LLM Surgeon shot by phase and part, each with the H100 peak rate its FLOPs run at.
 
     curvature: the forward and input-gradient passes (the blocks' weights and the output embedding read twice per
@@ -109,7 +110,7 @@ def part_seconds(part: dict[str, float]) -> float:
     return max(part["flops"] / part["flops_per_s"], part["bytes"] / H100_BYTES_PER_S)
 
 
-def floor_seconds(parts: dict[str, dict[str, dict]]) -> dict[str, float]:
+def floor_seconds(parts: dict[str, dict[str, dict[str, float]]]) -> dict[str, float]:
     """Seconds per phase that `work`'s parts take at least on one H100 (`part_seconds`, summed)."""
     return {phase: sum(part_seconds(part) for part in phase_parts.values()) for phase, phase_parts in parts.items()}
 

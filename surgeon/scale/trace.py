@@ -40,7 +40,7 @@ def trace_forward(model: nn.Module, layers: list[tuple[str, nn.Linear]], batch: 
     current: list[int | None] = [None]
     block_input = [0]  # bytes of the largest hidden states a block reads: what a checkpointed block keeps
 
-    def enter(index: int, args: tuple, kwargs: dict) -> None:
+    def enter(index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         current[0] = index
         hidden = args[0] if args else kwargs["hidden_states"]
         block_input[0] = max(block_input[0], hidden.numel() * hidden.element_size())

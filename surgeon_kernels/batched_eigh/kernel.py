@@ -36,7 +36,7 @@ def _div(x, y, F32: tl.constexpr):
     """x / y rounded as IEEE prescribes. The GPU's default float32 division is approximate (2 ulp), the likely
     reason the solver missed its accuracy policy on an H100: c² + s² further from 1, over thousands of
     rotations, lets V drift from orthogonal."""
-    if F32:
+    if F32:  # noqa: SIM108 (a constexpr branch: Triton compiles one side)
         result = tl.div_rn(x, y)
     else:
         result = x / y
@@ -46,7 +46,7 @@ def _div(x, y, F32: tl.constexpr):
 @triton.jit
 def _sqrt(x, F32: tl.constexpr):
     """√x rounded as IEEE prescribes (see `_div`)."""
-    if F32:
+    if F32:  # noqa: SIM108 (a constexpr branch: Triton compiles one side)
         result = tl.sqrt_rn(x)
     else:
         result = tl.sqrt(x)

@@ -1,5 +1,6 @@
 """Plain-PyTorch reference of the batched symmetric eigendecomposition."""
 
+from typing import cast
 
 import torch
 
@@ -11,6 +12,6 @@ def batched_eigh(A: torch.Tensor, Q0: torch.Tensor | None = None) -> tuple[torch
     Q0ᵀ A Q0 = Q' Λ Q'ᵀ, returning Q0 Q' — the same decomposition of A.
     """
     if Q0 is None:
-        return torch.linalg.eigh(A)
+        return cast(tuple[torch.Tensor, torch.Tensor], torch.linalg.eigh(A))
     values, vectors = torch.linalg.eigh(Q0.mT @ A @ Q0)
     return values, Q0 @ vectors

@@ -21,6 +21,7 @@ summation order differs from the GPU path.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import triton
@@ -44,14 +45,14 @@ FACTOR_FIELDS = tl.constexpr(6)  # x address, out address, tokens, width, row st
 PROMOTE = {torch.float32: 8, torch.bfloat16: 8, torch.float16: 4}
 
 
-def snapshot_outputs(nargs: dict, reset_only: bool = False) -> None:
+def snapshot_outputs(nargs: dict[str, Any], reset_only: bool = False) -> None:
     """Autotune pre-hook: copy every output of the group before a trial launch adds to it."""
     if not reset_only:
         table = nargs["factor_ptr"]
         table.saved = [tiles.clone() for tiles in table.outputs]
 
 
-def restore_outputs(nargs: dict, exception: Exception | None) -> None:
+def restore_outputs(nargs: dict[str, Any], exception: Exception | None) -> None:
     """Autotune post-hook: put the outputs back as they were before the trial launch."""
     table = nargs["factor_ptr"]
     for tiles, saved in zip(table.outputs, table.__dict__.pop("saved", [])):
