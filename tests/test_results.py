@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +146,45 @@ def test_the_quick_gpu_measurement_fits_eight_minutes_by_its_own_count():
     limits = [int(word) for line in quick.splitlines() for before, word in zip(line.split(), line.split()[1:])
               if before in ("quick", "timeout") and word.isdigit()]
     assert len(limits) == 6 and sum(limits) <= 8 * 60, limits
+
+
+# A measured figure a document quotes: a decimal (31.92, 66.6 GiB, 0.82×) or a whole number of seconds, minutes, GiB
+# or times (371 s, 5×). Not figures: settings and counts without those units (80%, 2:4, 128 × 2048, 35 options, ICLR
+# 2024), numbers inside names (Qwen1.5, A2.7B, 8x7B), versions (torch 2.13.0, vLLM 0.32, transformers 5.15–5.17),
+# section numbers (sec. 3.4), damping settings (λ_G = 0.01), and whatever stands in code: fenced blocks, inline code
+# (`--target-size 0.8`) and link targets.
+FENCED = re.compile(r"^```.*?^```[^\n]*$", re.S | re.M)
+GENERATED = re.compile(r"<!-- results-table:start -->.*?<!-- results-table:end -->", re.S)
+VERSION = re.compile(r"(?<![\w.])\d+(?:\.\d+){2,}(?:\+\w+)?")
+NAMED_SETTING = re.compile(r"(?:\b(?:vLLM|torch|transformers|llm-compressor|Python|Triton|CUDA|BY-SA|sec|eqs?)\.?"
+                           r"|λ_\w+ ?=) ?\d+(?:\.\d+)?(?: ?[–-] ?\d+(?:\.\d+)?)?")
+UNIT = r"(?: ?(?:ms|min|s|GiB|GB)(?!\w)|[×x%](?!\w))"
+FIGURE = re.compile(rf"(?<![\w.])(?P<number>\d+\.\d+|\d+(?= ?(?:ms|min|s|GiB)(?!\w)|[×x](?!\w))){UNIT}?(?!\w|\.\d)")
+
+
+def quoted_figures(text: str) -> list[tuple[str, str]]:
+    """(number, the figure as quoted) for each measured figure in a Markdown text's prose."""
+    text = FENCED.sub(" ", text)
+    text = re.sub(r"`[^`]*`", " ", text)
+    text = re.sub(r"\]\([^)]*\)", "]", text)
+    text = NAMED_SETTING.sub(" ", VERSION.sub(" ", " ".join(text.split())))
+    return [(match["number"], match[0]) for match in FIGURE.finditer(text)]
+
+
+def test_every_figure_the_readme_and_usage_quote_appears_in_results():
+    """README and USAGE cite bench/RESULTS.md for what was measured: any figure they quote is one it holds verbatim."""
+    results = (ROOT / "bench" / "RESULTS.md").read_text()
+    documents = {"README.md": GENERATED.sub(" ", (ROOT / "README.md").read_text()),
+                 "docs/USAGE.md": (ROOT / "docs" / "USAGE.md").read_text()}
+    quoted = {name: quoted_figures(text) for name, text in documents.items()}
+    missing = [f"{name}: {figure!r}" for name, figures in quoted.items() for number, figure in figures
+               if not re.search(rf"(?<![\w.]){re.escape(number)}(?!\.?\d)", results)]
+    assert not missing, "figures not in bench/RESULTS.md (cite its section instead): " + ", ".join(missing)
+
+
+def test_the_figure_pattern_tells_measured_figures_from_settings_names_and_versions():
+    assert quoted_figures("on one H200 it takes 45.5 s at 66.6 GiB, 0.82× and 5× the time, ppl 12.34, 371 s") == [
+        ("45.5", "45.5 s"), ("66.6", "66.6 GiB"), ("0.82", "0.82×"), ("5", "5×"), ("12.34", "12.34"), ("371", "371 s")]
+    assert quoted_figures("80% of 128 × 2048 tokens in 2 shots at 2:4, λ_A = 0.3, sec. 3.4, torch 2.13.0+cpu, "
+                          "vLLM 0.32, transformers 5.15–5.17, Qwen1.5-MoE-A2.7B, Mixtral-8x7B, `--target-size 0.8`, "
+                          "ICLR 2024, [a link](bench/RESULTS.md#v1.25)") == []
