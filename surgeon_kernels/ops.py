@@ -12,9 +12,11 @@ naming those that are.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
-from typing import cast
+from pathlib import Path
+from typing import Any, cast
 
 import torch
 
@@ -36,19 +38,16 @@ __all__ = [  # the ops, and the data types they take (so that callers need only 
 ]
 CPP_OPS = ("kfac_accumulate", "nm_select", "kk_solve")
 CONCAT_MAX = 1 << 28  # torch kth_smallest: concatenate and kthvalue up to this many costs (1 GiB of float32)
-# batched_eigh on CUDA: `auto` runs Triton Jacobi for widths in this range (H100, bench/RESULTS.md:
-# 12× faster than torch.linalg.eigh at n = 64, 1.3× slower at 32, 3× slower at 128).
-JACOBI_WIDTHS = range(33, 65)
-# Ops whose Triton kernel measured slower than the PyTorch path on CUDA (H100, bench/RESULTS.md):
-# `auto` keeps PyTorch for them there. kk_gather: 1.82 vs 1.62 ms (random gathers, B=8, K=2000);
-# kk_solve's Triton path is its PyTorch path with that gather.
-AUTO_TORCH_ON_CUDA = ("kk_gather", "kk_solve")
-# Triton kernels that have run on GPU hardware, with the commit of that run (the CUDA kernel tests and
-# microbenchmarks of bench/timing/measure_gpu.sh, bench/results/gpu/*@<commit>). Their @triton.jit functions
-# must be unchanged since: a change to one takes it out of this table until it has run again. Every
-# other Triton kernel, such as batched_eigh's Jacobi solver (its CUDA test missed the accuracy policy;
-# changed since), runs only with backend="triton" until bench/timing/measure_gpu.sh has run it.
-RUN_ON_CUDA = {"kfac_accumulate": "6f3412a", "nm_select": "6f3412a", "kth_smallest": "6f3412a", "kk_gather": "6f3412a"}
+# Every choice and rate taken from a measurement, with the measurement (measured.json, which RESULTS cites)
+MEASURED: dict[str, Any] = json.loads((Path(__file__).parent / "measured.json").read_text())
+_CUDA = MEASURED["cuda_kernels"]
+# batched_eigh on CUDA: `auto` runs Triton Jacobi for widths in this range, where it measured faster
+JACOBI_WIDTHS = range(_CUDA["jacobi_widths"]["low"], _CUDA["jacobi_widths"]["high"] + 1)
+# Ops whose Triton kernel measured slower than the PyTorch path on CUDA: `auto` keeps PyTorch for them there
+AUTO_TORCH_ON_CUDA = tuple(_CUDA["torch_faster"]["ops"])
+# Triton kernels that have run on GPU hardware as they are, with the commit of that run; `auto` runs no other
+# Triton kernel on CUDA
+RUN_ON_CUDA: dict[str, str] = _CUDA["ran_on_gpu"]["kernels"]
 
 
 def available_backends(device: torch.device | str = "cpu", op: str | None = "kfac_accumulate") -> list[str]:
@@ -151,7 +150,7 @@ def kth_smallest(values: Sequence[Lazy], k: int, backend: str = "auto", reduce: 
 
     Triton: radix selection over order-preserving float32 keys, four byte-histogram passes, no
     concatenation. torch: `torch.kthvalue` of the concatenation up to `CONCAT_MAX` elements (on the
-    CPU it is ≈ 2× faster than radix selection with `torch.bincount`, bench/RESULTS.md), radix
+    CPU it measured faster than radix selection with `torch.bincount`, bench/RESULTS.md), radix
     selection above, where a concatenated copy of the costs would not fit. A value may be a
     `Deferred` tensor, computed each time it is read (once, or once per radix pass), so that the
     costs of a whole model need not be held at once.

@@ -78,8 +78,7 @@ class PackedSymmetric:
     def _unpacked(self, mirror: bool) -> torch.Tensor:
         """The padded nb·t square with the stored tiles in place; below the diagonal, their transposes
         (`mirror`) or zeros (diagonal tiles cut to their upper triangle). One copy per tile row:
-        advanced-index scatters of all tiles measured 1.4-3.6× slower at n = 1536 on the CPU, no faster
-        at 576 (bench/kernels/bench_symmetric.py)."""
+        advanced-index scatters of all tiles measured slower on the CPU (bench/kernels/bench_symmetric.py)."""
         nb, t = self.blocks, self.tile
         full = self.tiles.new_empty(nb * t, nb * t)
         for i, first, count in self._tile_rows():
@@ -113,7 +112,7 @@ class PackedSymmetric:
     def isfinite(self) -> bool:
         """Whether every stored entry is finite: its least and largest are (NaN propagates to both).
 
-        One reduction pass; `torch.isfinite(...).all()` measured ≈ 0.25 s per SmolLM2 curvature pass.
+        One reduction pass, where `torch.isfinite(...).all()` makes a boolean copy of every tile.
         """
         low, high = torch.aminmax(self.tiles)
         return bool(torch.isfinite(low) & torch.isfinite(high))

@@ -81,6 +81,24 @@ def test_nm_structure_records_what_it_does(tiny_model_dir, tmp_path):
     assert report["config"]["target_size"] == 0.5 and report["sparsity"] == 0.5
 
 
+def test_the_last_lines_name_the_model_kept_and_repeat_a_skipped_choice(tiny_model_dir, tmp_path, capsys):
+    """A default 2:4 run says whose model it kept; where the calibration text leaves no room for held-out windows,
+    the choice is skipped with a warning that the run's last line repeats and report.json records."""
+    args = ["--quiet", "prune", "--model", str(tiny_model_dir), "--structure", "2:4", "--nsamples", "2", "--seqlen",
+            "32", "--eval-windows", "1"]
+    assert main([*args, "--calibration", "wikitext2-valid", "--output", str(tmp_path / "weighed")]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    kept = json.loads((tmp_path / "weighed" / "report.json").read_text())["choice"]["kept"]
+    assert f"kept {kept}'s model by held-out loss; saved to" in last
+    short = tmp_path / "short.txt"
+    short.write_text("the " * 40)  # more tokens than one window, too few for held-out windows beside them
+    assert main([*args, "--calibration", str(short), "--output", str(tmp_path / "alone")]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    report = json.loads((tmp_path / "alone" / "report.json").read_text())
+    assert last.startswith("warning: held-out choice skipped: no held-out windows")
+    assert report["warnings"] == [last.removeprefix("warning: ")] and report["choice"] is None
+
+
 @pytest.mark.slow  # a subprocess: what the command prints is the point
 def test_refuses_a_non_empty_output_before_any_work(tmp_path):
     out = tmp_path / "out"

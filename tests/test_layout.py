@@ -4,9 +4,11 @@ the method free of modules and frameworks, and the kernels reached only through 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "surgeon"
+KERNELS = PACKAGE.parent / "surgeon_kernels"
 # Bottom to top: a module may import its own layer and those before it. The base modules (errors, settings,
 # file helpers) sit below every layer; the facade `surgeon/__init__.py` and `__main__` above them all.
 LAYERS = ("base", "method", "models", "scale", "pruning", "export", "app", "integrations")
@@ -108,6 +110,34 @@ def test_the_method_check_sees_a_branch_on_a_name(tmp_path):
     source = tmp_path / "probe.py"
     source.write_text("if config.method in ('wanda',):\n    pass\nif kept == 'reap':\n    pass\nok = spec.needs_a\n")
     assert method_branches(source) == ["probe.py:1", "probe.py:3"]
+
+
+# What a measurement reads like: a time, a speed ratio, a commit hash (`surgeon_kernels/measured.json` holds those
+# the library takes, RESULTS the rest)
+MEASUREMENT = re.compile(r"\d(?:\.\d+)? ?(?:ms|µs)\b|\d\.\d+ s\b|\d(?:\.\d+)?× (?:faster|slower)|\b(?=[0-9a-f]*[a-f])"
+                         r"(?=[0-9a-f]*\d)[0-9a-f]{7}\b")
+
+
+def test_library_code_carries_no_measurements():
+    found = {name_of(path): hits for path in [*modules(), *KERNELS.rglob("*.py")]
+             if (hits := MEASUREMENT.findall(path.read_text()))}
+    assert found == {}
+    assert MEASUREMENT.findall("1.82 vs 1.62 ms, 2× faster, at 6f3412a, 4.29 s") == ["1.62 ms", "2× faster", "6f3412a",
+                                                                                  "4.29 s"]
+
+
+def test_every_measured_choice_names_evidence_that_exists():
+    """measured.json's result files are in the repository and its kernels' GPU runs are commits of its history."""
+    import subprocess
+
+    from surgeon_kernels.ops import MEASURED, RUN_ON_CUDA
+
+    root = PACKAGE.parent
+    files = [*MEASURED["h100_shot"]["sources"], MEASURED["h100_parts"]["curvature_parts_source"],
+             MEASURED["h100_parts"]["sweep_source"], MEASURED["plan_headroom"]["source"]]
+    assert [path for path in files if not (root / path).is_file()] == []
+    for commit in set(RUN_ON_CUDA.values()):
+        assert subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=root).returncode == 0, commit
 
 
 def kernel_imports(path: Path) -> list[str]:

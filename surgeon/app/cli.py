@@ -148,8 +148,12 @@ def _cmd_prune(args: argparse.Namespace) -> int:
             dist.destroy_process_group()
     if report is None:  # a rank other than 0
         return 0
+    choice = report.get("choice")
+    kept = f"; kept {choice['kept']}'s model by held-out loss" if choice else ""
     print(f"perplexity {report['ppl_before']:.4f} -> {report['ppl_after']:.4f}, sparsity "
-          f"{report['sparsity']:.4f}, {report['seconds']:.1f} s; saved to {run.output}")
+          f"{report['sparsity']:.4f}, {report['seconds']:.1f} s{kept}; saved to {run.output}")
+    for warning in report.get("warnings", []):
+        print(f"warning: {warning}")
     return 0
 
 

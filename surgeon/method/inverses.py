@@ -44,11 +44,9 @@ def inverse_root(matrix: torch.Tensor) -> torch.Tensor:
     return lower_inverse_(factor).T
 
 
-# Devices on which `lower_inverse_` works by row blocks of GEMMs; elsewhere one triangular solve
-# against I, as measured in the H100 runs. On the 2-core CPU at n = 1536 (bench/kernels/bench_inverse_root.py,
-# bench/RESULTS.md, medians): row blocks 13.5-13.9 ms, recursive halves (two full GEMMs a level, twice
-# the flops) 19.1-20.7 ms, a triangular solve against I 36.1-38.8 ms.
-BLOCKED_INVERSE_ON = ("cpu",)
+# Devices on which `lower_inverse_` works by row blocks of GEMMs, where they measured faster; elsewhere one
+# triangular solve against I (surgeon_kernels/measured.json, "blocked_inverse")
+BLOCKED_INVERSE_ON = tuple(ops.MEASURED["blocked_inverse"]["devices"])
 INVERSE_BLOCK = 128
 
 

@@ -23,7 +23,7 @@ def submatrix(M: torch.Tensor, rows: torch.Tensor | slice, cols: torch.Tensor | 
 
 
 def put_submatrix(M: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
-    """M[rows[:, None], cols] = block through two `index_copy_` (2× faster than 2-D advanced indexing); returns M."""
+    """M[rows[:, None], cols] = block through two `index_copy_` (faster than 2-D advanced indexing); returns M."""
     if _whole(rows, M.shape[0]) and _whole(cols, M.shape[1]):
         return M.copy_(block)
     return M.index_copy_(0, rows, M.index_select(0, rows).index_copy_(1, cols, block))

@@ -220,8 +220,7 @@ def _logit_gradient(logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
     Labels y are the data's next tokens: the empirical Fisher, as the paper uses (its "Block Fisher
     Information Matrix"). Written out rather than by autograd through `F.cross_entropy`, whose
     log-softmax output, zero-filled NLL gradient and log-softmax backward are three more [L, vocabulary]
-    passes: the pass took 4.29–4.59 s per 512-token SmolLM2 window on the 2-core CPU with them,
-    3.70–3.93 s without (bench/RESULTS.md).
+    passes (their cost: bench/RESULTS.md).
     """
     probs = torch.softmax(logits.detach(), dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
     labels = batch[:, 1:]

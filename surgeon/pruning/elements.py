@@ -7,12 +7,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from surgeon.config import PruneConfig
 from surgeon.errors import require_finite
 from surgeon.method import baselines, costs, inverses, solver, threshold, updates
 from surgeon.method.damping import damp
@@ -23,14 +23,15 @@ from surgeon.models.adapter import decoder_blocks, prunable_layers
 from surgeon.models.layer import Layer
 from surgeon.pruning import curvature
 from surgeon.pruning.block_inputs import BlockInputs
-from surgeon.pruning.report import clock, phases
+from surgeon.pruning.phases import Blocks, PerLayer, Update
+from surgeon.pruning.report import bar, clock, phases
 from surgeon.scale.distributed import Ranks
 from surgeon_kernels import ops
 from surgeon_kernels.ops import Deferred
 
 
-def element_shot(layers: list[Layer], raw: dict[str, LayerFactors], target_zeros: int, config: PruneConfig,
-                 ranks: Ranks) -> dict[str, float]:
+def element_shot(layers: list[Layer], raw: dict[str, LayerFactors], target_zeros: int, update: Update,
+                 nm: tuple[int, int] | None, ranks: Ranks, desc: str | None) -> dict[str, float]:
     """Elements (unstructured or N:M): costs, global threshold, correlated update (eqs. 4-5).
 
     Costs are not held: each layer keeps what they are computed from (its packed inverse, whose
@@ -39,7 +40,7 @@ def element_shot(layers: list[Layer], raw: dict[str, LayerFactors], target_zeros
     mask is made before its update. Split over `ranks`, each holds only its own layers' costs
     (`Elsewhere` for the others'), the threshold is selected over all of them together, and the
     updated layers are broadcast with their masks. Returns the seconds spent on costs, threshold and
-    updates.
+    updates. With `desc`, a progress bar per phase, named after it.
     """
     plans: list[inverses.KroneckerInverse | None] = []
     element_costs: list[Deferred] = []
@@ -47,38 +48,52 @@ def element_shot(layers: list[Layer], raw: dict[str, LayerFactors], target_zeros
     sibling: inverses.Sibling | None = None
     times = [clock(device)]
     ranks.gather_layers(layers)
-    for layer in layers:
+    for layer in bar(layers, desc and f"{desc} · costs", desc is not None):
         R, C = layer.module.out_features, layer.module.in_features
         if not ranks.mine(layer.name):
             plans.append(None)
             element_costs.append(Elsewhere(R * C, device))
             continue
-        kept, layer_costs, sibling = _element_plan(layer, raw.pop(layer.name, None), config, sibling)
+        kept, layer_costs, sibling = _element_plan(layer, raw.pop(layer.name, None), update, sibling)
         plans.append(kept)  # the raw factor is freed after its last layer
         element_costs.append(Deferred(R * C, layer.mask.device, layer_costs))
     del sibling
     times.append(clock(device))
-    nm = config.nm
-    masks = (threshold.nm_selection(element_costs, *nm, target_zeros, config.backend, ranks.reduce()) if nm
-             else threshold.smallest_k(element_costs, target_zeros, config.backend, ranks.reduce()))
+    with bar(None, desc and f"{desc} · threshold (layers' costs read)", desc is not None) as reads:
+        counted = [c if isinstance(c, Elsewhere) else Deferred(c.numel(), c.device, _counted(c, reads))
+                   for c in element_costs]
+        masks = (threshold.nm_selection(counted, *nm, target_zeros, update.backend, ranks.reduce()) if nm
+                 else threshold.smallest_k(counted, target_zeros, update.backend, ranks.reduce()))
     times.append(clock(device))
-    for layer, inverse, mask in zip(layers, inverses.unpacked(plans), masks):
+    for layer, inverse, mask in bar(zip(layers, inverses.unpacked(plans), masks), desc and f"{desc} · updates",
+                                    desc is not None, total=len(layers)):
         if ranks.mine(layer.name):
-            _element_update(layer, mask(), inverse, config)
+            _element_update(layer, mask(), inverse, update)
     ranks.broadcast_layers(layers, masks=True)
     times.append(clock(device))
     return phases(times)
 
 
-def _element_plan(layer: Layer, entry: LayerFactors | None, config: PruneConfig,
+def _counted(costs: Deferred, reads: Any) -> Callable[[], torch.Tensor]:
+    """`costs`' computation, each call counted on the progress bar `reads`."""
+
+    def read() -> torch.Tensor:
+        value = costs()
+        reads.update()
+        return value
+
+    return read
+
+
+def _element_plan(layer: Layer, entry: LayerFactors | None, update: Update,
                   sibling: inverses.Sibling | None
                   ) -> tuple[inverses.KroneckerInverse | None, Callable[[], torch.Tensor], inverses.Sibling | None]:
     """What one layer's element update keeps (its packed inverse, or nothing for the OBD baselines), its element
     costs (eq. 7, computed when called) and the sibling the next layer may share A⁻¹ with."""
     R, C = layer.module.out_features, layer.module.in_features
-    strengths = config.strengths
+    strengths = update.strengths
     kept: inverses.KroneckerInverse | None = None
-    if config.spec.correlated and entry is not None:
+    if update.correlated and entry is not None:
         f, kept = inverses.layer_inverse(entry, slice(None), slice(None), strengths, roots=False, sibling=sibling)
         sibling = (entry, slice(None), kept, f.A)
         weigh = functools.partial(costs.element_costs, f=kept)
@@ -90,16 +105,15 @@ def _element_plan(layer: Layer, entry: LayerFactors | None, config: PruneConfig,
 
 
 def _element_update(layer: Layer, mask: torch.Tensor, inverse: inverses.KroneckerInverse | None,
-                    config: PruneConfig) -> None:
+                    update: Update) -> None:
     """Add `mask` to the layer's pruned weights and apply the correlated update (eqs. 4-5) with `inverse` (dense)."""
     layer.mask = mask | layer.mask  # computed from the layer's costs before its mask and weights change
     W = layer.weight()
     if inverse is not None:
         pruned, original = layer.with_bias_col(layer.mask, False), W
         W = updates.finite_update(layer.name, inverse, lambda g: updates.unstructured(
-            original, g, pruned, config.max_correlate or None, config.cg_tol,
-            config.cg_max_iter, config.backend, None if config.cg_dtype is None else getattr(torch, config.cg_dtype)),
-            max(config.strengths))
+            original, g, pruned, update.max_correlate, update.cg_tol, update.cg_max_iter, update.backend,
+            update.cg_dtype), max(update.strengths))
     layer.store(W)
 
 
@@ -113,7 +127,7 @@ def _layer_element_costs(layer: Layer, weigh: Callable[[torch.Tensor], torch.Ten
 
 
 def propagated_shot(model: nn.Module, layers: list[Layer], raw: dict[str, LayerFactors], calibration: torch.Tensor,
-                    config: PruneConfig, ranks: Ranks, progress: bool) -> None:
+                    update: Update, nm: tuple[int, int], blocks: Blocks, ranks: Ranks, progress: bool) -> None:
     """The N:M shot that prunes every group left, block by block (`PruneConfig.propagate`).
 
     Every group goes, so each layer's mask is its own N of every M (no global threshold, sec. 3.3);
@@ -122,19 +136,18 @@ def propagated_shot(model: nn.Module, layers: list[Layer], raw: dict[str, LayerF
     block's owner, which holds its G, prunes it (`_pruned_block_by_block`), with the method's mask and
     update (eqs. 4-5).
     """
-    assert config.nm is not None  # PruneConfig allows propagate only with an N:M structure
-    n, m = config.nm
-    for block in _pruned_block_by_block(model, layers, calibration, config, ranks, progress):
+    n, m = nm
+    for block in _pruned_block_by_block(model, layers, calibration, blocks, ranks, progress):
         sibling: inverses.Sibling | None = None
         for layer, fresh in block:
             entry = dataclasses.replace(raw.pop(layer.name), A=fresh.A)  # propagate: methods with a curvature pass
-            kept, layer_costs, sibling = _element_plan(layer, entry, config, sibling)
-            mask = ops.nm_select(layer_costs(), n, m, config.backend)[1]
+            kept, layer_costs, sibling = _element_plan(layer, entry, update, sibling)
+            mask = ops.nm_select(layer_costs(), n, m, update.backend)[1]
             inverse = next(inverses.unpacked([kept]))
-            _element_update(layer, mask, inverse, config)
+            _element_update(layer, mask, inverse, update)
 
 
-def _pruned_block_by_block(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, config: PruneConfig,
+def _pruned_block_by_block(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, blocks: Blocks,
                            ranks: Ranks, progress: bool) -> Iterator[list[tuple[Layer, LayerFactors]]]:
     """Per decoder block, this rank's layers of it with their input factors, for the caller to prune in place.
 
@@ -147,14 +160,13 @@ def _pruned_block_by_block(model: nn.Module, layers: list[Layer], calibration: t
     """
     by_name = {layer.name: layer for layer in layers}
     share = calibration
-    if config.curvature_split == "batches":
-        batches = calibration.split(config.batch_size)
+    if blocks.curvature_split == "batches":
+        batches = calibration.split(blocks.batch_size)
         share = torch.cat([batches[i] for i in ranks.batches(len(batches))])
-    inputs = BlockInputs(model, decoder_blocks(model), share, config.batch_size)
-    for named in tqdm(prunable_layers(model, config.leave_out_parts), desc="blocks", leave=False,
-                      disable=not progress):
-        factors = curvature.estimate_inputs(named, inputs.forwards(), calibration.numel(), config.backend)
-        if config.curvature_split == "batches":
+    inputs = BlockInputs(model, decoder_blocks(model), share, blocks.batch_size)
+    for named in tqdm(prunable_layers(model, blocks.leave_out), desc="blocks", leave=False, disable=not progress):
+        factors = curvature.estimate_inputs(named, inputs.forwards(), calibration.numel(), blocks.backend)
+        if blocks.curvature_split == "batches":
             ranks.reduce_factors(factors)
         block = [by_name[name] for name, _ in named]
         ranks.gather_layers(block)
@@ -164,19 +176,18 @@ def _pruned_block_by_block(model: nn.Module, layers: list[Layer], calibration: t
 
 
 def per_layer_shot(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, target_size: float,
-                   config: PruneConfig, ranks: Ranks, progress: bool) -> None:
+                   shot: PerLayer, ranks: Ranks, progress: bool) -> None:
     """SparseGPT or Wanda: each layer pruned to the same sparsity with its own algorithm, block by block on the
     inputs of the blocks already pruned, as published (`_pruned_block_by_block`)."""
-    for block in _pruned_block_by_block(model, layers, calibration, config, ranks, progress):
+    for block in _pruned_block_by_block(model, layers, calibration, shot.blocks, ranks, progress):
         for layer, factors in block:
-            _prune_one_layer(layer, factors.A.dense(), target_size, config)
+            _prune_one_layer(layer, factors.A.dense(), target_size, shot)
 
 
-def _prune_one_layer(layer: Layer, A: torch.Tensor, target_size: float, config: PruneConfig) -> None:
+def _prune_one_layer(layer: Layer, A: torch.Tensor, target_size: float, shot: PerLayer) -> None:
     """The method's per-layer rule (`Method.layer_rule`) on one layer, given its input factor A."""
     require_finite({f"the weights of layer {layer.name}": layer.weight()})
-    assert config.spec.layer_rule is not None  # the shot loop runs per-layer shots for per-layer methods only
-    LAYER_RULES[config.spec.layer_rule](layer, A, 1 - target_size, config.nm)
+    LAYER_RULES[shot.rule](layer, A, 1 - target_size, shot.nm)
 
 
 def _wanda_layer(layer: Layer, A: torch.Tensor, sparsity: float, nm: tuple[int, int] | None) -> None:

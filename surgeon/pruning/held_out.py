@@ -4,7 +4,6 @@ windows neither saw stays (docs/DESIGN.md, "An early stop, not a better minimise
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -12,9 +11,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from surgeon.config import PruneConfig
 from surgeon.models.layer import Layer
 from surgeon.pruning.elements import per_layer_shot
+from surgeon.pruning.phases import PerLayer
+from surgeon.pruning.report import bar
 from surgeon.scale.distributed import Ranks
 
 logger = logging.getLogger(__name__)
@@ -23,11 +23,11 @@ State = list[tuple[list[torch.Tensor], torch.Tensor]]
 
 
 @torch.no_grad()
-def held_out_loss(model: nn.Module, ids: torch.Tensor, batch_size: int) -> float:
+def held_out_loss(model: nn.Module, ids: torch.Tensor, batch_size: int, progress: bool = False) -> float:
     """The model's mean next-token loss over the windows `ids` [n, seqlen]."""
     device = next(model.parameters()).device
     total = 0.0
-    for batch in ids.split(batch_size):
+    for batch in bar(ids.split(batch_size), "held-out loss", progress):
         batch = batch.to(device)
         total += float(model(input_ids=batch, labels=batch).loss) * batch.shape[0]
     return total / ids.shape[0]
@@ -51,32 +51,29 @@ class Alternative:
     loss and seconds."""
 
     method: str
-
     state: State
     loss: float
     seconds: float
 
 
 def alternative(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, held_out: torch.Tensor,
-                config: PruneConfig, ranks: Ranks, progress: bool) -> Alternative:
-    """Prune the layers to `config.target` in one shot of the method's alternative (`Method.alternative`), block by
+                method: str, shot: PerLayer, target: float, ranks: Ranks, progress: bool) -> Alternative:
+    """Prune the layers to `target` in one shot of the per-layer `method` (the run's `Method.alternative`), block by
     block, score the model on `held_out` and keep its weights aside; the layers are left as they were."""
-    assert config.spec.alternative is not None  # `PruneConfig.chooses` only where the method has one
     start, t0 = _state(layers), time.perf_counter()
-    shot = dataclasses.replace(config, method=config.spec.alternative, held_out_choice=None, propagate=None, shots=1)
-    per_layer_shot(model, layers, calibration, config.target, shot, ranks, progress)
-    loss = held_out_loss(model, held_out, config.batch_size)
+    per_layer_shot(model, layers, calibration, target, shot, ranks, progress)
+    loss = held_out_loss(model, held_out, shot.blocks.batch_size, progress)
     pruned = _state(layers)
     _restore(layers, start)
-    return Alternative(config.spec.alternative, pruned, loss, time.perf_counter() - t0)
+    return Alternative(method, pruned, loss, time.perf_counter() - t0)
 
 
 def keep_lower(model: nn.Module, layers: list[Layer], method: str, other: Alternative, held_out: torch.Tensor,
-               batch_size: int) -> dict[str, object]:
+               batch_size: int, progress: bool = False) -> dict[str, object]:
     """Score the run's pruned model (`method`'s) on `held_out` and put `other`'s weights in its place where their
     loss is lower (the run's stay on a tie); the method kept, the held-out loss of each and the other shot's seconds
     (`PruneReport.choice`)."""
-    losses = {method: held_out_loss(model, held_out, batch_size), other.method: other.loss}
+    losses = {method: held_out_loss(model, held_out, batch_size, progress), other.method: other.loss}
     stays = losses[method] <= other.loss
     kept = method if stays else other.method
     if not stays:

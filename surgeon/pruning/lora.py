@@ -10,32 +10,32 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
 from surgeon.models.layer import Layer
+from surgeon.pruning.phases import Lora
 
 
-def lora_correction(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, config: PruneConfig) -> float:
-    """Train LoRA adapters for `config.lora_steps` steps, merge them, re-apply masks; return the last loss."""
+def lora_correction(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, settings: Lora) -> float:
+    """Train LoRA adapters for `settings.steps` steps, merge them, re-apply masks; return the last loss."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as error:
         raise SurgeonError("interleaved LoRA (--lora-steps) needs the `peft` package: pip install peft") from error
-    lora = LoraConfig(r=config.lora_rank, lora_alpha=2 * config.lora_rank, lora_dropout=0.0,
+    lora = LoraConfig(r=settings.rank, lora_alpha=2 * settings.rank, lora_dropout=0.0,
                       target_modules=[layer.name for layer in layers])
     flags = [(p, p.requires_grad) for p in model.parameters()]
     device = next(model.parameters()).device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(config.seed)  # the adapters' initial values, from the run's seed, not the global state
+        torch.manual_seed(settings.seed)  # the adapters' initial values, from the run's seed, not the global state
         peft_model = get_peft_model(model, lora)
     params = [p for p in peft_model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lora_lr, weight_decay=0.0)
-    generator = torch.Generator().manual_seed(config.seed)
+    optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(settings.seed)
     loss = torch.tensor(float("nan"))
     was_training = model.training
     peft_model.train()
-    for _ in range(config.lora_steps):
-        index = torch.randint(0, calibration.shape[0], (config.batch_size,), generator=generator)
+    for _ in range(settings.steps):
+        index = torch.randint(0, calibration.shape[0], (settings.batch_size,), generator=generator)
         batch = calibration[index].to(device)
         loss = peft_model(input_ids=batch, labels=batch).loss
         optimizer.zero_grad(set_to_none=True)

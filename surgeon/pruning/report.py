@@ -7,12 +7,15 @@ import sys
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
+from tqdm.auto import tqdm
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -44,9 +47,9 @@ class PruneReport:
     not counted); sparsity: removed / all prunable weights, which the target counts; block_sparsity:
     removed / all parameters of the decoder blocks (weights left out, biases and norms included);
     zero_fraction: fraction of prunable weights that are zero now, those that were zero before
-    pruning included; seconds: wall time; choice: where the run was weighed against one sparsegpt-refine shot
-    (`PruneConfig.held_out_choice`), the method kept, each one's held-out loss and the seconds of that shot, else
-    None.
+    pruning included; seconds: wall time; choice: where the run was weighed against one shot of its method's
+    alternative (`PruneConfig.held_out_choice`), the method kept, each one's held-out loss and the seconds of that
+    shot, else None; warnings: what the run could not do as set (a held-out choice skipped), one line each.
     """
 
     config: dict[str, Any]
@@ -58,6 +61,7 @@ class PruneReport:
     zero_fraction: float = 0.0
     seconds: float = 0.0
     choice: dict[str, Any] | None = None
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dictionary."""
@@ -102,6 +106,12 @@ def clock(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+def bar(items: Iterable[T] | None, desc: str | None, shown: bool, total: int | None = None) -> tqdm[T]:
+    """A progress bar over `items` (None: one updated by hand) named `desc`, left behind by none; hidden unless
+    `shown`."""
+    return tqdm(items, desc=desc, total=total, leave=False, disable=not shown)
 
 
 def phases(times: list[float]) -> dict[str, float]:

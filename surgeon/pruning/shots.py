@@ -29,7 +29,7 @@ from surgeon.models import channels, units
 from surgeon.models.adapter import block_weights, check_prunable, decoder_blocks, max_seqlen
 from surgeon.models.experts import experts_as_layers, is_fused_experts
 from surgeon.models.layer import Layer
-from surgeon.pruning import curvature, held_out
+from surgeon.pruning import curvature, held_out, phases
 from surgeon.pruning.elements import element_shot, per_layer_shot, propagated_shot
 from surgeon.pruning.report import PruneReport, ShotReport, clock, peak_memory_gb, removed_fractions, zero_fraction
 from surgeon.pruning.resume import Checkpoint
@@ -126,7 +126,7 @@ class Strategy(Protocol):
     def restore(self, tensors: dict[str, torch.Tensor]) -> None:
         """Put a checkpoint's `state` back into the model."""
 
-    def finish(self, report: PruneReport) -> None:
+    def finish(self, report: PruneReport, progress: bool) -> None:
         """Fill the report's totals once the last shot is done."""
 
 
@@ -156,7 +156,7 @@ def _loop(strategy: Strategy, model: nn.Module, config: PruneConfig, begun: floa
             state = strategy.state()
             if state is not None:
                 checkpoint.save(state, report.shots, time.perf_counter() - start, shot == last)
-    strategy.finish(report)
+    strategy.finish(report, progress)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -169,8 +169,12 @@ class _LayerShots:
         self.model, self.calibration_ids, self.config, self.run = model, calibration_ids, config, run
         self.total = sum(layer.module.weight.numel() for layer in run.layers)
         self.device = next(model.parameters()).device
+        self.update, self.units = phases.update_of(config), phases.units_of(config)
+        self.per_layer = phases.per_layer_of(config) if config.spec.layer_rule is not None else None
+        self.blocks, self.lora = phases.blocks_of(config), phases.lora_of(config)
         self.other: held_out.Alternative | None = None
         self.held_out_ids: torch.Tensor | None = None
+        self.warnings: list[str] = []
 
     def weigh_against_alternative(self, held_out_ids: torch.Tensor | None, progress: bool) -> None:
         """Prune the dense model in one shot of the method's alternative, to weigh the run against once its shots
@@ -179,12 +183,18 @@ class _LayerShots:
         config = self.config
         if not config.chooses:
             return
+        alternative = config.spec.alternative
+        assert alternative is not None  # `PruneConfig.chooses` only where the method has one
         if held_out_ids is None or self.run.ranks.world > 1:
-            logger.info("%s's run alone: no held-out windows to weigh it against %s by, or several processes",
-                        config.method, config.spec.alternative)
+            why = "several processes" if self.run.ranks.world > 1 else "no held-out windows (the calibration text " \
+                "has no room for them beside the calibration windows)"
+            self.warnings.append(f"held-out choice skipped: {why}; the model is {config.method}'s, not weighed "
+                                 f"against {alternative}'s")
+            logger.warning(self.warnings[-1])
             return
         self.held_out_ids = held_out_ids
-        self.other = held_out.alternative(self.model, self.run.layers, self.calibration_ids, held_out_ids, config,
+        self.other = held_out.alternative(self.model, self.run.layers, self.calibration_ids, held_out_ids,
+                                          alternative, phases.per_layer_of(config, alternative), config.target,
                                           self.run.ranks, progress)
 
     def shot(self, shot: int, target_size: float, progress: bool) -> tuple[dict[str, float], int, float]:
@@ -195,19 +205,39 @@ class _LayerShots:
                          f"shot {shot}/{config.shot_count} · curvature", progress)
         t1 = clock(self.device)
         with torch.no_grad():
-            phases, freed = _remove(self.model, self.calibration_ids, config, run, raw, shot, target_size,
-                                    round((1.0 - target_size) * self.total), progress)
+            parts, freed = self._remove(raw, shot, target_size, progress)
         t2 = clock(self.device)
-        seconds = {"curvature": t1 - t0, "prune": t2 - t1, **phases}
+        seconds = {"curvature": t1 - t0, "prune": t2 - t1, **parts}
         if run.ranks.world > 1:
             seconds["collectives"] = run.ranks.seconds - collective_seconds
         if config.lora_steps:
             from surgeon.pruning.lora import lora_correction
 
-            lora_correction(self.model, layers, self.calibration_ids, config)
+            lora_correction(self.model, layers, self.calibration_ids, self.lora)
             seconds["lora"] = time.perf_counter() - t2
         _, _, sparsity = removed_fractions((layer.name, layer.mask) for layer in layers)
         return seconds, freed, sparsity
+
+    def _remove(self, raw: dict[str, LayerFactors] | HostFactors, shot: int, target_size: float,
+                progress: bool) -> tuple[dict[str, float], int]:
+        """The shot's costs, threshold and updates, by the kind of shot and the method's entry; the seconds of each
+        phase where they are apart, and the dead weights freed."""
+        config, run, layers, ranks = self.config, self.run, self.run.layers, self.run.ranks
+        desc = f"shot {shot}/{config.shot_count}" if progress else None
+        if self.per_layer is not None:  # "prune" time includes their input estimation
+            per_layer_shot(self.model, layers, self.calibration_ids, target_size, self.per_layer, ranks, progress)
+            return {}, 0
+        target_zeros = round((1.0 - target_size) * self.total)
+        if config.shot is Shot.STRUCTURED:
+            return structured_shot(layers, raw, target_zeros, self.update, self.units, config.offload, run.coupled,
+                                   run.kinds, ranks, desc)
+        assert isinstance(raw, dict)  # offload is for structured and coupled runs (PruneConfig)
+        if config.propagates and shot == config.shot_count:
+            assert config.nm is not None  # PruneConfig propagates N:M runs only
+            propagated_shot(self.model, layers, raw, self.calibration_ids, self.update, config.nm, self.blocks, ranks,
+                            progress)
+            return {}, 0
+        return element_shot(layers, raw, target_zeros, self.update, config.nm, ranks, desc), 0
 
     def state(self) -> dict[str, torch.Tensor] | None:
         """Every layer's weight (and bias), removed rows and columns, and an element run's mask; gathered whole onto
@@ -231,12 +261,13 @@ class _LayerShots:
             for part in _removed(layer):
                 getattr(layer, part).copy_(tensors[f"{layer.name}.{part}"])
 
-    def finish(self, report: PruneReport) -> None:
+    def finish(self, report: PruneReport, progress: bool) -> None:
         layers = self.run.layers
         if self.other is not None:
             assert self.held_out_ids is not None
             report.choice = held_out.keep_lower(self.model, layers, self.config.method, self.other,
-                                                self.held_out_ids, self.config.batch_size)
+                                                self.held_out_ids, self.config.batch_size, progress)
+        report.warnings.extend(self.warnings)
         report.layers, report.removed, report.sparsity = removed_fractions(
             (layer.name, layer.mask) for layer in layers)
         report.zero_fraction = zero_fraction([(layer.name, layer.module) for layer in layers])
@@ -301,21 +332,3 @@ def _curvature(model: nn.Module, calibration_ids: torch.Tensor, config: PruneCon
         raw.update(factors)
         del factors
     return raw
-
-
-def _remove(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, run: _Run,
-            raw: dict[str, LayerFactors] | HostFactors, shot: int, target_size: float, target_zeros: int,
-            progress: bool) -> tuple[dict[str, float], int]:
-    """The shot's costs, threshold and updates, by the structure and method; the seconds of each phase where
-    they are apart, and the dead weights freed."""
-    layers, ranks = run.layers, run.ranks
-    if config.spec.layer_rule is not None:  # "prune" time includes their input estimation
-        per_layer_shot(model, layers, calibration_ids, target_size, config, ranks, progress)
-        return {}, 0
-    if config.shot is Shot.STRUCTURED:
-        return structured_shot(layers, raw, target_zeros, config, run.coupled, ranks, run.kinds)
-    assert isinstance(raw, dict)  # offload is for structured and coupled runs (PruneConfig)
-    if config.propagates and shot == config.shot_count:
-        propagated_shot(model, layers, raw, calibration_ids, config, ranks, progress)
-        return {}, 0
-    return element_shot(layers, raw, target_zeros, config, ranks), 0

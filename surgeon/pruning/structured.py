@@ -8,14 +8,14 @@ from collections.abc import Callable
 
 import torch
 
-from surgeon.config import PruneConfig
 from surgeon.method import costs, inverses, threshold, updates
 from surgeon.method.damping import damp
 from surgeon.method.factors import HostFactors, LayerFactors
 from surgeon.method.submatrix import put_submatrix, submatrix
 from surgeon.models import channels, units
 from surgeon.models.layer import Layer
-from surgeon.pruning.report import clock, phases
+from surgeon.pruning.phases import Units, Update
+from surgeon.pruning.report import bar, clock, phases
 from surgeon.scale.distributed import Ranks
 
 
@@ -36,8 +36,8 @@ def _column_set_costs(cols: torch.Tensor, real_c: torch.Tensor, size: int,
 
 
 def structured_shot(layers: list[Layer], raw: dict[str, LayerFactors] | HostFactors, target_zeros: int,
-                    config: PruneConfig, coupled: list[channels.Coupling], ranks: Ranks,
-                    kinds: list[units.UnitKind] | None = None) -> tuple[dict[str, float], int]:
+                    update: Update, allocation: Units, offload: bool, coupled: list[channels.Coupling],
+                    kinds: list[units.UnitKind] | None, ranks: Ranks, desc: str | None) -> tuple[dict[str, float], int]:
     """Rows and columns, or coupled units: costs (eq. 7), global threshold, joint or within update (sec. 3.4).
 
     With `kinds` (structure coupled) the structures are neurons, heads and KV groups (`surgeon.models.units`),
@@ -48,26 +48,29 @@ def structured_shot(layers: list[Layer], raw: dict[str, LayerFactors] | HostFact
 
     Between costs and updates each layer keeps only its packed inverse roots (weights are read again),
     so a shot never holds more than the factors' packed size plus one layer's dense work; with
-    `config.offload` the factors (`raw`, a `HostFactors`) and the kept roots wait in host
+    `offload` the factors (`raw`, a `HostFactors`) and the kept roots wait in host
     memory, and the device holds those of a layer and the one before it (whose A it may share). Split over
     `ranks`, each computes its own layers' costs and updates; the costs are summed so that all make
     the same choice, and the updated layers are broadcast.
-    Returns the seconds spent on costs, threshold and updates, and the number of dead weights freed.
+    Returns the seconds spent on costs, threshold and updates, and the number of dead weights freed. With `desc`,
+    a progress bar per phase that runs layer by layer, named after it.
     """
     device = layers[0].rows.device
     times = [clock(device)]
-    plans, row_costs, col_costs, set_cost = _costs(layers, raw, config, ranks, kinds)
+    plans, row_costs, col_costs, set_cost = _costs(layers, raw, update, offload, ranks, kinds,
+                                                   desc and f"{desc} · costs")
     times.append(clock(device))
     row_sel, col_sel, removed_rows, removed_cols = _select(layers, row_costs, col_costs, set_cost, target_zeros,
-                                                           config, coupled, kinds)
+                                                           allocation, coupled, kinds)
     freed = threshold.removed_weights(removed_rows, removed_cols) - threshold.removed_weights(row_sel, col_sel)
     times.append(clock(device))
-    dense = inverses.unpacked((kept for _, _, kept in plans), device if config.offload else None)
-    for layer, (keep_r, keep_c, _), inverse, new_rows, new_cols, rows_out, cols_out in zip(
-            layers, plans, dense, row_sel, col_sel, removed_rows, removed_cols):
+    dense = inverses.unpacked((kept for _, _, kept in plans), device if offload else None)
+    for layer, (keep_r, keep_c, _), inverse, new_rows, new_cols, rows_out, cols_out in bar(zip(
+            layers, plans, dense, row_sel, col_sel, removed_rows, removed_cols), desc and f"{desc} · updates",
+            desc is not None, total=len(layers)):
         layer.rows, layer.cols = rows_out, cols_out
         if ranks.mine(layer.name):
-            _update(layer, keep_r, keep_c, inverse, new_rows, new_cols, config)
+            _update(layer, keep_r, keep_c, inverse, new_rows, new_cols, update)
     ranks.broadcast_layers(layers, masks=False)
     times.append(clock(device))
     return phases(times), freed
@@ -76,11 +79,12 @@ def structured_shot(layers: list[Layer], raw: dict[str, LayerFactors] | HostFact
 Plan = tuple[torch.Tensor, torch.Tensor, inverses.KroneckerInverse | None]  # kept rows, kept columns, F⁻¹ roots
 
 
-def _costs(layers: list[Layer], raw: dict[str, LayerFactors] | HostFactors, config: PruneConfig, ranks: Ranks,
-           kinds: list[units.UnitKind] | None) -> tuple[list[Plan], list[torch.Tensor], list[torch.Tensor],
-                                                        dict[tuple[int, int], torch.Tensor]]:
+def _costs(layers: list[Layer], raw: dict[str, LayerFactors] | HostFactors, update: Update, offload: bool,
+           ranks: Ranks, kinds: list[units.UnitKind] | None, desc: str | None
+           ) -> tuple[list[Plan], list[torch.Tensor], list[torch.Tensor], dict[tuple[int, int], torch.Tensor]]:
     """Every layer's row and column costs (eq. 7; −inf where already removed), the costs of its consumer column
-    sets of each unit size (keyed by layer index and size), and what its update keeps; summed over `ranks`."""
+    sets of each unit size (keyed by layer index and size), and what its update keeps; summed over `ranks`; with
+    `desc`, a progress bar of the layers so named."""
     plans: list[Plan] = []
     row_costs: list[torch.Tensor] = []
     col_costs: list[torch.Tensor] = []
@@ -93,7 +97,7 @@ def _costs(layers: list[Layer], raw: dict[str, LayerFactors] | HostFactors, conf
     sibling: inverses.Sibling | None = None
     offloaded: tuple[inverses.KroneckerInverse, inverses.KroneckerInverse] | None = None  # the last, on device and host
     ranks.gather_layers(layers)
-    for index, layer in enumerate(layers):
+    for index, layer in enumerate(bar(layers, desc, desc is not None)):
         R, C, sizes = layer.module.out_features, layer.module.in_features, sorted(sets.get(index, ()))
         keep_r, keep_c, real_c = layer.kept()
         if not ranks.mine(layer.name):  # another rank's: zeros here, its costs once summed
@@ -104,11 +108,11 @@ def _costs(layers: list[Layer], raw: dict[str, LayerFactors] | HostFactors, conf
                 set_cost[index, size] = torch.zeros(C // size, device=device)
             continue
         entry = raw.pop(layer.name, None)  # frees each raw factor after its last layer
-        rows, cols, joint, kept, sibling = _layer_costs(layer, (keep_r, keep_c, real_c), entry, config, sibling,
+        rows, cols, joint, kept, sibling = _layer_costs(layer, (keep_r, keep_c, real_c), entry, update, sibling,
                                                         sets=bool(sizes))
         for size in sizes:  # a consumer of several columns per unit (o: head_dim per head, more per KV group)
             set_cost[index, size] = _column_set_costs(cols, real_c, size, joint)
-        if config.offload and kept is not None:  # siblings' shared A⁻¹ goes to host memory once
+        if offload and kept is not None:  # siblings' shared A⁻¹ goes to host memory once
             A = offloaded[1].A if offloaded is not None and offloaded[0].A is kept.A else None
             offloaded = (kept, kept.to("cpu", A=A))
             kept = offloaded[1]
@@ -125,7 +129,7 @@ def _costs(layers: list[Layer], raw: dict[str, LayerFactors] | HostFactors, conf
 
 
 def _layer_costs(layer: Layer, kept_indices: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-                 entry: LayerFactors | None, config: PruneConfig, sibling: inverses.Sibling | None, sets: bool,
+                 entry: LayerFactors | None, update: Update, sibling: inverses.Sibling | None, sets: bool,
                  ) -> tuple[torch.Tensor, torch.Tensor, Callable[[int], torch.Tensor] | None,
                             inverses.KroneckerInverse | None, inverses.Sibling | None]:
     """One layer's row and column costs (eq. 7: LLM Surgeon from F⁻¹, the OBD baselines from a diagonal; dead
@@ -134,12 +138,12 @@ def _layer_costs(layer: Layer, kept_indices: tuple[torch.Tensor, torch.Tensor, t
     sibling the next layer may share A⁻¹ with; `kept_indices` are the layer's `Layer.kept()`."""
     R, C = layer.module.out_features, layer.module.in_features
     keep_r, keep_c, real_c = kept_indices
-    strengths = config.strengths
+    strengths = update.strengths
     W = layer.weight()
     rows = torch.full((R,), float("-inf"), device=W.device)
     cols = torch.full((C,), float("-inf"), device=W.device)
     kept = joint = None
-    if config.spec.correlated:
+    if update.correlated:
         assert entry is not None and entry.G is not None  # surgeon's pass gives every layer both factors
         f, kept = inverses.layer_inverse(entry, keep_r, keep_c, strengths, roots=True, sibling=sibling)
         sibling = (entry, keep_c, kept, f.A)
@@ -161,7 +165,7 @@ def _layer_costs(layer: Layer, kept_indices: tuple[torch.Tensor, torch.Tensor, t
 
 
 def _select(layers: list[Layer], row_costs: list[torch.Tensor], col_costs: list[torch.Tensor],
-            set_cost: dict[tuple[int, int], torch.Tensor], target_zeros: int, config: PruneConfig,
+            set_cost: dict[tuple[int, int], torch.Tensor], target_zeros: int, allocation: Units,
             coupled: list[channels.Coupling], kinds: list[units.UnitKind] | None,
             ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     """The global threshold (sec. 3.3): the rows and columns chosen, whose updates remove them, and all that is
@@ -173,11 +177,11 @@ def _select(layers: list[Layer], row_costs: list[torch.Tensor], col_costs: list[
     before = ([layer.rows for layer in layers], [layer.cols for layer in layers])
     unit_costs = [set_cost[kind.consumer.layer, kind.consumer.size] if kind.consumer.size > 1
                   else col_costs[kind.consumer.layer] for kind in kinds]
-    if config.speed_context is not None:  # every unit of a kind saves the same: the order within it stays
+    if allocation.speed_context is not None:  # every unit of a kind saves the same: the order within it stays
         shapes = [(layer.module.out_features, layer.module.in_features) for layer in layers]
-        unit_costs = [cost / units.decode_macs(kind, shapes, config.speed_context)
+        unit_costs = [cost / units.decode_macs(kind, shapes, allocation.speed_context)
                       for cost, kind in zip(unit_costs, kinds)]
-    group_costs, chosen_units = units.allocation(kinds, unit_costs, config.layout, config.width_multiple)
+    group_costs, chosen_units = units.allocation(kinds, unit_costs, allocation.layout, allocation.width_multiple)
 
     def zeros(groups: list[torch.Tensor]) -> int:
         masks = units.masks_of(kinds, chosen_units(groups), *before, free_kv=True)
@@ -190,7 +194,7 @@ def _select(layers: list[Layer], row_costs: list[torch.Tensor], col_costs: list[
 
 
 def _update(layer: Layer, keep_r: torch.Tensor, keep_c: torch.Tensor, inverse: inverses.KroneckerInverse | None,
-            new_rows: torch.Tensor, new_cols: torch.Tensor, config: PruneConfig) -> None:
+            new_rows: torch.Tensor, new_cols: torch.Tensor, update: Update) -> None:
     """The structured update (sec. 3.4) removing the layer's newly chosen rows and columns, then its masks
     applied; the OBD baselines (no inverse) only apply the masks."""
     W = layer.weight()
@@ -199,6 +203,6 @@ def _update(layer: Layer, keep_r: torch.Tensor, keep_c: torch.Tensor, inverse: i
         q = torch.isin(keep_c, new_cols.nonzero().squeeze(1)).nonzero().squeeze(1)
         sub = submatrix(W, keep_r, keep_c)
         put_submatrix(W, keep_r, keep_c, updates.finite_update(
-            layer.name, inverse, lambda g: updates.structured(sub, g, p, q, config.correlation),
-            max(config.strengths)))
+            layer.name, inverse, lambda g: updates.structured(sub, g, p, q, update.correlation),
+            max(update.strengths)))
     layer.store(W)

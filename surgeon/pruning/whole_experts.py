@@ -186,7 +186,7 @@ class ExpertShots:
     def restore(self, tensors: dict[str, torch.Tensor]) -> None:
         self._keep([tensors[f"{name}.kept"] for name in self.names])
 
-    def finish(self, report: PruneReport) -> None:
+    def finish(self, report: PruneReport, progress: bool) -> None:
         remaining = [_weights(moe) for moe in self.moes]
         report.layers = {name: 1 - left / weights for name, left, weights in zip(self.names, remaining, self.total)}
         report.removed = sum(self.total) - sum(remaining)

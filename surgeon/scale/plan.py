@@ -59,14 +59,14 @@ from surgeon.scale.time_model import (
     work,
 )
 from surgeon.scale.trace import trace_forward
+from surgeon_kernels import ops
 
 logger = logging.getLogger(__name__)
 
 GIB = 2**30
-# The counts run 0.4-4.2% under the peaks allocated on an H100 (Llama-2-7B 66.4 vs 66.6 GiB, OPT-6.7B 71.4 vs 72.2,
-# OPT-1.3B 17.2 vs 18.0, each counted with the masks its code held: bench/results/findings/plan-headroom.json); a
-# run fits when its count plus this headroom does, which also covers what the allocator reserves beyond that.
-HEADROOM = 0.12
+# A run fits when its count plus this headroom does: the counts run a few percent under the peaks allocated on an
+# H100, and the allocator reserves more (surgeon_kernels/measured.json, "plan_headroom")
+HEADROOM: float = ops.MEASURED["plan_headroom"]["fraction"]
 QUEUE_BYTES_CUDA = 1 << 29  # curvature.DEFAULT_GROUP_BYTES on CUDA
 TILE = 128  # surgeon_kernels.symmetric.TILE
 

@@ -11,26 +11,21 @@ import math
 from typing import Any
 
 from surgeon.config import PruneConfig
+from surgeon_kernels import ops
 
-# Measured on one H100 with a Llama-2-7B of random weights, 128 × 2048 tokens, bfloat16, batch 2
-# (bench/results/gpu/shot-llama2-7b-32blocks-*): the curvature pass, which does not depend on the
-# structure, and the prune phase of one LLM Surgeon shot per kind of run.
-H100_PARAMETERS = 6_476_005_376  # prunable parameters of that model
-H100_TOKENS = 128 * 2048
-H100_CURVATURE_S = 38.6
-H100_PRUNE_S = {"structured": 13.1, "unstructured": 50.9, "N:M": 34.6, "N:M propagated": 66.8}
-H100_SOURCES = ["bench/results/gpu/shot-llama2-7b-32blocks-1shots-batch2@7b5fd7c.json",
-                "bench/results/gpu/shot-llama2-7b-32blocks-1shots-batch2-unstructured@513bded.json",
-                "bench/results/gpu/shot-llama2-7b-32blocks-4shots-batch2-2of4@513bded.json"]
-# The same model's parts measured apart, as rates of `work`'s counts: its eager forward and input-gradient passes
-# without hooks (19.6 s) and the grouped factor accumulation (11.0 s) in FLOP/s (CURVATURE_PARTS_SOURCE, 8 blocks
-# timed, 4× for 32), and SparseGPT's float32 sweep with its 8 refining steps in seconds per input column of a layer,
-# at 50% and at 2:4 (SWEEP_SOURCE: Llama-2-7B's q_proj, up_proj and down_proj, 19,200 columns in 2.27 and 2.53 s).
-H100_PASS_FLOPS_PER_S = 375e12
-H100_ACCUMULATION_FLOPS_PER_S = 379e12
-H100_SWEEP_S_PER_COLUMN = {"unstructured": 1.18e-4, "N:M": 1.32e-4}
-CURVATURE_PARTS_SOURCE = "bench/results/gpu/curvature-breakdown-llama2-7b-8blocks@845d361.json"
-SWEEP_SOURCE = "bench/results/gpu/sparsegpt-dropin-llama2-7b@7b562d5.json"
+# Measured on one H100 with a Llama-2-7B of random weights (surgeon_kernels/measured.json, "h100_shot" and
+# "h100_parts"): one LLM Surgeon shot's curvature pass and prune phase per kind of run, and the rates of its parts
+_SHOT, _PARTS = ops.MEASURED["h100_shot"], ops.MEASURED["h100_parts"]
+H100_PARAMETERS: int = _SHOT["parameters"]  # prunable parameters of that model
+H100_TOKENS: int = _SHOT["tokens"]
+H100_CURVATURE_S: float = _SHOT["curvature_s"]
+H100_PRUNE_S: dict[str, float] = _SHOT["prune_s"]
+H100_SOURCES: list[str] = _SHOT["sources"]
+H100_PASS_FLOPS_PER_S: float = _PARTS["pass_flops_per_s"]
+H100_ACCUMULATION_FLOPS_PER_S: float = _PARTS["accumulation_flops_per_s"]
+H100_SWEEP_S_PER_COLUMN: dict[str, float] = _PARTS["sweep_s_per_column"]
+CURVATURE_PARTS_SOURCE: str = _PARTS["curvature_parts_source"]
+SWEEP_SOURCE: str = _PARTS["sweep_source"]
 # Peak rates of one H100 SXM, dense: products on the tensor cores from 2-byte (bfloat16, float16) inputs, IEEE
 # float32 products (no TF32, PyTorch's default for matmul) by element size, and HBM3 bandwidth.
 H100_FLOPS = {2: 989e12, 4: 67e12}

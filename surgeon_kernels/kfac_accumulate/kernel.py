@@ -41,7 +41,7 @@ CONFIGS = autotune_configs(
 TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 FACTOR_FIELDS = tl.constexpr(6)  # x address, out address, tokens, width, row stride of x, bias flag
 # token chunks per partial sum, by input dtype: at 8, float16 (whose products keep 22 bits against
-# bfloat16's 16) still missed the accuracy policy; 2 was most accurate and 1.8× slower (H100)
+# bfloat16's 16) still missed the accuracy policy; 2 was most accurate and slower (H100, bench/RESULTS.md)
 PROMOTE = {torch.float32: 8, torch.bfloat16: 8, torch.float16: 4}
 
 
