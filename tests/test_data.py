@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from surgeon.app.data import calibration_text, calibration_windows, evaluation_text, held_out_windows, tokenize
+from surgeon.app.data import (
+    Text,
+    calibration_text,
+    calibration_windows,
+    evaluation_text,
+    held_out_windows,
+    shared_passages,
+    tokenize,
+)
 from surgeon.errors import SurgeonError
 
 
@@ -104,3 +112,31 @@ def test_windows_begin_as_the_tokenizer_begins_a_text(name, bos):
                           (held_out_windows(ids, 4, 64, 0, bos), held_out_windows(ids, 4, 64, 0))):
         assert torch.equal(windows[:, 1:], text[:, 1:])
         assert torch.equal(windows[:, 0], text[:, 0] if bos is None else torch.full((windows.shape[0],), bos))
+
+
+def test_the_packaged_validation_and_test_splits_share_no_passage_and_a_copy_is_found():
+    """Calibration and held-out windows come from text no reported perplexity reads; a passage of the test text is
+    found however it is tokenised (WikiText's token files write <unk> where its raw files keep the word)."""
+    valid, test = calibration_text("wikitext2-valid"), evaluation_text("wikitext2")
+    assert shared_passages(valid, test) == 0
+    lines = [line for line in test.text.splitlines() if len(line.split()) > 40][:5]
+    unknown = [" ".join("<unk>" if i % 20 == 3 else word for i, word in enumerate(line.split())) for line in lines]
+    copied = Text(valid.text + "\n" + "\n".join(unknown), "valid with five test passages")
+    assert shared_passages(copied, test) == 5
+
+
+def test_the_benchmark_calibrates_and_tunes_on_text_the_reported_perplexity_never_reads():
+    from bench.quality import table
+
+    assert shared_passages(calibration_text(table.CALIBRATION), evaluation_text(table.EVALUATION)) == 0
+    assert table.load_protocol.__code__.co_names.count("CALIBRATION") == 1  # every window the bench draws is of it
+
+
+def test_a_run_calibrated_on_its_evaluation_text_is_refused_before_the_model_loads(tmp_path, capsys):
+    from surgeon.app.cli import main
+
+    copy = tmp_path / "test.txt"
+    copy.write_text(evaluation_text("wikitext2").text[:200_000])
+    assert main(["prune", "--model", str(tmp_path / "no-model-needed"), "--calibration", str(copy), "--output",
+                 str(tmp_path / "out")]) == 2
+    assert "shares" in capsys.readouterr().err and not (tmp_path / "out").exists()  # not the missing model

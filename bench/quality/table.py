@@ -31,11 +31,13 @@ RESULTS.md.
     python -m bench.quality.table --only structured-0.8  # rows whose id contains this text
     python -m bench.quality.table --model gemma3-270m    # Gemma-3-270M's rows (about 20 minutes)
     python -m bench.quality.table --model gemma3-270m --calib-windows 16 --calib-seqlen 512 --only 2of4
+    python -m bench.quality.table --only 2of4-0.5-s --seeds 0 1 2   # the spread over calibration seeds
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import platform
@@ -134,17 +136,32 @@ def folder(model: str, calib_windows: int, calib_seqlen: int) -> Path:
     return RESULTS / f"quality-{model}-{calib_windows}x{calib_seqlen}"
 
 
+# The protocol's texts: calibration, held-out and tuning windows come from the validation split, which shares no
+# passage with the test split that every perplexity is reported on (tests/test_data.py)
+CALIBRATION, EVALUATION = "wikitext2-valid", "wikitext2"
+
+
 @dataclass
 class Protocol:
     """What every run of a model's protocol starts from: the model, a copy of its dense weights, its tokenizer, the
-    WikiText-2 test ids, the calibration windows and the held-out windows `surgeon prune` draws beside them."""
+    WikiText-2 test ids, the calibration text's ids and BOS, and the calibration windows and the held-out windows
+    `surgeon prune` draws beside them with `seed`."""
 
     model: Any
-    dense_state: dict
+    dense_state: dict[str, torch.Tensor]
     tokenizer: Any
     test_ids: torch.Tensor
+    ids: torch.Tensor
+    bos: int | None
     windows: torch.Tensor
     held_out: torch.Tensor | None
+    seed: int = 0
+
+    def with_seed(self, seed: int) -> Protocol:
+        """The same protocol with its calibration and held-out windows drawn with `seed`."""
+        count, seqlen = self.windows.shape
+        return dataclasses.replace(self, windows=calibration_windows(self.ids, count, seqlen, seed, self.bos),
+                                   held_out=held_out_windows(self.ids, count, seqlen, seed, self.bos), seed=seed)
 
 
 def load_protocol(model_name: str = "smollm2-135m", calib_windows: int | None = None, calib_seqlen: int | None = None,
@@ -156,10 +173,10 @@ def load_protocol(model_name: str = "smollm2-135m", calib_windows: int | None = 
     calib_seqlen = calib_seqlen or PROTOCOLS[model_name][1]
     model, tokenizer = load_model(source or model_name)
     dense_state = {k: v.clone() for k, v in model.state_dict().items()}
-    test_ids = tokenize(tokenizer, evaluation_text("wikitext2"))
-    ids, bos = tokenize(tokenizer, calibration_text("wikitext2-valid")), leading_token(tokenizer)
+    test_ids = tokenize(tokenizer, evaluation_text(EVALUATION))
+    ids, bos = tokenize(tokenizer, calibration_text(CALIBRATION)), leading_token(tokenizer)
     windows = calibration_windows(ids, calib_windows, calib_seqlen, 0, bos)
-    return Protocol(model, dense_state, tokenizer, test_ids, windows,
+    return Protocol(model, dense_state, tokenizer, test_ids, ids, bos, windows,
                     held_out_windows(ids, calib_windows, calib_seqlen, 0, bos))
 
 
@@ -208,6 +225,8 @@ def main() -> None:
     parser = protocol_parser(__doc__)
     parser.add_argument("--shots-structured", type=int, default=4, help="SmolLM2's table")
     parser.add_argument("--shots-element", type=int, default=4, help="SmolLM2's table")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0],
+                        help="calibration seeds: each row runs once per seed, a seed s > 0 as the row <id>-seed<s>")
     args = parse_protocol(parser)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     root = folder(args.model, args.calib_windows, args.calib_seqlen)
@@ -220,13 +239,17 @@ def main() -> None:
         result = perplexity(run.model, run.test_ids, 2048, args.eval_windows, progress=False)
         write_json(dense_path, {"ppl": result.ppl, "seconds": result.seconds, **protocol})
     table = rows(args.shots_structured, args.shots_element) if root == ROOT else defaults_rows()
-    for name, config in table:
-        path = root / f"{name}@{commit}.json"
-        if args.only not in name or measured(path, protocol["machine"]):
-            continue
-        result = measure(run, config, args.eval_windows)
-        logging.info("%s: ppl %.3f sparsity %.4f (%.0f s)", name, result["ppl"], result["sparsity"], result["seconds"])
-        write_json(path, {**result, **protocol})
+    for seed in args.seeds:
+        seeded = run.with_seed(seed) if seed else run
+        for row, config in table:
+            name = f"{row}-seed{seed}" if seed else row
+            path = root / f"{name}@{commit}.json"
+            if args.only not in row or measured(path, protocol["machine"]):
+                continue
+            result = measure(seeded, dataclasses.replace(config, seed=seed), args.eval_windows)
+            logging.info("%s: ppl %.3f sparsity %.4f (%.0f s)", name, result["ppl"], result["sparsity"],
+                         result["seconds"])
+            write_json(path, {**result, **protocol, "seed": seed})
 
 
 if __name__ == "__main__":

@@ -113,6 +113,26 @@ def calibration_text(name: str) -> Text:
     return _file(name)
 
 
+def _grams(line: str, size: int) -> list[int]:
+    """Hashes of the runs of `size` consecutive words of `line` that hold no unknown-word marker (`<unk>`, which
+    WikiText's token files put where its raw files keep the word)."""
+    words = line.split()
+    return [hash(" ".join(words[i:i + size])) for i in range(len(words) - size + 1)
+            if "<unk>" not in words[i:i + size]]
+
+
+def shared_passages(text: Text, other: Text, size: int = 8) -> int:
+    """How many passages (lines of at least 2·`size` words) of `text` have at least half of their runs of `size`
+    words in `other`: text drawn from `other`, whatever its tokenisation (WikiText's raw or token files) or split."""
+    seen = {gram for line in other.text.splitlines() for gram in _grams(line, size)}
+    count = 0
+    for line in text.text.splitlines():
+        grams = _grams(line, size) if len(line.split()) >= 2 * size else []
+        if grams and 2 * sum(gram in seen for gram in grams) >= len(grams):
+            count += 1
+    return count
+
+
 def tokenize(tokenizer: PreTrainedTokenizerBase, text: Text) -> torch.Tensor:
     """Token ids [1, T] of a whole text; empty text is an error."""
     if not text.text.strip():

@@ -20,6 +20,7 @@ from surgeon.app.data import (
     evaluation_text,
     held_out_windows,
     leading_token,
+    shared_passages,
     tokenize,
 )
 from surgeon.app.evaluate import perplexity
@@ -119,6 +120,9 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
     start = time.perf_counter()
     test = evaluation_text(run.dataset)  # texts and tasks first: bad input fails before the slow model load
     calibration = calibration_text(run.calibration)
+    if shared := shared_passages(calibration, test):  # calibration and held-out windows never see the test text
+        raise SurgeonError(f"the calibration text ({calibration.source}) shares {shared} passages with the evaluation "
+                           f"text ({test.source}): calibrate on other text, or evaluate on another --dataset")
     tasks = load_tasks(run.task_list, run.task_path) if run.tasks else None
     device = run.device if group is None else local_device(run.device)
     world = 1 if group is None else dist.get_world_size(group)
