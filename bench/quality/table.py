@@ -31,7 +31,7 @@ RESULTS.md.
     python -m bench.quality.table --only structured-0.8  # rows whose id contains this text
     python -m bench.quality.table --model gemma3-270m    # Gemma-3-270M's rows (about 20 minutes)
     python -m bench.quality.table --model gemma3-270m --calib-windows 16 --calib-seqlen 512 --only 2of4
-    python -m bench.quality.table --only 2of4-0.5-s --seeds 0 1 2   # the spread over calibration seeds
+    python -m bench.quality.table --row 2of4-0.5-surgeon --row 2of4-0.5-sparsegpt --seeds 0 1 2  # seeds' spread
 """
 
 from __future__ import annotations
@@ -227,6 +227,7 @@ def main() -> None:
     parser.add_argument("--shots-element", type=int, default=4, help="SmolLM2's table")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
                         help="calibration seeds: each row runs once per seed, a seed s > 0 as the row <id>-seed<s>")
+    parser.add_argument("--row", action="append", default=[], help="run this row (its whole id; repeatable)")
     args = parse_protocol(parser)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     root = folder(args.model, args.calib_windows, args.calib_seqlen)
@@ -244,7 +245,7 @@ def main() -> None:
         for row, config in table:
             name = f"{row}-seed{seed}" if seed else row
             path = root / f"{name}@{commit}.json"
-            if args.only not in row or measured(path, protocol["machine"]):
+            if args.only not in row or (args.row and row not in args.row) or measured(path, protocol["machine"]):
                 continue
             result = measure(seeded, dataclasses.replace(config, seed=seed), args.eval_windows)
             logging.info("%s: ppl %.3f sparsity %.4f (%.0f s)", name, result["ppl"], result["sparsity"],
