@@ -20,6 +20,10 @@ def test_readme_results_table_matches_the_quality_runs():
     assert result.returncode == 0, result.stderr
 
 
+def test_the_readme_stays_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 150
+
+
 def test_bench_runs_as_a_package_without_editing_the_import_path():
     assert [str(path) for path in (ROOT / "bench").rglob("*.py") if "sys.path" in path.read_text()] == []
     result = subprocess.run([sys.executable, "-m", "bench.quality.table", "--help"], cwd=ROOT, capture_output=True,

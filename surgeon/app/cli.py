@@ -1,4 +1,4 @@
-"""Command line: `surgeon eval|prune|plan|export|report …` (also `python -m surgeon`).
+"""Command line: `surgeon eval|prune|recover|plan|export|report …` (also `python -m surgeon`).
 
 Options are generated from the fields of the config dataclasses (`surgeon.config`). Bad input, argparse's
 own complaints included, ends with one line `surgeon: error: …` and exit status 2 (`--debug`
@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from surgeon import __version__
-from surgeon.app.settings import ExportConfig, ReportConfig, RunConfig
+from surgeon.app.settings import ExportConfig, RecoverConfig, ReportConfig, RunConfig
 from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
 from surgeon.scale.plan_config import PlanConfig
@@ -35,6 +35,7 @@ OUTPUT_HELP = {
     "prune": "a new or empty folder for the pruned checkpoint and report.json",
     "export": "a new or empty folder for the exported checkpoint and report.json",
     "report": "a new or empty folder for the figures and summary.md",
+    "recover": "a new or empty folder for the recovered checkpoint and report.json",
     "plan": "also write the plan as JSON to this file",
 }
 # Exit statuses of a process ended by a signal, as shells report them: 128 + the signal number.
@@ -165,6 +166,16 @@ def _cmd_export(args: argparse.Namespace) -> int:
     export = report["export"]
     print(f"{export['parameters'] / 1e6:.1f} M of {export['parameters_before'] / 1e6:.1f} M parameters "
           f"({export['fraction']:.3f}), {export['format']} format; saved to {config.output}")
+    return 0
+
+
+def _cmd_recover(args: argparse.Namespace) -> int:
+    config = _build(RecoverConfig, args)
+    from surgeon.app.recover import run_recover
+
+    report = run_recover(config, progress=not args.quiet)
+    print(f"perplexity {report['ppl_before']:.4f} -> {report['ppl_after']:.4f} (dense {report['ppl_dense']:.4f}), "
+          f"{report['tokens']} tokens in {report['training_seconds']:.1f} s; saved to {config.output}")
     return 0
 
 
@@ -319,6 +330,12 @@ def build_parser(settings: dict[str, Any] | None = None) -> argparse.ArgumentPar
                      "and heads", "Write the model of a `surgeon prune` output folder with the MLP neurons and "
                      "attention heads whose output is exactly zero cut out, as a checkpoint that "
                      "AutoModelForCausalLM.from_pretrained loads.")
+    _add_run_command(sub, "recover", RecoverConfig, _cmd_recover, "distill a pruned model from its dense model, "
+                     "what pruning removed kept removed", "Train the model of a `surgeon prune` output folder to "
+                     "match the dense model it was pruned from (KL divergence of the next-token distributions, no "
+                     "labels), every weight pruning removed kept exactly zero, on text that shares no passage with "
+                     "the evaluation text; evaluate it before and after and write it with report.json, which "
+                     "`surgeon export` reads.")
     _add_run_command(sub, "report", ReportConfig, _cmd_report, "draw figures and a Markdown summary of a pruning "
                      "run", "Draw the kept fraction per layer, perplexity per shot and time per phase of a "
                      "`surgeon prune` output folder (PNG, matplotlib) with a Markdown summary; --compare adds the "

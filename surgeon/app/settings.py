@@ -117,3 +117,37 @@ class ReportConfig:
                                shown="no comparison")
     output: str | None = opt(None, "a new or empty folder for the figures (PNG) and summary.md")
     overwrite: bool = opt(False, "write into an existing non-empty --output folder, replacing only its files")
+
+
+@dataclass(frozen=True)
+class RecoverConfig:
+    """Settings of `surgeon recover`: which pruning run, how much text to distill it on, how to evaluate it."""
+
+    run: str = opt("", "a folder written by `surgeon prune`")
+    output: str | None = opt(None, "a new or empty folder for the recovered checkpoint and report.json")
+    overwrite: bool = opt(False, "write into an existing non-empty --output folder, replacing only its files")
+    tokens: int = opt(262_144, "tokens to train on: windows of --seqlen drawn from --text, one pass")
+    text: str | None = opt(None, "training text: wikitext2 (hub train split, else packaged validation), "
+                           "wikitext2-valid, c4, ptb, or a text file; never the evaluation text",
+                           shown="the pruning run's calibration text")
+    seqlen: int = opt(512, "tokens per training window")
+    batch_size: int = opt(1, "training windows per step")
+    lr: float = opt(1e-4, "AdamW's peak learning rate (linear warm-up over a tenth of the steps, then a cosine to 0)")
+    seed: int = opt(0, "random seed (training windows and their order)")
+    eval_windows: int | None = opt(None, "evaluate only the first N test windows", shown="the pruning run's")
+    eval_seqlen: int | None = opt(None, "tokens per evaluation window", shown="the pruning run's")
+    device: str = opt("cpu", "cpu or cuda")
+    dtype: str = opt("float32", "dtype of the student and the teacher", ("float32", "bfloat16"))
+
+    def __post_init__(self) -> None:
+        if self.seqlen < 2 or self.batch_size < 1:
+            raise ValueError(f"seqlen={self.seqlen}, batch_size={self.batch_size}: need seqlen >= 2, batch_size >= 1")
+        if self.tokens < self.seqlen * self.batch_size:
+            raise ValueError(f"tokens={self.tokens}: fewer than one step of {self.batch_size} windows of "
+                             f"{self.seqlen}")
+        if self.lr <= 0:
+            raise ValueError(f"lr={self.lr}: must be positive")
+        if self.eval_windows is not None and self.eval_windows < 1:
+            raise ValueError(f"eval_windows={self.eval_windows}: must be at least 1")
+        if self.eval_seqlen is not None and self.eval_seqlen < 2:
+            raise ValueError(f"eval_seqlen={self.eval_seqlen}: must be at least 2")

@@ -1,0 +1,2 @@
+"""Recovery after pruning: the pruned model trained to match the dense model's next-token distributions, every
+weight pruning removed kept exactly zero."""
