@@ -261,7 +261,7 @@ def quality_table(runs: Runs, older: set[str]) -> str:
     """The quality table: the dense run, then each pruned row's settings, sparsity, perplexity and seconds."""
     rows = [("dense", "-", "1.0", "-", "-", "-", 0, f"{runs['dense']['ppl']:.3f}", f"{runs['dense']['seconds']:.0f}")]
     for name, run in runs.items():
-        if name != "dense":
+        if name != "dense" and seeded(name) is None:
             c, kept = run["config"], f"; kept {run['choice']['kept']} by held-out loss" if run.get("choice") else ""
             rows.append((f"{name} †" if name in older else name, c["structure"], f"{c['target_size']:g}",
                          method_label(c) + kept, c["shots"], f"{c['damp_g']} / {c['damp_a']}",
@@ -296,12 +296,34 @@ def headline_cells(runs: Runs, prefix: str, older: frozenset[str] = frozenset())
                       + (" †" if f"{prefix}-{row}" in older else "") for label, value, row in cells)
 
 
+def seeded(name: str) -> tuple[str, int] | None:
+    """(row, seed) of a row run with another calibration seed (`<row>-seed<s>`), else None."""
+    row, _, seed = name.rpartition("-seed")
+    return (row, int(seed)) if row and seed.isdigit() else None
+
+
+def seed_spread(runs: Runs, older: set[str]) -> list[str]:
+    """Per row also run with other calibration seeds: each seed's perplexity, their mean and their range."""
+    spread: dict[str, dict[int, float]] = {}
+    for name, run in runs.items():
+        if (found := seeded(name)) is not None and found[0] in runs:
+            spread.setdefault(found[0], {0: runs[found[0]]["ppl"]})[found[1]] = run["ppl"]
+    rows = [(f"{row} †" if any(name in older for name in (row, *(f"{row}-seed{s}" for s in ppl if s))) else row,
+             ", ".join(map(str, sorted(ppl))), ", ".join(f"{ppl[s]:.3f}" for s in sorted(ppl)),
+             f"{sum(ppl.values()) / len(ppl):.3f}", f"{min(ppl.values()):.3f}–{max(ppl.values()):.3f}")
+            for row, ppl in sorted(spread.items())]
+    return ["", "Over calibration seeds (the rows `<row>-seed<s>`: the calibration and held-out windows drawn with "
+            "seed s, `--seeds`): a gap between two rows is a win only where it exceeds both rows' ranges.", "",
+            *table("row | seeds | perplexity per seed | mean | range", rows)] if rows else []
+
+
 def quality_block(commit: str, runs: Runs) -> list[str]:
-    """A quality table under where, on which model and calibration budget its rows were measured."""
-    dense = runs["dense"]
+    """A quality table under where, on which model and calibration budget its rows were measured, then the spread
+    of the rows run with several calibration seeds."""
+    dense, older = runs["dense"], older_rows(commit, runs, CPU_PRUNING)
     return [f"{rows_at(commit, runs, CPU_PRUNING)}: {dense.get('model', 'smollm2-135m')}, {dense['calib_windows']} × "
             f"{dense['calib_seqlen']} calibration tokens, perplexity on the first {dense['eval_windows']} test "
-            "windows of 2048.", "", quality_table(runs, older_rows(commit, runs, CPU_PRUNING))]
+            "windows of 2048.", "", quality_table(runs, older), *seed_spread(runs, older)]
 
 
 # ---------------------------------------------------------------- time, memory, serving, kernels

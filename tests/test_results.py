@@ -192,3 +192,18 @@ def test_the_figure_pattern_tells_measured_figures_from_settings_names_and_versi
     assert quoted_figures("80% of 128 × 2048 tokens in 2 shots at 2:4, λ_A = 0.3, sec. 3.4, torch 2.13.0+cpu, "
                           "vLLM 0.32, transformers 5.15–5.17, Qwen1.5-MoE-A2.7B, Mixtral-8x7B, `--target-size 0.8`, "
                           "ICLR 2024, [a link](bench/RESULTS.md#v1.25)") == []
+
+
+def test_rows_run_over_calibration_seeds_show_their_spread_and_leave_the_quality_table():
+    from bench.results_md import quality_table, seed_spread
+
+    config = {"structure": "2:4", "target_size": 0.5, "method": "sparsegpt", "shots": 1, "damp_g": 0.1, "damp_a": 0.01,
+              "max_correlate": 0}
+    runs = {"dense": {"ppl": 19.0, "seconds": 50}, **{name: {"ppl": ppl, "seconds": 60, "sparsity": 0.5,
+                                                               "config": config}
+                                                        for name, ppl in (("x", 30.0), ("x-seed1", 31.0),
+                                                                          ("x-seed2", 29.5), ("y", 40.0))}}
+    spread = seed_spread(runs, {"x-seed2"})
+    assert spread[-1] == "| x † | 0, 1, 2 | 30.000, 31.000, 29.500 | 30.167 | 29.500–31.000 |"
+    assert "-seed" not in quality_table(runs, set()) and "| y |" in quality_table(runs, set())
+    assert seed_spread({"dense": runs["dense"], "y": runs["y"]}, set()) == []
