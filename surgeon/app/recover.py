@@ -6,11 +6,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from surgeon.app.data import (
     calibration_text,
@@ -21,10 +19,11 @@ from surgeon.app.data import (
     tokenize,
 )
 from surgeon.app.evaluate import perplexity
+from surgeon.app.run import load_pruned, pruning_run
 from surgeon.app.settings import RecoverConfig
-from surgeon.errors import SurgeonError, first_line
-from surgeon.io import OutputDirectory, read_run, write_checkpoint
-from surgeon.models.adapter import DTYPES, load_model
+from surgeon.errors import SurgeonError
+from surgeon.io import OutputDirectory, write_checkpoint
+from surgeon.models.adapter import load_model
 from surgeon.recovery.distill import Distill, distill
 
 logger = logging.getLogger(__name__)
@@ -33,14 +32,7 @@ logger = logging.getLogger(__name__)
 def run_recover(config: RecoverConfig, progress: bool = True) -> dict[str, Any]:
     """Distill `config.run`'s pruned model from the dense model it was pruned from, on `config.tokens` tokens of
     text that shares no passage with the evaluation text; write it with its report to `config.output`."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    source = Path(config.run)
-    pruned = read_run(source)
-    if config.output is None:
-        raise SurgeonError("recover needs --output DIR for the recovered checkpoint")
-    if Path(config.output).resolve() == source.resolve():
-        raise SurgeonError("--output must be another folder than the pruning run it recovers")
+    source, pruned, folder = pruning_run(config.run, config.output, "recover")
     run = pruned["run"]
     eval_seqlen = config.eval_seqlen or run.get("eval_seqlen") or run["seqlen"]
     eval_windows = config.eval_windows or run.get("eval_windows")
@@ -49,13 +41,9 @@ def run_recover(config: RecoverConfig, progress: bool = True) -> dict[str, Any]:
     if shared := shared_passages(text, test):
         raise SurgeonError(f"the training text ({text.source}) shares {shared} passages with the evaluation text "
                            f"({test.source}): train on other text")
-    with OutputDirectory(config.output, config.overwrite) as output:
+    with OutputDirectory(folder, config.overwrite) as output:
         start = time.perf_counter()
-        try:
-            student: nn.Module = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[config.dtype])
-            tokenizer = AutoTokenizer.from_pretrained(source)
-        except (OSError, ValueError) as error:
-            raise SurgeonError(f"cannot load the pruned model in {config.run!r}: {first_line(error)}") from error
+        student, tokenizer = load_pruned(source, config.dtype)
         student.to(config.device)
         teacher, _ = load_model(pruned["model"], run.get("tokenizer"), config.dtype, config.device)
         ids = tokenize(tokenizer, text)

@@ -29,7 +29,7 @@ from surgeon.app.tasks import load_tasks, zero_shot
 from surgeon.config import MEMORY_OPTIONS, PruneConfig
 from surgeon.errors import SurgeonError, first_line
 from surgeon.io import OutputDirectory, read_run, write_checkpoint
-from surgeon.models.adapter import load_model, max_seqlen
+from surgeon.models.adapter import DTYPES, load_model, max_seqlen
 from surgeon.pruning.report import ShotReport
 from surgeon.pruning.resume import Checkpoint, has_state, read_state
 from surgeon.pruning.shots import prune
@@ -183,6 +183,30 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
     return result, model, tokenizer
 
 
+def pruning_run(run: str, output: str | None, command: str) -> tuple[Path, dict[str, Any], str]:
+    """The folder and report of the finished `surgeon prune` run `run` that `command` (export, recover) reads, and
+    the folder it writes, `output`, checked to be given and another."""
+    source = Path(run)
+    report = read_run(source)
+    if output is None:
+        raise SurgeonError(f"{command} needs --output DIR for the checkpoint it writes")
+    if Path(output).resolve() == source.resolve():
+        raise SurgeonError(f"--output must be another folder than the pruning run it {command}s")
+    return source, report, output
+
+
+def load_pruned(source: Path, dtype: str = "auto") -> tuple[nn.Module, Any]:
+    """The model (in eval mode, in `dtype`: the checkpoint's own with auto) and tokenizer of a pruning run's folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        model: nn.Module = AutoModelForCausalLM.from_pretrained(source, dtype=dtype if dtype == "auto"
+                                                                else DTYPES[dtype]).eval()
+        return model, AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as error:
+        raise SurgeonError(f"cannot load the pruned model in {str(source)!r}: {first_line(error)}") from error
+
+
 def run_export(config: ExportConfig) -> dict[str, Any]:
     """Write `config.run`'s pruned model without its removable units to `config.output`; return its report.
 
@@ -190,25 +214,14 @@ def run_export(config: ExportConfig) -> dict[str, Any]:
     (float32: within twice the pruned model's own float32 error against float64, plus 1e-5 of their
     scale) before anything is written.
     """
-    from pathlib import Path
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from surgeon.export.compact import compact_model, same_logits
     from surgeon.models import compact_modeling
 
-    source = Path(config.run)
-    report = read_run(source)
-    if config.output is None:
-        raise SurgeonError("export needs --output DIR for the exported checkpoint")
-    if Path(config.output).resolve() == source.resolve():
-        raise SurgeonError("--output must be another folder than the pruning run it exports")
-    with OutputDirectory(config.output, config.overwrite) as output:
-        try:
-            model = AutoModelForCausalLM.from_pretrained(source, dtype="auto").eval()
-            tokenizer = AutoTokenizer.from_pretrained(source)
-        except (OSError, ValueError) as error:
-            raise SurgeonError(f"cannot load the pruned model in {config.run!r}: {first_line(error)}") from error
+    source, report, folder = pruning_run(config.run, config.output, "export")
+    with OutputDirectory(folder, config.overwrite) as output:
+        model, tokenizer = load_pruned(source)
         compact = compact_model(model, config.format, config.ffn_mult)
         same_logits(model, compact)
         count = sum(p.numel() for p in model.parameters())
