@@ -80,12 +80,12 @@ def reap_scores(moe: Any, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return sums, tokens
 
 
-def expert_costs(model: nn.Module, moes: list[Any], calibration_ids: torch.Tensor, config: PruneConfig,
+def expert_costs(model: nn.Module, moes: list[Any], calibration_ids: torch.Tensor, price: ExpertPrice, batch_size: int,
                  progress: bool) -> list[torch.Tensor]:
-    """Each sparse block's cost of removing each of its routed experts [E], by the method's `expert_price` (REROUTE: the
+    """Each sparse block's cost of removing each of its routed experts [E], by `price` (REROUTE: the
     rerouting price over a forward and backward pass; REAP: REAP's score over a forward pass)."""
     hidden_size = moes[0].gate.weight.shape[1]
-    reap = config.spec.expert_price is ExpertPrice.REAP
+    reap = price is ExpertPrice.REAP
     costs = [torch.zeros(moe.gate.weight.shape[0], dtype=torch.float64) for moe in moes]
     tokens = [torch.zeros_like(cost) for cost in costs]
 
@@ -106,7 +106,7 @@ def expert_costs(model: nn.Module, moes: list[Any], calibration_ids: torch.Tenso
     device = next(model.parameters()).device
     try:
         with curvature.frozen(model):
-            for batch in tqdm(calibration_ids.to(device).split(config.batch_size), desc="expert costs", leave=False,
+            for batch in tqdm(calibration_ids.to(device).split(batch_size), desc="expert costs", leave=False,
                               disable=not progress):
                 if reap:
                     with torch.no_grad():
@@ -172,7 +172,9 @@ class ExpertShots:
 
     def shot(self, shot: int, target_size: float, progress: bool) -> tuple[dict[str, float], int, float]:
         t0 = clock(self.device)
-        costs = expert_costs(self.model, self.moes, self.calibration_ids, self.config, progress)
+        price = self.config.spec.expert_price
+        assert price is not None  # PruneConfig: structure experts only with a method that prices whole experts
+        costs = expert_costs(self.model, self.moes, self.calibration_ids, price, self.config.batch_size, progress)
         t1 = clock(self.device)
         count = round(self.start_count - (self.start_count - self.keep) * shot / self.config.shot_count)
         self._keep([cost.argsort(descending=True, stable=True)[:count].sort().values for cost in costs])
