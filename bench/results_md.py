@@ -581,6 +581,17 @@ SECTIONS = {
              "-" if run["parameters"] is None else f"{run['parameters'] / 1e6:.1f} M",
              per_batch(run["decode_tokens_per_s"]), per_batch(run["end_to_end_tokens_per_s"]), run["rounds"])],
         command=lambda path, run: (run["label"], run["command"])),
+    "recovery": Section(
+        "recovery/*.json",
+        "Not yet measured (`python -m bench.quality.recovery --structure coupled --target-size 0.8`, and the other "
+        "structures).",
+        "run | commit | dense | pruned | perplexity at tokens (training seconds) | lr | passes over the text",
+        rows=lambda path, run: [
+            (link(path, path.stem.rsplit("@", 1)[0]), mark(commit_of(path), CPU_PRUNING), f"{run['ppl_dense']:.2f}",
+             f"{run['curve'][0]['ppl']:.2f}", ", ".join(f"{p['ppl']:.2f} at {p['tokens']} ({p['seconds']:.0f} s)"
+                                                         for p in run["curve"][1:]), f"{run['lr']:g}",
+             f"{run['passes']:.2f}")],
+        command=lambda path, run: (path.stem.rsplit("@", 1)[0], run["command"])),
 }
 
 

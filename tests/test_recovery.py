@@ -59,7 +59,10 @@ def test_a_dense_parameter_is_not_masked_and_the_teacher_does_not_train():
         decoder_blocks(student)[0].mlp.down_proj.weight[:, :3] = 0
     frozen = {name: param.detach().clone() for name, param in teacher.named_parameters()}
     assert list(pruned_masks(student)) == ["model.layers.0.mlp.down_proj.weight"]
-    distill(student, teacher, TRAIN[:4], Distill(), progress=False)
+    seen = []
+    distill(student, teacher, TRAIN[:4], Distill(batch_size=3), progress=False,
+            after_step=lambda report: seen.append((report.tokens, len(report.losses))))
+    assert seen == [(3 * 24, 1), (4 * 24, 2)]  # after each step, the report so far
     assert all(torch.equal(param, frozen[name]) for name, param in teacher.named_parameters())
     assert bool((decoder_blocks(student)[0].mlp.down_proj.weight[:, :3] == 0).all())
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -78,9 +79,10 @@ def kl_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch
 
 
 def distill(student: nn.Module, teacher: nn.Module, windows: torch.Tensor, settings: Distill,
-            progress: bool = True) -> DistillReport:
+            progress: bool = True, after_step: Callable[[DistillReport], None] | None = None) -> DistillReport:
     """Train `student` in place on `windows` [n, seqlen] (one pass, `settings.batch_size` windows a step, in an
-    order drawn with `settings.seed`) toward `teacher`'s next-token distributions, its pruned zeros kept."""
+    order drawn with `settings.seed`) toward `teacher`'s next-token distributions, its pruned zeros kept;
+    `after_step` is called with the report so far after every step (e.g. to evaluate a curve)."""
     if windows.dim() != 2 or windows.shape[0] < 1:
         raise SurgeonError(f"training windows must have shape [n, seqlen] with n >= 1, not {list(windows.shape)}")
     masks = pruned_masks(student)
@@ -117,6 +119,8 @@ def distill(student: nn.Module, teacher: nn.Module, windows: torch.Tensor, setti
                     params[name].mul_(mask)
             report.losses.append(float(loss.detach()))
             report.tokens += batch.numel()
+            if after_step is not None:
+                after_step(report)
     finally:
         student.train(was_training)
     report.seconds = time.perf_counter() - start
