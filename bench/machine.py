@@ -10,12 +10,15 @@ import torch
 
 
 def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else what `platform` knows of the processor."""
+    """The CPU's model name from /proc/cpuinfo (Linux), with its family and model numbers where the name alone does
+    not tell two generations apart ("AMD EPYC (family 25, model 17)"), else what `platform` knows of the processor."""
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        fields = dict(line.split(":", 1) for line in cpuinfo.read_text().split("\n\n")[0].splitlines() if ":" in line)
+        fields = {key.strip(): value.strip() for key, value in fields.items()}
+        if "model name" in fields:
+            numbers = f" (family {fields['cpu family']}, model {fields['model']})" if "cpu family" in fields else ""
+            return fields["model name"] + numbers
     return platform.processor() or platform.machine()
 
 
