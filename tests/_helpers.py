@@ -25,6 +25,24 @@ def problem(R: int, C: int, generator: torch.Generator) -> tuple[torch.Tensor, t
             random_spd(C, generator))
 
 
+def pruned_pair(arch: str, settings: dict) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A tiny teacher with sharper next-token distributions than a random model's nearly uniform ones, and its copy
+    pruned with `settings` on 4 random windows."""
+    import copy
+
+    from surgeon import PruneConfig, prune
+
+    teacher = tiny_model(arch)
+    with torch.no_grad():
+        for param in teacher.parameters():
+            if param.dim() == 2:
+                param.mul_(4)
+    student = copy.deepcopy(teacher)
+    windows = torch.randint(0, 96, (4, 24), generator=torch.Generator().manual_seed(0))
+    prune(student, windows, PruneConfig(**settings), progress=False)
+    return teacher, student
+
+
 def tiny_model(arch: str, seed: int = 0):
     """A tiny randomly initialised causal LM of the given architecture ("llama" or "opt")."""
     from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM

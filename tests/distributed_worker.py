@@ -18,8 +18,9 @@ from surgeon import PruneConfig, prune
 from surgeon.errors import SurgeonError
 from surgeon.method.threshold import smallest_k
 from surgeon.pruning.resume import Checkpoint, read_state
+from surgeon.recovery.distill import Distill, Distillation
 from surgeon.scale.distributed import shard_model
-from tests._helpers import tiny_model
+from tests._helpers import pruned_pair, tiny_model
 
 WINDOWS = torch.randint(0, 96, (4, 24), generator=torch.Generator().manual_seed(0))
 TIGHT = dict(cg_tol=1e-10, cg_max_iter=1000)  # converged solves: what is left is the factors' reduction order
@@ -128,6 +129,37 @@ def refusals() -> list[str]:
     return errors
 
 
+RECOVERY_TRAIN = torch.randint(0, 96, (8, 24), generator=torch.Generator().manual_seed(1))
+RECOVERY_PRUNE = dict(structure="2:4", method="magnitude")
+RECOVERY = Distill(lr=1e-3, batch_size=2)
+
+
+def recovery(folder: Path, stop: int | None = None) -> dict:
+    """A 2:4-pruned tiny model distilled by the whole group, both models sharded with FSDP2; with `stop`, stopped
+    after that step and continued from the state each rank saved."""
+
+    def distillation() -> tuple[torch.nn.Module, Distillation]:
+        teacher, student = pruned_pair("llama", RECOVERY_PRUNE)
+        for model in (teacher, student):
+            shard_model(model, "cpu")
+        return student, Distillation(student, teacher, RECOVERY_TRAIN, RECOVERY, dist.group.WORLD)
+
+    student, run = distillation()
+    if stop is not None:
+        def after(report):
+            if len(report.losses) == stop:
+                torch.save(run.state(), folder / f"recovery-{dist.get_rank()}.pt")
+                raise Stop
+
+        with contextlib.suppress(Stop):
+            run.run(progress=False, after_step=after)
+        student, run = distillation()
+        run.restore(torch.load(folder / f"recovery-{dist.get_rank()}.pt", weights_only=False))
+    report = run.run(progress=False)
+    return {"params": whole(student), "losses": report.losses, "masked": report.masked,
+            "kept_zeros": report.kept_zeros}
+
+
 def main(out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -137,6 +169,7 @@ def main(out: str) -> None:
         results["resumed"] = {fsdp: resumed(Path(out).parent / f"resume-{fsdp}", fsdp) for fsdp in (False, True)}
         results["tied"] = {k: tied_threshold(k) for k in (3, 5, 7)}
         results["refusals"] = refusals()
+        results["recovery"] = {stop: recovery(Path(out).parent, stop) for stop in (None, 2)}
         if dist.get_rank() == 0:
             torch.save(results, out)
     finally:

@@ -15,8 +15,9 @@ from safetensors.torch import load_file
 from surgeon import PruneConfig, prune
 from surgeon.method.threshold import smallest_k
 from surgeon.pruning.report import PruneReport
+from surgeon.recovery.distill import distill
 from tests import distributed_worker
-from tests._helpers import one_error_line, run_cli, tiny_model
+from tests._helpers import one_error_line, pruned_pair, run_cli, tiny_model
 
 pytestmark = pytest.mark.slow  # torchrun launches processes
 
@@ -108,6 +109,25 @@ def test_what_a_group_cannot_run_is_refused(two_ranks):
                      "must be a multiple of the ranks"
 
 
+@pytest.mark.parametrize("stop", [None, 2])
+def test_two_ranks_recover_as_one_process_and_continue_from_a_saved_state(two_ranks, stop):
+    teacher, student = pruned_pair("llama", distributed_worker.RECOVERY_PRUNE)
+    zeros = sum(int((p == 0).sum()) for p in student.model.layers.parameters())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        report = distill(student, teacher, distributed_worker.RECOVERY_TRAIN, distributed_worker.RECOVERY,
+                         progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    got = two_ranks["recovery"][stop]
+    assert got["kept_zeros"] == report.kept_zeros == zeros and got["masked"] == report.masked
+    assert got["losses"] == pytest.approx(report.losses, rel=1e-5)
+    for name, value in student.named_parameters():
+        assert torch.equal(got["params"][name] == 0, value == 0), name  # every pruned zero kept on both
+        assert close(got["params"][name], value.detach()), name
+
+
 def test_fsdp_without_torchrun_or_with_tasks_is_refused(tiny_model_dir, tmp_path):
     args = ["prune", "--model", str(tiny_model_dir), "--nsamples", "2", "--seqlen", "32", "--fsdp"]
     assert "launch with torchrun" in one_error_line(run_cli(*args, "--output", str(tmp_path / "a")))
@@ -137,3 +157,35 @@ def test_torchrun_prune_writes_what_one_process_writes(tiny_model_dir, tmp_path,
         assert torch.equal(b[name] == 0, value == 0), name
         assert close(b[name], value), name
     assert not list((tmp_path / "two").glob("checkpoint*"))
+
+
+def test_torchrun_recover_writes_what_one_process_writes(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sharp, pruned = tmp_path / "sharp", tmp_path / "pruned"
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():  # next-token distributions far from uniform: a KL whose gradients are not rounding noise
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.mul_(8)
+    model.save_pretrained(sharp)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(sharp)
+    result = run_cli("--quiet", "prune", "--model", str(sharp), "--structure", "2:4", "--shots", "1",
+                     "--nsamples", "2", "--seqlen", "32", "--calibration", "wikitext2-valid", "--eval-windows", "1",
+                     "--output", str(pruned))
+    assert result.returncode == 0, result.stderr
+    args = ["recover", str(pruned), "--tokens", "256", "--seqlen", "32", "--batch-size", "2", "--lr", "1e-3",
+            "--checkpoint-steps", "2"]
+    one = run_cli("--quiet", *args, "--output", str(tmp_path / "one"), env={"OMP_NUM_THREADS": "1"})  # as each rank
+    assert one.returncode == 0, one.stderr
+    two = torchrun("-m", "surgeon", *args, "--output", str(tmp_path / "two"))
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert two.stdout.count("saved to") == 1  # rank 0 alone reports and writes
+    expected, report = (json.loads((tmp_path / name / "report.json").read_text()) for name in ("one", "two"))
+    assert report["ranks"] == 2 and report["kept_zeros"] == expected["kept_zeros"] > 0
+    assert report["ppl_after"] == pytest.approx(expected["ppl_after"], rel=1e-4)
+    a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
+    for name, value in a.items():
+        assert torch.equal(b[name] == 0, value == 0), name
+        assert close(b[name], value), name
+    assert not list((tmp_path / "two").glob("checkpoint*")) and not list((tmp_path / "two").glob("recovery-*"))

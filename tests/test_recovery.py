@@ -9,12 +9,11 @@ import json
 import pytest
 import torch
 
-from surgeon import PruneConfig, prune
+from surgeon.errors import SurgeonError
 from surgeon.models.adapter import decoder_blocks
-from surgeon.recovery.distill import Distill, distill, kl_loss, pruned_masks
-from tests._helpers import tiny_model
+from surgeon.recovery.distill import Distill, Distillation, distill, kl_loss, pruned_masks
+from tests._helpers import pruned_pair, tiny_model
 
-WINDOWS = torch.randint(0, 96, (4, 24), generator=torch.Generator().manual_seed(0))
 TRAIN = torch.randint(0, 96, (24, 24), generator=torch.Generator().manual_seed(1))
 
 
@@ -30,13 +29,7 @@ def kl(student: torch.nn.Module, teacher: torch.nn.Module, ids: torch.Tensor) ->
     ("llama", dict(structure="unstructured", target_size=0.5, shots=1)),
 ])
 def test_distillation_keeps_every_pruned_zero_and_moves_the_student_toward_the_teacher(arch, settings):
-    teacher = tiny_model(arch)
-    with torch.no_grad():  # sharper next-token distributions than a random model's nearly uniform ones
-        for param in teacher.parameters():
-            if param.dim() == 2:
-                param.mul_(4)
-    student = copy.deepcopy(teacher)
-    prune(student, WINDOWS, PruneConfig(**settings), progress=False)
+    teacher, student = pruned_pair(arch, settings)
     zeros = {name: mask.clone() for name, mask in pruned_masks(student).items()}
     weights = {name: param.detach().clone() for name, param in student.named_parameters()}
     before = kl(student, teacher, TRAIN[:4])
@@ -51,6 +44,91 @@ def test_distillation_keeps_every_pruned_zero_and_moves_the_student_toward_the_t
             if params[name].dim() == 2:
                 assert int(kept.reshape(kept.shape[0], -1, 4).sum(-1).max()) <= 2, name
     assert kl(student, teacher, TRAIN[:4]) < 0.8 * before
+    outside = [name for name in params if ".layers." not in name]
+    assert outside and all(torch.equal(params[name], weights[name]) for name in outside)  # embeddings, head: kept
+    assert all(param.requires_grad for param in student.parameters())  # as before
+
+
+@pytest.mark.parametrize("settings", [dict(structure="2:4", method="magnitude"),
+                                      dict(structure="structured", target_size=0.6, shots=1)])
+def test_merged_lora_adapters_are_re_masked_so_no_pruned_weight_comes_back(settings):
+    teacher, student = pruned_pair("llama", settings)
+    zeros = {name: param.detach() == 0 for name, param in student.named_parameters()}
+    weights = {name: param.detach().clone() for name, param in student.named_parameters()}
+    before = kl(student, teacher, TRAIN[:4])
+    report = distill(student, teacher, TRAIN, Distill(lr=1e-2, batch_size=2, lora_rank=4), progress=False)
+    params = dict(student.named_parameters())
+    assert list(params) == list(weights)  # the adapters merged away: the model's own parameters only
+    assert all(torch.equal(params[name].detach() == 0, zero) for name, zero in zeros.items())
+    trained = [name for name in params if not torch.equal(params[name], weights[name])]
+    assert trained and all(".layers." in name for name in trained)  # only the decoder blocks' linear layers
+    assert all(param.requires_grad for param in student.parameters())  # as before the adapters
+    assert report.masked > 0 and kl(student, teacher, TRAIN[:4]) < before
+
+
+def test_lora_adapters_of_a_layer_add_nothing_to_its_removed_rows_and_columns():
+    teacher, student = pruned_pair("llama", dict(structure="structured", target_size=0.6, shots=1))
+    distillation = Distillation(student, teacher, TRAIN, Distill(lr=1e-2, batch_size=2, lora_rank=4))
+    checked = []
+
+    def products(report):  # while training: BA of every adapted layer, beside its base weight
+        for module in distillation.trained.modules():
+            if hasattr(module, "lora_A") and "default" in module.lora_A:
+                weight = module.base_layer.weight.detach()
+                product = module.lora_B["default"].weight @ module.lora_A["default"].weight
+                rows, columns = (weight == 0).all(dim=1), (weight == 0).all(dim=0)
+                assert bool((product[rows] == 0).all()) and bool((product[:, columns] == 0).all())
+                checked.append((int(rows.sum() + columns.sum()), bool((product[~rows][:, ~columns] != 0).any())))
+
+    distillation.run(progress=False, after_step=products)
+    assert sum(removed for removed, _ in checked) > 0  # some layers had whole rows or columns removed
+    assert any(trained for _, trained in checked)  # and the adapters trained
+
+
+def test_next_token_loss_needs_no_teacher_and_keeps_every_zero():
+    _, student = pruned_pair("llama", dict(structure="2:4", method="magnitude"))
+    zeros = {name: mask.clone() for name, mask in pruned_masks(student).items()}
+    report = distill(student, None, TRAIN[:8], Distill(lr=1e-3, batch_size=2, loss="next-token"), progress=False)
+    params = dict(student.named_parameters())
+    assert len(report.losses) == 4 and all(loss > 0 for loss in report.losses)
+    assert all(torch.equal(params[name].detach() == 0, ~kept) for name, kept in zeros.items())
+
+
+def test_kl_needs_a_teacher_and_settings_are_checked():
+    _, student = pruned_pair("llama", dict(structure="2:4", method="magnitude"))
+    with pytest.raises(SurgeonError, match="teacher"):
+        Distillation(student, None, TRAIN, Distill())
+    with pytest.raises(SurgeonError, match="loss='mse'"):
+        Distill(loss="mse")
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_a_recovery_continued_from_its_state_after_a_step_ends_as_the_uninterrupted_one(lora_rank):
+    teacher, pruned = pruned_pair("llama", dict(structure="2:4", method="magnitude"))
+    settings = Distill(lr=1e-3, batch_size=2, lora_rank=lora_rank)
+    whole = copy.deepcopy(pruned)
+    distill(whole, teacher, TRAIN, settings, progress=False)
+    first = copy.deepcopy(pruned)
+    saved = {}
+
+    class Stop(Exception):
+        pass
+
+    def stop(report):
+        if len(report.losses) == 5:
+            saved.update(copy.deepcopy(interrupted.state()))
+            raise Stop
+
+    interrupted = Distillation(first, teacher, TRAIN, settings)
+    with pytest.raises(Stop):
+        interrupted.run(progress=False, after_step=stop)
+    second = copy.deepcopy(pruned)
+    continued = Distillation(second, teacher, TRAIN, settings)
+    continued.restore(saved)
+    report = continued.run(progress=False)
+    assert len(report.losses) == 12 and report.tokens == TRAIN.numel()
+    for (name, got), expected in zip(second.named_parameters(), whole.parameters(), strict=True):
+        assert torch.equal(got, expected), name
 
 
 def test_a_dense_parameter_is_not_masked_and_the_teacher_does_not_train():
@@ -101,3 +179,57 @@ def test_recover_refuses_training_text_that_the_evaluation_reads(tiny_model_dir,
     copied.write_text(evaluation_text("wikitext2").text[:100_000])
     assert main(["recover", str(pruned), "--output", str(tmp_path / "out"), "--text", str(copied)]) == 2
     assert "shares" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_recover_resumes_after_its_last_checkpoint_and_ends_as_an_uninterrupted_run(tiny_model_dir, tmp_path,
+                                                                                      monkeypatch, capsys):
+    from safetensors.torch import load_file
+
+    from surgeon.app import recover
+    from surgeon.app.cli import EXIT_SIGINT, main
+
+    pruned = tmp_path / "pruned"
+    assert main(["--quiet", "prune", "--model", str(tiny_model_dir), "--structure", "2:4", "--shots", "1",
+                 "--nsamples", "1", "--seqlen", "32", "--calibration", "wikitext2-valid", "--eval-windows", "1",
+                 "--output", str(pruned)]) == 0
+    options = ["--tokens", "192", "--seqlen", "32", "--lr", "1e-3", "--checkpoint-steps", "2"]
+    assert main(["--quiet", "recover", str(pruned), "--output", str(tmp_path / "whole"), *options]) == 0
+    assert not (tmp_path / "whole" / "checkpoint.json").exists()  # removed once the run finished
+    save = recover._save
+
+    def save_then_stop(*args):
+        save(*args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(recover, "_save", save_then_stop)
+    assert main(["--quiet", "recover", str(pruned), "--output", str(tmp_path / "cut"), *options]) == EXIT_SIGINT
+    monkeypatch.setattr(recover, "_save", save)
+    assert json.loads((tmp_path / "cut" / "checkpoint.json").read_text())["step"] == 2
+    assert not (tmp_path / "cut" / "report.json").exists()
+    assert main(["recover", str(pruned), "--output", str(tmp_path / "cut"), *options]) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert main(["recover", str(pruned), "--output", str(tmp_path / "cut"), *options, "--lr", "2e-3",
+                 "--resume"]) == 2
+    assert "lr: 0.001 → 0.002" in capsys.readouterr().err
+    assert main(["--quiet", "recover", str(pruned), "--output", str(tmp_path / "cut"), *options, "--resume"]) == 0
+    whole, cut = (load_file(tmp_path / name / "model.safetensors") for name in ("whole", "cut"))
+    assert whole.keys() == cut.keys() and all(torch.equal(whole[key], cut[key]) for key in whole)
+    reports = [json.loads((tmp_path / name / "report.json").read_text()) for name in ("whole", "cut")]
+    assert reports[0]["losses"] == reports[1]["losses"] and len(reports[0]["losses"]) == 6
+    assert not (tmp_path / "cut" / "checkpoint.json").exists() and not (tmp_path / "cut" / recover.TENSORS).exists()
+
+
+def test_prune_recovers_in_one_flag_into_its_output(tiny_model_dir, tmp_path, capsys):
+    from surgeon.app.cli import main
+
+    out = tmp_path / "pruned"
+    assert main(["prune", "--model", str(tiny_model_dir), "--structure", "2:4", "--shots", "1", "--nsamples", "1",
+                 "--seqlen", "32", "--calibration", "wikitext2-valid", "--eval-windows", "1", "--output", str(out),
+                 "--recover-tokens", "100"]) == 2
+    assert "--recover-tokens" in capsys.readouterr().err and not out.exists()  # less than a window: refused first
+    assert main(["--quiet", "prune", "--model", str(tiny_model_dir), "--structure", "2:4", "--shots", "1",
+                 "--nsamples", "1", "--seqlen", "32", "--calibration", "wikitext2-valid", "--eval-windows", "1",
+                 "--output", str(out), "--recover-tokens", "1024"]) == 0
+    report = json.loads((out / "recovered" / "report.json").read_text())
+    assert report["tokens"] == 1024 and report["pruned_from"] == str(out)
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("recovered: perplexity")

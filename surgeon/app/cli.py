@@ -131,13 +131,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_prune(args: argparse.Namespace) -> int:
     run = _build(RunConfig, args)
     config = _build(PruneConfig, args)
+    recovery = _recovery(run)
     import torch.distributed as dist
 
+    from surgeon.app.recover import run_recover
     from surgeon.app.run import run_prune
     from surgeon.scale import distributed
 
     if not distributed.launched():
         report = run_prune(run, config, progress=not args.quiet)
+        recovered = None if recovery is None else run_recover(recovery, progress=not args.quiet)
     else:  # torchrun: every rank prunes its share; rank 0 logs, evaluates and writes
         group = distributed.init(run.device)
         lead = dist.get_rank(group) == 0
@@ -145,6 +148,7 @@ def _cmd_prune(args: argparse.Namespace) -> int:
             logging.getLogger().setLevel(logging.WARNING)
         try:
             report = run_prune(run, config, progress=lead and not args.quiet, group=group)
+            recovered = None if recovery is None else run_recover(recovery, lead and not args.quiet, group)
         finally:
             dist.destroy_process_group()
     if report is None:  # a rank other than 0
@@ -155,7 +159,25 @@ def _cmd_prune(args: argparse.Namespace) -> int:
           f"{report['sparsity']:.4f}, {report['seconds']:.1f} s{kept}; saved to {run.output}")
     for warning in report.get("warnings", []):
         print(f"warning: {warning}")
+    if recovered is not None:
+        print(f"recovered: perplexity {recovered['ppl_before']:.4f} -> {recovered['ppl_after']:.4f}, "
+              f"{recovered['tokens']} tokens in {recovered['training_seconds']:.1f} s; saved to "
+              f"{Path(str(run.output)) / 'recovered'}")
     return 0
+
+
+def _recovery(run: RunConfig) -> RecoverConfig | None:
+    """What `surgeon prune --recover-tokens N` recovers afterwards: `surgeon recover OUTPUT --output
+    OUTPUT/recovered --tokens N` on the prune's device and dtype, checked before the prune begins."""
+    if not run.recover_tokens:
+        return None
+    if run.dtype == "float16":
+        raise SurgeonError("--recover-tokens trains in float32 or bfloat16: prune with --dtype float32 or bfloat16")
+    try:
+        return RecoverConfig(run=str(run.output), output=str(Path(str(run.output)) / "recovered"),
+                             tokens=run.recover_tokens, overwrite=run.overwrite, device=run.device, dtype=run.dtype)
+    except ValueError as error:
+        raise SurgeonError(f"--recover-tokens: {error}") from error
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -171,9 +193,24 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def _cmd_recover(args: argparse.Namespace) -> int:
     config = _build(RecoverConfig, args)
-    from surgeon.app.recover import run_recover
+    import torch.distributed as dist
 
-    report = run_recover(config, progress=not args.quiet)
+    from surgeon.app.recover import run_recover
+    from surgeon.scale import distributed
+
+    if not distributed.launched():
+        report = run_recover(config, progress=not args.quiet)
+    else:  # torchrun: both models sharded with FSDP2, each rank trains on its share; rank 0 logs and writes
+        group = distributed.init(config.device)
+        lead = dist.get_rank(group) == 0
+        if not lead:
+            logging.getLogger().setLevel(logging.WARNING)
+        try:
+            report = run_recover(config, progress=lead and not args.quiet, group=group)
+        finally:
+            dist.destroy_process_group()
+    if report is None:  # a rank other than 0
+        return 0
     print(f"perplexity {report['ppl_before']:.4f} -> {report['ppl_after']:.4f} (dense {report['ppl_dense']:.4f}), "
           f"{report['tokens']} tokens in {report['training_seconds']:.1f} s; saved to {config.output}")
     return 0
@@ -242,6 +279,7 @@ PRUNE_GROUPS = {
     "calibration": ("calibration", "nsamples", "seqlen"),
     "evaluation": ("dataset", "eval_windows", "eval_seqlen", "eval_every_shot", "tasks"),
     "output": ("output", "overwrite", "resume"),
+    "recovery": ("recover_tokens",),
     "memory and scale": ("device", "dtype", "batch_size", "curvature_split", "fsdp", "activation_checkpointing",
                          "offload", "block_groups"),
     "the method": ("max_correlate", "damp_a", "damp_g", "propagate", "lora_steps"),

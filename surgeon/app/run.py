@@ -91,7 +91,7 @@ def run_fingerprint(run: RunConfig, config: PruneConfig) -> dict[str, Any]:
     where the pass keeps its tensors (`MEMORY_OPTIONS`, which change no result), so that a run stopped
     for want of memory continues with them."""
     own = {key: value for key, value in dataclasses.asdict(run).items()
-           if key not in ("output", "overwrite", "resume", "checkpoint_shots")}
+           if key not in ("output", "overwrite", "resume", "checkpoint_shots", "recover_tokens")}
     prune = {key: value for key, value in config.resolved().items() if key not in MEMORY_OPTIONS}
     return {"surgeon": __version__, "prune": prune, "run": own}
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from surgeon.app.tasks import task_names
 from surgeon.config import EXPORT_FORMATS, opt
+from surgeon.recovery import LOSSES
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class RunConfig:
     checkpoint_shots: int = opt(
         1, "write a checkpoint into --output after every N shots and the last, for --resume (0: never)"
     )
+    recover_tokens: int = opt(0, "then distill the pruned model from the dense one on N tokens into "
+                              "OUTPUT/recovered, as surgeon recover does with its defaults (0: no recovery)")
     tasks: str | None = opt(
         None, "zero-shot lm-eval tasks, comma-separated, or default (boolq, piqa, hellaswag, winogrande, arc_easy, "
         "arc_challenge, openbookqa); accuracies go into the result (needs the tasks extra)", shown="none",
@@ -133,7 +136,13 @@ class RecoverConfig:
     seqlen: int = opt(512, "tokens per training window")
     batch_size: int = opt(1, "training windows per step")
     lr: float = opt(1e-4, "AdamW's peak learning rate (linear warm-up over a tenth of the steps, then a cosine to 0)")
-    seed: int = opt(0, "random seed (training windows and their order)")
+    seed: int = opt(0, "random seed (training windows, their order, the adapters)")
+    loss: str = opt("kl", "kl: match the dense model's next-token distributions; next-token: the text's tokens",
+                    LOSSES)
+    lora_rank: int = opt(0, "train peft LoRA adapters of this rank, merged and re-masked at the end, instead of the "
+                         "weights (0: the weights)")
+    resume: bool = opt(False, "continue the unfinished recovery in --output after its last checkpoint (same options)")
+    checkpoint_steps: int = opt(100, "write a checkpoint into --output after every N steps, for --resume (0: never)")
     eval_windows: int | None = opt(None, "evaluate only the first N test windows", shown="the pruning run's")
     eval_seqlen: int | None = opt(None, "tokens per evaluation window", shown="the pruning run's")
     device: str = opt("cpu", "cpu or cuda")
@@ -147,6 +156,8 @@ class RecoverConfig:
                              f"{self.seqlen}")
         if self.lr <= 0:
             raise ValueError(f"lr={self.lr}: must be positive")
+        if self.lora_rank < 0 or self.checkpoint_steps < 0:
+            raise ValueError(f"lora_rank={self.lora_rank}, checkpoint_steps={self.checkpoint_steps}: must be >= 0")
         if self.eval_windows is not None and self.eval_windows < 1:
             raise ValueError(f"eval_windows={self.eval_windows}: must be at least 1")
         if self.eval_seqlen is not None and self.eval_seqlen < 2:

@@ -1,45 +1,69 @@
 """Distillation from the dense model (teacher) into the pruned one (student), what pruning decided kept exactly.
 
 The loss is the KL divergence KL(p_teacher ‖ p_student) of the next-token distributions, averaged over tokens: no
-data labels, so the student approaches the teacher rather than the text. Every parameter of the decoder blocks that
-pruning left with exact zeros keeps those zeros: their gradients are masked before each step (so AdamW's moments
-for them stay zero and its update is exactly zero) and the parameter is masked again after it. So unstructured and
-N:M zeros stay zero, every N:M group stays N:M, and removed rows, columns, neurons and heads stay removed: a compact
-export after recovery is as small as before.
+data labels, so the student approaches the teacher rather than the text (the next-token loss on the text is the
+alternative). The decoder blocks train, which pruning changed; the embeddings, the head and the final norm keep the
+dense model's values (AdamW would move each rare token's row by about the learning rate per step on gradients that
+are mostly rounding noise). Every parameter of the decoder blocks that pruning left with exact zeros keeps those
+zeros: their gradients are masked before each step (so AdamW's moments for them stay zero and its update is exactly
+zero) and the parameter is masked again after it. So unstructured and N:M zeros stay zero, every N:M group stays
+N:M, and removed rows, columns, neurons and heads stay removed: a compact export after recovery is as small as before.
+
+With `lora_rank`, low-rank adapters (peft) on the decoder blocks' linear layers train instead of the weights. An
+adapter's rows for a layer's removed output rows and its columns for removed input columns are held at zero, so the
+product BA is zero wherever a whole row or column was removed; after training the adapters are merged and every
+pruned zero is put back (the unstructured and N:M positions, where BA is dense, lose that part of the update).
+
+Under torchrun the student and the teacher are sharded with FSDP2 (`surgeon.scale.distributed.shard_model`) and
+each rank takes an equal share of every batch: FSDP2 averages the gradients, so the step is the one-process step.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from surgeon.errors import SurgeonError
 from surgeon.models.adapter import decoder_blocks
 from surgeon.pruning.report import bar
+from surgeon.recovery import LOSSES
 
 
 @dataclass(frozen=True)
 class Distill:
     """Settings of one recovery: AdamW's peak learning rate `lr` (warmed up linearly over the first `warmup` of
     the steps, then decayed on a cosine to zero), `weight_decay`, `batch_size` windows per step, the seed that
-    orders the windows."""
+    orders the windows and draws the adapters, the `loss` ("kl" to the teacher, or "next-token" on the text) and
+    `lora_rank` (0: the weights train; else peft adapters of that rank, merged at the end)."""
 
     lr: float = 1e-4
     warmup: float = 0.1
     weight_decay: float = 0.0
     batch_size: int = 1
     seed: int = 0
+    loss: str = "kl"
+    lora_rank: int = 0
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise SurgeonError(f"loss={self.loss!r}: choose one of {', '.join(LOSSES)}")
+        if self.lora_rank < 0:
+            raise SurgeonError(f"lora_rank={self.lora_rank}: must be 0 (the weights train) or a rank")
 
 
 @dataclass
 class DistillReport:
-    """What a recovery did: `losses` (the mean KL per step), `tokens` trained on, `seconds`, `masked` (parameters
+    """What a recovery did: `losses` (the mean loss per step), `tokens` trained on, `seconds`, `masked` (parameters
     whose zeros were kept) and `kept_zeros` (how many zeros they hold, the same before and after)."""
 
     losses: list[float] = field(default_factory=list)
@@ -49,13 +73,18 @@ class DistillReport:
     kept_zeros: int = 0
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a parameter or gradient sharded by FSDP2, else the tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
 def pruned_masks(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Per parameter of the decoder blocks that holds exact zeros, by qualified name, where it is nonzero: what
-    pruning kept (a weight or bias that is exactly zero was removed, or stays zero)."""
+    """Per parameter of the decoder blocks that holds exact zeros (on this rank, when sharded), by qualified name,
+    where it is nonzero: what pruning kept (a weight or bias that is exactly zero was removed, or stays zero)."""
     names = {id(param): name for name, param in model.named_parameters()}
     masks = {}
     for param in decoder_blocks(model).parameters():
-        zeros = param.detach() == 0
+        zeros = _local(param.detach()) == 0
         if bool(zeros.any()):
             masks[names[id(param)]] = ~zeros
     return masks
@@ -78,50 +107,188 @@ def kl_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch
     return F.kl_div(student, teacher, log_target=True, reduction="batchmean")
 
 
-def distill(student: nn.Module, teacher: nn.Module, windows: torch.Tensor, settings: Distill,
-            progress: bool = True, after_step: Callable[[DistillReport], None] | None = None) -> DistillReport:
-    """Train `student` in place on `windows` [n, seqlen] (one pass, `settings.batch_size` windows a step, in an
-    order drawn with `settings.seed`) toward `teacher`'s next-token distributions, its pruned zeros kept;
-    `after_step` is called with the report so far after every step (e.g. to evaluate a curve)."""
-    if windows.dim() != 2 or windows.shape[0] < 1:
-        raise SurgeonError(f"training windows must have shape [n, seqlen] with n >= 1, not {list(windows.shape)}")
-    masks = pruned_masks(student)
-    params = dict(student.named_parameters())
-    zeros = sum(int((~mask).sum()) for mask in masks.values())
-    device = next(student.parameters()).device
-    trained = [param for param in student.parameters() if param.requires_grad]
-    optimizer = torch.optim.AdamW(trained, lr=settings.lr, weight_decay=settings.weight_decay)
-    order = torch.randperm(windows.shape[0], generator=torch.Generator().manual_seed(settings.seed))
-    batches = windows[order].split(settings.batch_size)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _rate(step, len(batches), settings.warmup))
-    report = DistillReport(masked=len(masks), kept_zeros=zeros)
-    was_training = student.training
-    teacher.eval()
-    student.train()
-    start = time.perf_counter()
+def _adapter_masks(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Per adapter matrix of a peft model, the rows of B (outputs) and columns of A (inputs) its layer kept: zero
+    where the layer's whole output row or input column is zero, so that BA adds nothing there."""
+    masks = {}
+    for name, module in model.named_modules():
+        if hasattr(module, "base_layer") and hasattr(module, "lora_A") and "default" in module.lora_A:
+            weight = module.base_layer.weight.detach()
+            rows, columns = (weight != 0).any(dim=1, keepdim=True), (weight != 0).any(dim=0, keepdim=True)
+            if not bool(rows.all()):
+                masks[f"{name}.lora_B.default.weight"] = rows
+            if not bool(columns.all()):
+                masks[f"{name}.lora_A.default.weight"] = columns
+    return masks
+
+
+def _with_adapters(model: nn.Module, rank: int, seed: int) -> nn.Module:
+    """`model` with peft LoRA adapters of `rank` on its decoder blocks' linear layers (drawn with `seed`), only they
+    trainable."""
     try:
-        for batch in bar(batches, "recovery", progress):
-            batch = batch.to(device)
+        from peft import LoraConfig, get_peft_model
+    except ImportError as error:
+        raise SurgeonError("LoRA recovery (--lora-rank) needs the `peft` package: pip install peft") from error
+    inside = {id(module) for module in decoder_blocks(model).modules()}
+    targets = [name for name, module in model.named_modules() if isinstance(module, nn.Linear) and id(module) in inside]
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        wrapped: nn.Module = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+                                                              target_modules=targets))
+    return wrapped
+
+
+class Distillation:
+    """One recovery run over `windows` [n, seqlen] (one pass, `settings.batch_size` windows a step, in an order
+    drawn with `settings.seed`): `run` trains `student` in place toward `teacher` (unused with the next-token loss),
+    its pruned zeros kept; `state`/`restore` save and continue it after any step. With a process `group` (torchrun,
+    both models sharded by FSDP2) each rank trains on its share of every batch."""
+
+    def __init__(self, student: nn.Module, teacher: nn.Module | None, windows: torch.Tensor, settings: Distill,
+                 group: dist.ProcessGroup | None = None):
+        if windows.dim() != 2 or windows.shape[0] < 1:
+            raise SurgeonError(f"training windows must have shape [n, seqlen] with n >= 1, not {list(windows.shape)}")
+        self.world = 1 if group is None else dist.get_world_size(group)
+        self.rank = 0 if group is None else dist.get_rank(group)
+        if settings.batch_size % self.world:
+            raise SurgeonError(f"batch size {settings.batch_size} does not split over {self.world} ranks: give a "
+                               "multiple of the number of ranks")
+        if settings.loss == "kl" and teacher is None:
+            raise SurgeonError("the KL loss needs the dense model (teacher)")
+        if settings.lora_rank and group is not None:
+            raise SurgeonError("LoRA recovery runs in one process: launch it without torchrun")
+        self.student, self.teacher, self.settings, self.group = student, teacher, settings, group
+        self.masks = pruned_masks(student)
+        zeros = sum(int((~mask).sum()) for mask in self.masks.values())
+        self.report = DistillReport(masked=len(self.masks), kept_zeros=zeros)
+        if group is not None:
+            self._sum_counts()
+        self.flags = {name: param.requires_grad for name, param in student.named_parameters()}
+        blocks = {id(param) for param in decoder_blocks(student).parameters()}
+        for param in student.parameters():  # what pruning changed trains; the embeddings and the head stay
+            param.requires_grad_(id(param) in blocks)
+        self.trained = _with_adapters(student, settings.lora_rank, settings.seed) if settings.lora_rank else student
+        self.train_masks = _adapter_masks(self.trained) if settings.lora_rank else self.masks
+        self.params = dict(self.trained.named_parameters())
+        with torch.no_grad():
+            for name, mask in self.train_masks.items():
+                _local(self.params[name].data).mul_(mask)
+        self.optimizer = torch.optim.AdamW([p for p in self.trained.parameters() if p.requires_grad], lr=settings.lr,
+                                           weight_decay=settings.weight_decay)
+        order = torch.randperm(windows.shape[0], generator=torch.Generator().manual_seed(settings.seed))
+        self.batches = windows[order].split(settings.batch_size)
+        steps = len(self.batches)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
+                                                           lambda step: _rate(step, steps, settings.warmup))
+        self.step = 0
+
+    def _sum_counts(self) -> None:
+        """The masked parameters and kept zeros over all ranks' shards."""
+        counts = torch.tensor([self.report.kept_zeros])
+        dist.all_reduce(counts, group=self.group)
+        flags = torch.tensor([name in self.masks for name, _ in self.student.named_parameters()], dtype=torch.int64)
+        dist.all_reduce(flags, group=self.group)
+        self.report.kept_zeros, self.report.masked = int(counts[0]), int((flags > 0).sum())
+
+    def _loss(self, batch: torch.Tensor) -> torch.Tensor:
+        """This rank's share of `batch`'s mean loss."""
+        share = batch.shape[0] // self.world
+        ids = batch[self.rank * share:(self.rank + 1) * share].to(next(self.student.parameters()).device)
+        if self.settings.loss == "next-token":
+            loss: torch.Tensor = self.trained(input_ids=ids, labels=ids, use_cache=False).loss
+            return loss
+        assert self.teacher is not None
+        with torch.no_grad():
+            target = self.teacher(input_ids=ids, use_cache=False).logits
+        return kl_loss(self.trained(input_ids=ids, use_cache=False).logits, target)
+
+    def _masked(self, grads: bool) -> None:
+        """Zero the gradients (`grads`) or the parameters wherever pruning removed a weight."""
+        with torch.no_grad():
+            for name, mask in self.train_masks.items():
+                param = self.params[name]
+                target = param.grad if grads else param.data
+                if target is not None:
+                    _local(target).mul_(mask)
+
+    @contextmanager
+    def _training(self) -> Iterator[None]:
+        """The student in training mode, the teacher in eval mode, for the duration."""
+        was_training = self.student.training
+        if self.teacher is not None:
+            self.teacher.eval()
+        self.trained.train()
+        try:
+            yield
+        finally:
+            self.trained.train(was_training)
+
+    def run(self, progress: bool = True, after_step: Callable[[DistillReport], None] | None = None) -> DistillReport:
+        """Train on the batches after the last one done; `after_step` is called with the report so far after every
+        step (to checkpoint, or to evaluate a curve). With adapters, they are merged at the end and the zeros put
+        back; returns the report."""
+        start = time.perf_counter() - self.report.seconds
+        with self._training():
+            for batch in bar(self.batches[self.step:], "recovery", progress):
+                loss = self._loss(batch)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                self._masked(grads=True)
+                self.optimizer.step()
+                self.scheduler.step()
+                self._masked(grads=False)
+                value = loss.detach()
+                if self.group is not None:
+                    dist.all_reduce(value, group=self.group)
+                    value /= self.world
+                self.step += 1
+                self.report.losses.append(float(value))
+                self.report.tokens += batch.numel()
+                self.report.seconds = time.perf_counter() - start
+                if after_step is not None:
+                    after_step(self.report)
+        if self.settings.lora_rank:
+            self.trained.merge_and_unload()  # type: ignore[operator]
+            self.trained = self.student
+            params = dict(self.student.named_parameters())
             with torch.no_grad():
-                target = teacher(input_ids=batch, use_cache=False).logits
-            loss = kl_loss(student(input_ids=batch, use_cache=False).logits, target)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            with torch.no_grad():
-                for name, mask in masks.items():
-                    grad = params[name].grad
-                    if grad is not None:
-                        grad.mul_(mask)
-            optimizer.step()
-            scheduler.step()
-            with torch.no_grad():
-                for name, mask in masks.items():
+                for name, mask in self.masks.items():
                     params[name].mul_(mask)
-            report.losses.append(float(loss.detach()))
-            report.tokens += batch.numel()
-            if after_step is not None:
-                after_step(report)
-    finally:
-        student.train(was_training)
-    report.seconds = time.perf_counter() - start
-    return report
+        for name, param in self.student.named_parameters():
+            param.requires_grad_(self.flags[name])
+        return self.report
+
+    def state(self) -> dict[str, Any]:
+        """What continuing after the last step needs: the trained parameters, the optimizer's and the schedule's
+        state, the step and the report (under torchrun, this rank's shards: a run continues on as many ranks)."""
+        moments = self.optimizer.state_dict()
+        moments["state"] = {index: {key: _local(value) for key, value in values.items()}
+                            for index, values in moments["state"].items()}
+        return {"model": {key: _local(value) for key, value in self.trained.state_dict().items()},
+                "optimizer": moments, "scheduler": self.scheduler.state_dict(), "step": self.step,
+                "report": asdict(self.report)}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from a `state` (under torchrun, this rank's)."""
+        with torch.no_grad():
+            for key, value in self.trained.state_dict().items():
+                _local(value).copy_(state["model"][key])
+        self.optimizer.load_state_dict(state["optimizer"])
+        for group in self.optimizer.param_groups:
+            for param in group["params"]:
+                if isinstance(param, DTensor):  # the moments back as shards of the parameter they belong to
+                    moments = self.optimizer.state[param]
+                    for key, value in moments.items():
+                        if value.shape == param.to_local().shape and value.dim():
+                            moments[key] = DTensor.from_local(value, param.device_mesh, param.placements)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = state["step"]
+        self.report = DistillReport(**state["report"])
+
+
+def distill(student: nn.Module, teacher: nn.Module | None, windows: torch.Tensor, settings: Distill,
+            progress: bool = True, after_step: Callable[[DistillReport], None] | None = None) -> DistillReport:
+    """Train `student` in place on `windows` [n, seqlen] toward `teacher`'s next-token distributions, its pruned
+    zeros kept (`Distillation`, in one process, from the first step)."""
+    return Distillation(student, teacher, windows, settings).run(progress, after_step)
