@@ -29,16 +29,21 @@ from typing import Any, NamedTuple
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 CODE = ("surgeon", "surgeon_kernels", "csrc")
-# What a pruning run executes: the code less what only writes (the compact export), plans, draws or recovers its
-# results afterwards; with its compact export (EXPORTED): less only what plans, draws or recovers
-AFTERWARDS = ("scale/plan", "scale/time_model", "app/figures", "app/recover", "recovery/distill", "recovery/__init__")
+# What a benchmark's pruning run executes: the code less the commands' own modules (the benchmarks call the library)
+# and what only writes (the compact export), plans, draws, recovers or quantizes its results afterwards; with its
+# compact export (EXPORTED): less only those; a recovery row (RECOVERED): the pruning run's and the recovery's
+COMMANDS = ("app/cli", "app/settings", "app/run", "app/recover", "scale/plan", "scale/time_model", "app/figures",
+            "integrations/quantize")
+RECOVERY = ("recovery/distill", "recovery/__init__")
 PRUNING = (*CODE, *(f":(exclude)surgeon/{name}.py"
-                    for name in ("export/compact", "models/compact_modeling", *AFTERWARDS)))
-EXPORTED = (*CODE, *(f":(exclude)surgeon/{name}.py" for name in AFTERWARDS))
+                    for name in ("export/compact", "models/compact_modeling", *COMMANDS, *RECOVERY)))
+EXPORTED = (*CODE, *(f":(exclude)surgeon/{name}.py" for name in (*COMMANDS, *RECOVERY)))
 # On a CPU `auto` never runs a Triton kernel (only under TRITON_INTERPRET=1, which the tests set): runs there leave
 # them out as well
 TRITON = ":(exclude,glob)surgeon_kernels/*/kernel.py"
 CPU_PRUNING, CPU_EXPORTED = (*PRUNING, TRITON), (*EXPORTED, TRITON)
+CPU_RECOVERED = (*CODE, TRITON, *(f":(exclude)surgeon/{name}.py"
+                                  for name in ("export/compact", "models/compact_modeling", *COMMANDS)))
 # What a serving row depends on: the export that wrote the checkpoint vLLM serves
 SERVING = ("surgeon/export", "surgeon/models/compact_modeling.py")
 # Kernel microbenchmark → the code it measures (anything else: all of CODE).
@@ -587,7 +592,7 @@ SECTIONS = {
         "structures).",
         "run | commit | dense | pruned | perplexity at tokens (training seconds) | lr | passes over the text",
         rows=lambda path, run: [
-            (link(path, path.stem.rsplit("@", 1)[0]), mark(commit_of(path), CPU_PRUNING), f"{run['ppl_dense']:.2f}",
+            (link(path, path.stem.rsplit("@", 1)[0]), mark(commit_of(path), CPU_RECOVERED), f"{run['ppl_dense']:.2f}",
              f"{run['curve'][0]['ppl']:.2f}", ", ".join(f"{p['ppl']:.2f} at {p['tokens']} ({p['seconds']:.0f} s)"
                                                          for p in run["curve"][1:]), f"{run['lr']:g}",
              f"{run['passes']:.2f}")],

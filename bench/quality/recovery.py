@@ -21,6 +21,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -43,7 +44,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=262_144)
     parser.add_argument("--every", type=int, default=32_768, help="evaluate after every this many tokens")
     parser.add_argument("--seqlen", type=int, default=512)
-    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--lr", type=float, nargs="+", default=[1e-4], help="one run per value, one prune")
+    parser.add_argument("--batch-size", type=int, nargs="+", default=[1], help="one run per value, one prune")
+    parser.add_argument("--loss", default="kl", choices=("kl", "next-token"))
+    parser.add_argument("--lora-rank", type=int, default=0, help="0: the weights train")
     parser.add_argument("--eval-windows", type=int, default=4)
     parser.add_argument("--eval-seqlen", type=int, default=2048)
     parser.add_argument("--calib-windows", type=int, default=None, help="default: the model's protocol")
@@ -52,10 +56,12 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     config = PruneConfig(structure=args.structure, target_size=args.target_size)
-    name = f"{args.structure.replace(':', 'of')}-{config.target:g}" + (f"-lr{args.lr:g}" if args.lr != 1e-4 else "")
-    path = args.output or ROOT / f"{name}@{head_commit()}.json"
-    if path.exists():
-        logging.info("%s exists", path)
+    runs = {(lr, batch): (args.output if args.output and len(args.lr) * len(args.batch_size) == 1 else
+                          ROOT / f"{name(args, config, lr, batch)}@{head_commit()}.json")
+            for lr in args.lr for batch in args.batch_size}
+    runs = {key: path for key, path in runs.items() if not path.exists()}
+    if not runs:
+        logging.info("every run exists")
         return
     run = load_protocol(args.model, args.calib_windows, args.calib_seqlen, None if args.model == "smollm2-135m"
                         else args.model)
@@ -63,34 +69,55 @@ def main() -> None:
     start = time.perf_counter()
     prune(run.model, run.windows, config, progress=False, held_out_ids=run.held_out)
     prune_seconds = time.perf_counter() - start
+    dense = perplexity(teacher, run.test_ids, args.eval_seqlen, args.eval_windows, progress=False).ppl
+    pruned = run.model
+    for (lr, batch), path in runs.items():
+        student = copy.deepcopy(pruned)
+        curve, losses, passes = train(args, run, student, teacher, Distill(lr=lr, batch_size=batch, loss=args.loss,
+                                                                          lora_rank=args.lora_rank))
+        write_json(path, {"model": args.model, "config": config.resolved(), "ppl_dense": dense,
+                          "loss": args.loss, "lora_rank": args.lora_rank, "batch_size": batch,
+                          "prune_seconds": prune_seconds, "curve": curve, "losses": losses, "lr": lr,
+                          "seqlen": args.seqlen, "eval_windows": args.eval_windows, "eval_seqlen": args.eval_seqlen,
+                          "passes": passes, "machine": cpu_machine(torch.get_num_threads()),
+                          "commit": head_commit(), "command": " ".join(["python -m bench.quality.recovery",
+                                                                        *sys.argv[1:]])})
+
+
+def name(args: argparse.Namespace, config: PruneConfig, lr: float, batch: int) -> str:
+    """The run's file name before @commit: structure, target and what differs from `surgeon recover`'s defaults."""
+    return (f"{args.structure.replace(':', 'of')}-{config.target:g}" + (f"-lr{lr:g}" if lr != 1e-4 else "")
+            + (f"-batch{batch}" if batch != 1 else "") + (f"-{args.loss}" if args.loss != "kl" else "")
+            + (f"-lora{args.lora_rank}" if args.lora_rank else ""))
+
+
+def train(args: argparse.Namespace, run: Any, student: torch.nn.Module, teacher: torch.nn.Module,
+          settings: Distill) -> tuple[list[dict[str, float]], list[float], float]:
+    """Distill `student` on `args.tokens` tokens; the perplexity curve, the loss per step (each on windows not yet
+    trained on: the validation measure the settings are chosen by) and the passes over the text."""
 
     def evaluate() -> float:
-        return perplexity(run.model, run.test_ids, args.eval_seqlen, args.eval_windows, progress=False).ppl
+        return perplexity(student, run.test_ids, args.eval_seqlen, args.eval_windows, progress=False).ppl
 
-    dense = perplexity(teacher, run.test_ids, args.eval_seqlen, args.eval_windows, progress=False).ppl
     curve = [{"tokens": 0, "seconds": 0.0, "ppl": evaluate()}]
     evaluation = [0.0]  # seconds spent evaluating inside the training run, left out of its seconds
 
     def after_step(report: DistillReport) -> None:
         if report.tokens // args.every > curve[-1]["tokens"] // args.every or report.tokens >= args.tokens:
             began = time.perf_counter()
-            run.model.eval()
+            student.eval()
             ppl = evaluate()
-            run.model.train()
+            student.train()
             evaluation[0] += time.perf_counter() - began
             curve.append({"tokens": report.tokens, "seconds": time.perf_counter() - trained - evaluation[0],
                           "ppl": ppl, "loss": report.losses[-1]})
-            logging.info("%d tokens, %.0f s: ppl %.3f", report.tokens, curve[-1]["seconds"], ppl)
+            logging.info("lr %g, batch %d: %d tokens, %.0f s: ppl %.3f", settings.lr, settings.batch_size,
+                         report.tokens, curve[-1]["seconds"], ppl)
 
     windows = calibration_windows(run.ids, -(-args.tokens // args.seqlen), args.seqlen, 1, run.bos)
     trained = time.perf_counter()
-    report = distill(run.model, teacher, windows, Distill(lr=args.lr), progress=False, after_step=after_step)
-    write_json(path, {"model": args.model, "config": config.resolved(), "ppl_dense": dense,
-                      "prune_seconds": prune_seconds, "curve": curve, "losses": report.losses, "lr": args.lr,
-                      "seqlen": args.seqlen, "eval_windows": args.eval_windows, "eval_seqlen": args.eval_seqlen,
-                      "passes": windows.numel() /
-                      run.ids.shape[1], "machine": cpu_machine(torch.get_num_threads()), "commit": head_commit(),
-                      "command": " ".join(["python -m bench.quality.recovery", *sys.argv[1:]])})
+    report = distill(student, teacher, windows, settings, progress=False, after_step=after_step)
+    return curve, report.losses, windows.numel() / run.ids.shape[1]
 
 
 if __name__ == "__main__":
