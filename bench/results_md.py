@@ -590,14 +590,21 @@ SECTIONS = {
         "recovery/*.json",
         "Not yet measured (`python -m bench.quality.recovery --structure coupled --target-size 0.8`, and the other "
         "structures).",
-        "run | commit | dense | pruned | perplexity at tokens (training seconds) | lr | passes over the text",
+        "run | commit | dense | pruned | perplexity at tokens (training seconds) | lr | batch | last-quarter KL | "
+        "passes over the text",
         rows=lambda path, run: [
             (link(path, path.stem.rsplit("@", 1)[0]), mark(commit_of(path), CPU_RECOVERED), f"{run['ppl_dense']:.2f}",
              f"{run['curve'][0]['ppl']:.2f}", ", ".join(f"{p['ppl']:.2f} at {p['tokens']} ({p['seconds']:.0f} s)"
                                                          for p in run["curve"][1:]), f"{run['lr']:g}",
-             f"{run['passes']:.2f}")],
+             run.get("batch_size", 1), f"{last_quarter(run['losses']):.4f}", f"{run['passes']:.2f}")],
         command=lambda path, run: (path.stem.rsplit("@", 1)[0], run["command"])),
 }
+
+
+def last_quarter(losses: list[float]) -> float:
+    """The mean of the last quarter of a recovery's per-step losses (at least one)."""
+    tail = losses[-max(1, len(losses) // 4):]
+    return sum(tail) / len(tail)
 
 
 def blocks() -> dict[str, list[str]]:
