@@ -1,4 +1,4 @@
-"""Command line: `surgeon eval|prune|recover|plan|export|report …` (also `python -m surgeon`).
+"""Command line: `surgeon eval|prune|recover|plan|export|quantize|report …` (also `python -m surgeon`).
 
 Options are generated from the fields of the config dataclasses (`surgeon.config`). Bad input, argparse's
 own complaints included, ends with one line `surgeon: error: …` and exit status 2 (`--debug`
@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from surgeon import __version__
-from surgeon.app.settings import ExportConfig, RecoverConfig, ReportConfig, RunConfig
+from surgeon.app.settings import ExportConfig, QuantizeConfig, RecoverConfig, ReportConfig, RunConfig
 from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
 from surgeon.scale.plan_config import PlanConfig
@@ -37,6 +37,7 @@ OUTPUT_HELP = {
     "report": "a new or empty folder for the figures and summary.md",
     "recover": "a new or empty folder for the recovered checkpoint and report.json",
     "plan": "also write the plan as JSON to this file",
+    "quantize": "a new or empty folder for the quantized checkpoint and report.json",
 }
 # Exit statuses of a process ended by a signal, as shells report them: 128 + the signal number.
 EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM
@@ -227,6 +228,17 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_quantize(args: argparse.Namespace) -> int:
+    config = _build(QuantizeConfig, args)
+    from surgeon.integrations.quantize import run_quantize
+
+    done = run_quantize(config)["quantize"]
+    print(f"{done['scheme']} ({done['format']}): {done['layers']} layers, their {done['zeros_kept']} pruned weights "
+          f"still exactly zero; weights {done['bytes_before'] / 1e6:.1f} MB -> {done['bytes_after'] / 1e6:.1f} MB; "
+          f"saved to {config.output}")
+    return 0
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     plan = _build(PlanConfig, args)
     config = _build(PruneConfig, args)
@@ -339,7 +351,7 @@ def build_parser(settings: dict[str, Any] | None = None) -> argparse.ArgumentPar
     parser.add_argument("--version", action="version", version=f"surgeon {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     parser.add_argument("--quiet", action="store_true", help="no progress bars; only warnings and results")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{eval,prune,plan,export,report}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{eval,prune,plan,export,quantize,report}")
     evaluate = sub.add_parser("eval", help="perplexity of a model on a test text (and zero-shot tasks with --tasks)",
                               description="Perplexity of a model on consecutive windows of a test text; with "
                               "--tasks, its zero-shot accuracy on lm-eval tasks too.")
@@ -378,6 +390,11 @@ def build_parser(settings: dict[str, Any] | None = None) -> argparse.ArgumentPar
                      "run", "Draw the kept fraction per layer, perplexity per shot and time per phase of a "
                      "`surgeon prune` output folder (PNG, matplotlib) with a Markdown summary; --compare adds the "
                      "mask equivalence with another run.")
+    _add_run_command(sub, "quantize", QuantizeConfig, _cmd_quantize, "quantize a pruned model with llm-compressor "
+                     "for vLLM", "Quantize the linear layers (not the LM head) of a `surgeon prune`, `recover` or "
+                     "`export` folder with llm-compressor and write them in the compressed-tensors format that "
+                     "`vllm serve` loads, with report.json; every weight pruning made zero is checked to stay exactly "
+                     "zero, or nothing is written. Needs the llmcompressor extra.")
     return parser
 
 

@@ -1,5 +1,5 @@
-"""The settings of the commands that load a model and write a folder: `RunConfig` (eval and prune), `ExportConfig`
-and `ReportConfig`; the CLI builds their options from the fields."""
+"""The settings of the commands that load a model and write a folder: `RunConfig` (eval and prune), `ExportConfig`,
+`QuantizeConfig` and `ReportConfig`; the CLI builds their options from the fields."""
 
 from __future__ import annotations
 
@@ -109,6 +109,27 @@ class ExportConfig:
             raise ValueError(f"format {self.format!r} is not one of {', '.join(EXPORT_FORMATS)}")
         if self.ffn_mult and self.format != "decilm":
             raise ValueError("--ffn-mult is a setting of --format decilm")
+
+
+QUANTIZE_SCHEMES = ("W8A8", "FP8_DYNAMIC", "W4A16")
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """Settings of `surgeon quantize`: which checkpoint, which llm-compressor scheme, where to."""
+
+    run: str = opt("", "a folder written by `surgeon prune`, `surgeon recover` or `surgeon export`")
+    scheme: str = opt(
+        "W8A8", "llm-compressor's scheme, none needing calibration data: W8A8 (int8 weights per output channel, int8 "
+        "activations per token at run time), FP8_DYNAMIC (the same in fp8) or W4A16 (int4 weights in groups of 128; "
+        "vLLM's CPU build serves it in bfloat16, not float32)", QUANTIZE_SCHEMES,
+    )
+    output: str | None = opt(None, "a new or empty folder for the quantized checkpoint and report.json")
+    overwrite: bool = opt(False, "write into an existing non-empty --output folder, replacing only its files")
+
+    def __post_init__(self) -> None:
+        if self.scheme not in QUANTIZE_SCHEMES:
+            raise ValueError(f"scheme {self.scheme!r} is not one of {', '.join(QUANTIZE_SCHEMES)}")
 
 
 @dataclass(frozen=True)
