@@ -598,7 +598,25 @@ SECTIONS = {
                                                          for p in run["curve"][1:]), f"{run['lr']:g}",
              run.get("batch_size", 1), f"{last_quarter(run['losses']):.4f}", f"{run['passes']:.2f}")],
         command=lambda path, run: (path.stem.rsplit("@", 1)[0], run["command"])),
+    "pipeline": Section(
+        "pipeline/*.json", "Not yet measured (`python -m bench.serving.pipeline RUN` in the vLLM environment).",
+        "run | commit | stage | perplexity | weights MB | vLLM decode tokens/s",
+        rows=lambda path, run: [
+            (link(path, run["label"]) if n == 0 else "", mark(commit_of(path), CPU_RECOVERED) if n == 0 else "",
+             stage, f"{ppl:.2f}", *pipeline_cells(run, stage)) for n, (stage, ppl) in enumerate(run["ppl"].items())],
+        command=lambda path, run: (run["label"], run["command"])),
 }
+
+
+def pipeline_cells(run: Run, stage: str) -> tuple[str, str]:
+    """A pipeline stage's size on disk and vLLM decode speed: the run folder's (the pruned or recovered model at the
+    dense model's shapes) on its last transformers stage, the export's and the quantized checkpoint's on theirs."""
+    last = "recovered" if "recovered" in run["ppl"] else "pruned"
+    timed = {"export": "export", "quantized": "quantized", last: "run"}
+    if stage not in timed:
+        return "", ""
+    size = f"{run['bytes'][timed[stage]] / 1e6:.0f}" + (f" ({run['scheme']})" if stage == "quantized" else "")
+    return size, per_batch(run["speed"][timed[stage]]["decode_tokens_per_s"])
 
 
 def last_quarter(losses: list[float]) -> float:

@@ -34,6 +34,7 @@ from surgeon.io import write_json
 from surgeon.recovery.distill import Distill, DistillReport, distill
 
 ROOT = Path(__file__).resolve().parents[1] / "results" / "recovery"
+TOKENS = 262_144  # the schedule's length unless --tokens says otherwise; other lengths are named in the file name
 
 
 def main() -> None:
@@ -41,7 +42,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m", help="a built-in model or a folder (tests: a tiny one)")
     parser.add_argument("--structure", default="structured")
     parser.add_argument("--target-size", type=float, default=None, help="default: the CLI's for the structure")
-    parser.add_argument("--tokens", type=int, default=262_144)
+    parser.add_argument("--tokens", type=int, default=TOKENS)
     parser.add_argument("--every", type=int, default=32_768, help="evaluate after every this many tokens")
     parser.add_argument("--seqlen", type=int, default=512)
     parser.add_argument("--lr", type=float, nargs="+", default=[1e-4], help="one run per value, one prune")
@@ -85,10 +86,16 @@ def main() -> None:
 
 
 def name(args: argparse.Namespace, config: PruneConfig, lr: float, batch: int) -> str:
-    """The run's file name before @commit: structure, target and what differs from `surgeon recover`'s defaults."""
-    return (f"{args.structure.replace(':', 'of')}-{config.target:g}" + (f"-lr{lr:g}" if lr != 1e-4 else "")
-            + (f"-batch{batch}" if batch != 1 else "") + (f"-{args.loss}" if args.loss != "kl" else "")
-            + (f"-lora{args.lora_rank}" if args.lora_rank else ""))
+    """The run's file name before @commit: the model unless SmolLM2, structure, target, and what differs from the
+    bench's defaults."""
+    parts = [args.model] if args.model != "smollm2-135m" else []
+    parts += [args.structure.replace(":", "of"), f"{config.target:g}"]
+    parts += [f"{args.tokens}tokens"] if args.tokens != TOKENS else []
+    parts += [f"lr{lr:g}"] if lr != 1e-4 else []
+    parts += [f"batch{batch}"] if batch != 1 else []
+    parts += [args.loss] if args.loss != "kl" else []
+    parts += [f"lora{args.lora_rank}"] if args.lora_rank else []
+    return "-".join(parts)
 
 
 def train(args: argparse.Namespace, run: Any, student: torch.nn.Module, teacher: torch.nn.Module,

@@ -1,22 +1,26 @@
-"""The documented path measured: a pruned run's size on disk at each stage, and vLLM's decode speed before and after
-quantizing its export.
+"""The documented path measured: from a recovered run to a quantized model served by vLLM, with the perplexity,
+the size on disk and vLLM's decode speed at each stage.
 
-    .venv-vllm/bin/python -m bench.serving.pipeline out/24 --label smollm2-24
+    .venv-vllm/bin/python -m bench.serving.pipeline out/s80/recovered --label smollm2-structured80
 
-RUN is a `surgeon prune` or `surgeon recover` output folder (for the recorded figures: `surgeon prune --model
-smollm2-135m --structure 2:4 --nsamples 2 --seqlen 128 --calibration wikitext2-valid --eval-windows 1 --eval-seqlen
-128 --output out/24`; the weights' values do not change the speed). Run it in the vLLM environment (`make
-install-vllm`): it exports RUN (`surgeon export --compact`) and quantizes the export (`surgeon quantize --scheme
-SCHEME` in llm-compressor's environment, `make install-llmcompressor`) into `--work`, then times both checkpoints
-with `bench.timing.serve_speed`'s measurement (each in a fresh process, in turn over `--rounds`; decode tokens/s
-leaves the prefill out). Sizes are those of the weight files (*.safetensors). The result goes to
-bench/results/pipeline/<label>@<commit>.json.
+RUN is a `surgeon recover` output folder (or a `surgeon prune` one, which has no recovered stage), for the recorded
+figures written by `surgeon prune … --recover-tokens N` (the command is in RUN's report.json, and in RESULTS). Run it
+in the vLLM environment (`make install-vllm`): it exports RUN (`surgeon export --compact`) and quantizes the export
+(`surgeon quantize --scheme SCHEME` in llm-compressor's environment, `make install-llmcompressor`) into `--work`.
+Perplexity: dense, pruned and recovered as RUN's report measured them in transformers; the export and the quantized
+checkpoint served by vLLM (float32, prompt log-probabilities) on the same test windows. Speed: RUN's masked model
+(the dense model's shapes, so the dense model's speed), the export and the quantized checkpoint timed with
+`bench.timing.serve_speed`'s measurement, each in a fresh process, in turn over `--rounds` (decode tokens/s leaves
+the prefill out). Sizes are those of the weight files (*.safetensors); RUN's masked model has the
+dense model's shapes and size. The result goes to bench/results/pipeline/<label>@<commit>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -29,6 +33,7 @@ from bench.machine import cpu_machine  # noqa: E402
 from bench.quality.table import head_commit  # noqa: E402
 from bench.timing import serve_speed  # noqa: E402
 from bench.timing.in_turn import median_of, run_in_turn  # noqa: E402
+from surgeon import evaluation_text, tokenize  # noqa: E402
 from surgeon.app.cli import main as surgeon  # noqa: E402
 from surgeon.integrations.quantize import weight_bytes  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
@@ -45,9 +50,34 @@ def stages(run: Path, work: Path, scheme: str, python: Path) -> tuple[Path, Path
     return export, quantized
 
 
+def served_perplexity(folder: Path, report: dict) -> float:
+    """Perplexity of the checkpoint in `folder` served by vLLM on the test windows `report`'s evaluation used (as
+    `surgeon.app.evaluate.perplexity`: the mean over windows of each window's mean negative log-likelihood)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    windows = report["eval"]["after"]["windows"]
+    seqlen = report["eval"]["after"]["tokens"] // windows
+    ids = tokenize(AutoTokenizer.from_pretrained(folder), evaluation_text(report["run"]["dataset"]))
+    prompts = [TokensPrompt(prompt_token_ids=ids[0, i * seqlen:(i + 1) * seqlen].tolist()) for i in range(windows)]
+    llm = LLM(model=str(folder), trust_remote_code=True, dtype="float32", enforce_eager=True, max_model_len=seqlen,
+              kv_cache_memory_bytes=1 << 30, seed=0)
+    try:
+        outputs = llm.generate(prompts, SamplingParams(max_tokens=1, detokenize=False, prompt_logprobs=0),
+                               use_tqdm=False)
+    finally:
+        del llm
+        gc.collect()
+    nll = [-sum(step[token].logprob for step, token in zip(out.prompt_logprobs[1:], prompt["prompt_token_ids"][1:]))
+           / (seqlen - 1) for out, prompt in zip(outputs, prompts)]
+    return math.exp(sum(nll) / len(nll))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run", type=Path, help="a `surgeon prune` or `surgeon recover` output folder")
+    parser.add_argument("run", type=Path, help="a `surgeon recover` (or `surgeon prune`) output folder")
     parser.add_argument("--label", help="the result file's name (default: the run's folder name)")
     parser.add_argument("--scheme", default="W8A8", help="surgeon quantize --scheme")
     parser.add_argument("--work", type=Path, default=ROOT / "out" / "pipeline", help="where the export and the "
@@ -58,21 +88,27 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=512, help="prompt tokens")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per figure, after one untimed warm-up")
-    parser.add_argument("--rounds", type=int, default=2, help="measure both checkpoints this many times, in turn")
+    parser.add_argument("--rounds", type=int, default=2, help="measure the checkpoints this many times, in turn")
     args = parser.parse_args()
     if not args.llmcompressor_python.is_file():
         parser.error(f"{args.llmcompressor_python} is missing: make install-llmcompressor")
     export, quantized = stages(args.run, args.work, args.scheme, args.llmcompressor_python)
-    report = json.loads((quantized / "report.json").read_text())["quantize"]
-    # the timed processes run serve_speed.py as a script, which imports `bench` from the repository's root
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    rounds = run_in_turn(serve_speed.__file__, [str(export), str(quantized)], args.rounds, [
+    report = json.loads((quantized / "report.json").read_text())
+    recovered = "ppl_dense" in report  # a recover run's report; a prune run's holds dense and pruned only
+    ppl = ({"dense": report["ppl_dense"], "pruned": report["ppl_before"], "recovered": report["ppl_after"]}
+           if recovered else {"dense": report["ppl_before"], "pruned": report["ppl_after"]})
+    ppl |= {"export": served_perplexity(export, report), "quantized": served_perplexity(quantized, report)}
+    timed = {"run": args.run, "export": export, "quantized": quantized}
+    rounds = run_in_turn("bench.timing.serve_speed", list(map(str, timed.values())), args.rounds, [
         "--batch", *map(str, args.batch), "--prompt", str(args.prompt), "--new-tokens", str(args.new_tokens),
         "--repeats", str(args.repeats)])
-    speed = {name: median_of(runs, serve_speed.FIELDS) for name, runs in zip(("export", "quantized"), rounds)}
+    speed = {name: median_of(runs, serve_speed.FIELDS) for name, runs in zip(timed, rounds)}
     commit = head_commit()
     label = args.label or args.run.name
-    result = {"label": label, "run": str(args.run), "scheme": args.scheme, "format": report["format"],
+    result = {"label": label, "run": str(args.run), "scheme": args.scheme,
+              "format": report["quantize"]["format"], "ppl": ppl, "eval": report["eval"]["after"],
+              "pruned_with": {"run": report["run"], "config": report["config"]},
+              "recovered_with": report.get("recover"),
               "bytes": {"run": weight_bytes(args.run), "export": weight_bytes(export),
                         "quantized": weight_bytes(quantized)},
               "speed": speed, "machine": cpu_machine(os.cpu_count() or 1), "commit": commit,
@@ -80,7 +116,7 @@ def main() -> None:
               **{k: v for k, v in vars(args).items() if k in ("batch", "prompt", "new_tokens", "repeats", "rounds")}}
     write_json(ROOT / "bench" / "results" / "pipeline" / f"{label}@{commit}.json", result)
     sizes = ", ".join(f"{stage} {size / 1e6:.1f} MB" for stage, size in result["bytes"].items())
-    print(f"{label}: {sizes}")
+    print(f"{label}: {sizes}; perplexity " + ", ".join(f"{stage} {value:.2f}" for stage, value in ppl.items()))
     for name, figures in speed.items():
         print(f"  {name}: decode " + ", ".join(f"batch {batch} {rate:.1f}/s"
                                               for batch, rate in figures["decode_tokens_per_s"].items()))

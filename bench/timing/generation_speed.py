@@ -127,7 +127,7 @@ def main() -> None:
     machine = (torch.cuda.get_device_name(args.device) if kind == "gpu" else
                f"{platform.machine()} {torch.get_num_threads()} threads")
     settings = {k: v for k, v in vars(args).items() if k not in ("models", "label", "one")}
-    rounds = run_in_turn(__file__, args.models, args.rounds, [
+    rounds = run_in_turn("bench.timing.generation_speed", args.models, args.rounds, [
         "--device", args.device, "--dtype", args.dtype, "--prefill", *map(str, args.prefill),
         "--decode-batch", *map(str, args.decode_batch), "--context", str(args.context),
         "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats), "--cache", args.cache])

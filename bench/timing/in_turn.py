@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def add_arguments(parser: argparse.ArgumentParser, models: str, rounds: int) -> None:
     """The arguments every speed benchmark takes: the models (`models` says which kinds), one label each, the
@@ -32,14 +34,15 @@ def labels(parser: argparse.ArgumentParser, models: list[str], given: list[str] 
     return names
 
 
-def run_in_turn(script: str, models: list[str], rounds: int, flags: list[str]) -> list[list[dict]]:
-    """Each model's results over `rounds` rounds: `python SCRIPT MODEL --one FLAGS` in a fresh process, every model
-    once per round, the JSON on the last line it prints."""
+def run_in_turn(module: str, models: list[str], rounds: int, flags: list[str]) -> list[list[dict]]:
+    """Each model's results over `rounds` rounds: `python -m MODULE MODEL --one FLAGS` from the repository root in a
+    fresh process, every model once per round, the JSON on the last line it prints."""
     results: list[list[dict]] = [[] for _ in models]
     for _ in range(rounds):
         for model, runs in zip(models, results):
-            output = subprocess.run([sys.executable, script, model, "--one", *flags], capture_output=True, text=True,
-                                    check=True).stdout
+            where = str(Path(model).resolve()) if Path(model).exists() else model  # a folder, or a hub id
+            output = subprocess.run([sys.executable, "-m", module, where, "--one", *flags], capture_output=True,
+                                    text=True, check=True, cwd=ROOT).stdout
             runs.append(json.loads(output.strip().splitlines()[-1]))
     return results
 

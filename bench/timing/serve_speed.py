@@ -98,7 +98,7 @@ def main() -> None:
     commit = head_commit()
     machine = f"{platform.machine()} {os.cpu_count()} cores" if args.device == "cpu" else "cuda"
     settings = {k: v for k, v in vars(args).items() if k not in ("models", "label", "one")}
-    rounds = run_in_turn(__file__, args.models, args.rounds, [
+    rounds = run_in_turn("bench.timing.serve_speed", args.models, args.rounds, [
         "--device", args.device, "--batch", *map(str, args.batch), "--prompt", str(args.prompt),
         "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats)])
     kind = "cpu" if args.device == "cpu" else "gpu"

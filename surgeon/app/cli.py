@@ -351,7 +351,8 @@ def build_parser(settings: dict[str, Any] | None = None) -> argparse.ArgumentPar
     parser.add_argument("--version", action="version", version=f"surgeon {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     parser.add_argument("--quiet", action="store_true", help="no progress bars; only warnings and results")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{eval,prune,plan,export,quantize,report}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{eval,prune,recover,plan,export,quantize,report}")
     evaluate = sub.add_parser("eval", help="perplexity of a model on a test text (and zero-shot tasks with --tasks)",
                               description="Perplexity of a model on consecutive windows of a test text; with "
                               "--tasks, its zero-shot accuracy on lm-eval tasks too.")
