@@ -11,7 +11,7 @@ import torch
 
 from surgeon.errors import SurgeonError
 from surgeon.models.adapter import decoder_blocks
-from surgeon.recovery.distill import Distill, Distillation, distill, kl_loss, pruned_masks
+from surgeon.recovery.distill import Distill, Distillation, distill, hidden_loss, kl_loss, pruned_masks
 from tests._helpers import pruned_pair, tiny_model
 
 TRAIN = torch.randint(0, 96, (24, 24), generator=torch.Generator().manual_seed(1))
@@ -97,9 +97,32 @@ def test_next_token_loss_needs_no_teacher_and_keeps_every_zero():
 def test_kl_needs_a_teacher_and_settings_are_checked():
     _, student = pruned_pair("llama", dict(structure="2:4", method="magnitude"))
     with pytest.raises(SurgeonError, match="teacher"):
-        Distillation(student, None, TRAIN, Distill())
+        Distillation(student, None, TRAIN, Distill(lr=1e-3))
     with pytest.raises(SurgeonError, match="loss='mse'"):
-        Distill(loss="mse")
+        Distill(lr=1e-3, loss="mse")
+    with pytest.raises(SurgeonError, match="hidden_weight"):
+        Distill(lr=1e-3, loss="next-token", hidden_weight=1.0)
+
+
+def block_error(student: torch.nn.Module, teacher: torch.nn.Module, ids: torch.Tensor) -> float:
+    with torch.no_grad():
+        states = [model(input_ids=ids, output_hidden_states=True).hidden_states[1:] for model in (student, teacher)]
+    return float(hidden_loss(*states))
+
+
+def test_the_hidden_state_term_pulls_the_blocks_outputs_toward_the_teacher_and_the_report_keeps_the_kl():
+    teacher, student = pruned_pair("llama", dict(structure="structured", target_size=0.6, shots=1))
+    states = teacher(input_ids=TRAIN[:2], output_hidden_states=True).hidden_states
+    assert len(states) == len(decoder_blocks(teacher)) + 1 and float(hidden_loss(states, states)) == 0
+    zeros = {name: mask.clone() for name, mask in pruned_masks(student).items()}
+    runs = {weight: copy.deepcopy(student) for weight in (0.0, 10.0)}
+    reports = {weight: distill(model, teacher, TRAIN, Distill(lr=1e-3, batch_size=2, hidden_weight=weight),
+                               progress=False) for weight, model in runs.items()}
+    assert reports[0.0].losses[0] == reports[10.0].losses[0]  # the same first batch: its KL, not the objective
+    errors = {weight: block_error(model, teacher, TRAIN[:4]) for weight, model in runs.items()}
+    assert errors[10.0] < 0.97 * errors[0.0] and errors[10.0] < 0.8 * block_error(student, teacher, TRAIN[:4])
+    params = dict(runs[10.0].named_parameters())
+    assert all(torch.equal(params[name].detach() == 0, ~kept) for name, kept in zeros.items())
 
 
 @pytest.mark.parametrize("lora_rank", [0, 4])
@@ -138,7 +161,7 @@ def test_a_dense_parameter_is_not_masked_and_the_teacher_does_not_train():
     frozen = {name: param.detach().clone() for name, param in teacher.named_parameters()}
     assert list(pruned_masks(student)) == ["model.layers.0.mlp.down_proj.weight"]
     seen = []
-    distill(student, teacher, TRAIN[:4], Distill(batch_size=3), progress=False,
+    distill(student, teacher, TRAIN[:4], Distill(lr=1e-4, batch_size=3), progress=False,
             after_step=lambda report: seen.append((report.tokens, len(report.losses))))
     assert seen == [(3 * 24, 1), (4 * 24, 2)]  # after each step, the report so far
     assert all(torch.equal(param, frozen[name]) for name, param in teacher.named_parameters())

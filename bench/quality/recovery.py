@@ -48,6 +48,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, nargs="+", default=[1e-4], help="one run per value, one prune")
     parser.add_argument("--batch-size", type=int, nargs="+", default=[1], help="one run per value, one prune")
     parser.add_argument("--loss", default="kl", choices=("kl", "next-token"))
+    parser.add_argument("--hidden-weight", type=float, default=0.0, help="0: the KL alone")
     parser.add_argument("--lora-rank", type=int, default=0, help="0: the weights train")
     parser.add_argument("--eval-windows", type=int, default=4)
     parser.add_argument("--eval-seqlen", type=int, default=2048)
@@ -75,9 +76,11 @@ def main() -> None:
     for (lr, batch), path in runs.items():
         student = copy.deepcopy(pruned)
         curve, losses, passes = train(args, run, student, teacher, Distill(lr=lr, batch_size=batch, loss=args.loss,
+                                                                          hidden_weight=args.hidden_weight,
                                                                           lora_rank=args.lora_rank))
         write_json(path, {"model": args.model, "config": config.resolved(), "ppl_dense": dense,
-                          "loss": args.loss, "lora_rank": args.lora_rank, "batch_size": batch,
+                          "loss": args.loss, "hidden_weight": args.hidden_weight, "lora_rank": args.lora_rank,
+                          "batch_size": batch,
                           "prune_seconds": prune_seconds, "curve": curve, "losses": losses, "lr": lr,
                           "seqlen": args.seqlen, "eval_windows": args.eval_windows, "eval_seqlen": args.eval_seqlen,
                           "passes": passes, "machine": cpu_machine(torch.get_num_threads()),
@@ -94,6 +97,7 @@ def name(args: argparse.Namespace, config: PruneConfig, lr: float, batch: int) -
     parts += [f"lr{lr:g}"] if lr != 1e-4 else []
     parts += [f"batch{batch}"] if batch != 1 else []
     parts += [args.loss] if args.loss != "kl" else []
+    parts += [f"hidden{args.hidden_weight:g}"] if args.hidden_weight else []
     parts += [f"lora{args.lora_rank}"] if args.lora_rank else []
     return "-".join(parts)
 

@@ -121,7 +121,7 @@ def _recover(config: RecoverConfig, source: Path, pruned: dict[str, Any], folder
         raise SurgeonError(f"the training text ({text.source}) shares {shared} passages with the evaluation text "
                            f"({test.source}): train on other text")
     settings = Distill(config.lr, batch_size=config.batch_size, seed=config.seed, loss=config.loss,
-                       lora_rank=config.lora_rank)
+                       hidden_weight=config.hidden_weight, lora_rank=config.lora_rank)
     start = time.perf_counter()
     device = config.device if group is None else local_device(config.device)
     student, tokenizer = load_pruned(source, config.dtype)

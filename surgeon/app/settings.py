@@ -160,6 +160,8 @@ class RecoverConfig:
     seed: int = opt(0, "random seed (training windows, their order, the adapters)")
     loss: str = opt("kl", "kl: match the dense model's next-token distributions; next-token: the text's tokens",
                     LOSSES)
+    hidden_weight: float = opt(0.0, "with --loss kl, add this times the decoder blocks' output error relative to "
+                               "the dense model's (0: the KL alone)")
     lora_rank: int = opt(0, "train peft LoRA adapters of this rank, merged and re-masked at the end, instead of the "
                          "weights (0: the weights)")
     resume: bool = opt(False, "continue the unfinished recovery in --output after its last checkpoint (same options)")
@@ -179,6 +181,8 @@ class RecoverConfig:
             raise ValueError(f"lr={self.lr}: must be positive")
         if self.lora_rank < 0 or self.checkpoint_steps < 0:
             raise ValueError(f"lora_rank={self.lora_rank}, checkpoint_steps={self.checkpoint_steps}: must be >= 0")
+        if self.hidden_weight < 0 or (self.hidden_weight and self.loss != "kl"):
+            raise ValueError(f"hidden_weight={self.hidden_weight}: must be >= 0, and is a weight beside --loss kl")
         if self.eval_windows is not None and self.eval_windows < 1:
             raise ValueError(f"eval_windows={self.eval_windows}: must be at least 1")
         if self.eval_seqlen is not None and self.eval_seqlen < 2:

@@ -42,21 +42,26 @@ from surgeon.recovery import LOSSES
 @dataclass(frozen=True)
 class Distill:
     """Settings of one recovery: AdamW's peak learning rate `lr` (warmed up linearly over the first `warmup` of
-    the steps, then decayed on a cosine to zero), `weight_decay`, `batch_size` windows per step, the seed that
-    orders the windows and draws the adapters, the `loss` ("kl" to the teacher, or "next-token" on the text) and
+    the steps, then decayed on a cosine to zero; `surgeon recover`'s default is `RecoverConfig.lr`), `weight_decay`,
+    `batch_size` windows per step, the seed that orders the windows and draws the adapters, the `loss` ("kl" to the
+    teacher, or "next-token" on the text),
+    `hidden_weight` (with "kl": this times `hidden_loss` of the decoder blocks' outputs added to the objective) and
     `lora_rank` (0: the weights train; else peft adapters of that rank, merged at the end)."""
 
-    lr: float = 1e-4
+    lr: float
     warmup: float = 0.1
     weight_decay: float = 0.0
     batch_size: int = 1
     seed: int = 0
     loss: str = "kl"
+    hidden_weight: float = 0.0
     lora_rank: int = 0
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
             raise SurgeonError(f"loss={self.loss!r}: choose one of {', '.join(LOSSES)}")
+        if self.hidden_weight < 0 or (self.hidden_weight and self.loss != "kl"):
+            raise SurgeonError(f"hidden_weight={self.hidden_weight}: must be >= 0, and is a weight beside the KL loss")
         if self.lora_rank < 0:
             raise SurgeonError(f"lora_rank={self.lora_rank}: must be 0 (the weights train) or a rank")
 
@@ -105,6 +110,17 @@ def kl_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch
     student = F.log_softmax(student_logits.to(dtype), dim=-1).flatten(0, -2)
     teacher = F.log_softmax(teacher_logits.to(dtype), dim=-1).flatten(0, -2)
     return F.kl_div(student, teacher, log_target=True, reduction="batchmean")
+
+
+def hidden_loss(student_states: tuple[torch.Tensor, ...], teacher_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The mean over layers of the student's squared error to the teacher's hidden states, relative to the teacher's:
+    Σ‖h_s − h_t‖² / Σ‖h_t‖² per layer (float32 at least)."""
+    errors = []
+    for student, teacher in zip(student_states, teacher_states, strict=True):
+        dtype = torch.promote_types(student.dtype, torch.float32)
+        reference = teacher.to(dtype)
+        errors.append((student.to(dtype) - reference).pow(2).sum() / reference.pow(2).sum().clamp_min(1e-30))
+    return torch.stack(errors).mean()
 
 
 def _adapter_masks(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -191,17 +207,25 @@ class Distillation:
         dist.all_reduce(flags, group=self.group)
         self.report.kept_zeros, self.report.masked = int(counts[0]), int((flags > 0).sum())
 
-    def _loss(self, batch: torch.Tensor) -> torch.Tensor:
-        """This rank's share of `batch`'s mean loss."""
+    def _loss(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's share of `batch`'s objective, and of its mean loss (KL or next-token; the objective without
+        the hidden-state term, which the runs' reports compare)."""
         share = batch.shape[0] // self.world
         ids = batch[self.rank * share:(self.rank + 1) * share].to(next(self.student.parameters()).device)
         if self.settings.loss == "next-token":
             loss: torch.Tensor = self.trained(input_ids=ids, labels=ids, use_cache=False).loss
-            return loss
+            return loss, loss
         assert self.teacher is not None
+        hidden = self.settings.hidden_weight > 0
         with torch.no_grad():
-            target = self.teacher(input_ids=ids, use_cache=False).logits
-        return kl_loss(self.trained(input_ids=ids, use_cache=False).logits, target)
+            target = self.teacher(input_ids=ids, use_cache=False, output_hidden_states=hidden)
+        output = self.trained(input_ids=ids, use_cache=False, output_hidden_states=hidden)
+        loss = kl_loss(output.logits, target.logits)
+        if not hidden:
+            return loss, loss
+        # hidden_states[0] is the embedding's output, which does not train
+        states = hidden_loss(output.hidden_states[1:], target.hidden_states[1:])
+        return loss + self.settings.hidden_weight * states, loss
 
     def _masked(self, grads: bool) -> None:
         """Zero the gradients (`grads`) or the parameters wherever pruning removed a weight."""
@@ -231,9 +255,9 @@ class Distillation:
         start = time.perf_counter() - self.report.seconds
         with self._training():
             for batch in bar(self.batches[self.step:], "recovery", progress):
-                loss = self._loss(batch)
+                objective, loss = self._loss(batch)
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                objective.backward()
                 self._masked(grads=True)
                 self.optimizer.step()
                 self.scheduler.step()
