@@ -7,10 +7,13 @@ recover`'s distillation (`surgeon.recovery.distill`: KL to the dense model, prun
 Perplexity on the first 4 test windows of 2048 tokens before recovery and every `--every` tokens of one run
 scheduled for `--tokens` (the points of one cosine schedule, not separate runs); seconds count the training alone.
 
-Saved as bench/results/recovery/<structure>-<target>[-<settings>]@<commit>.json, skipped when it exists.
+One prune, then one run with the first value of each of --lr, --batch-size, --loss, --hidden-weight and
+--lora-rank, and one more for each further value of one of them, the others at their first. Each is saved as
+bench/results/recovery/[<model>-]<structure>-<target>[-<settings>]@<commit>.json, and skipped when it exists.
 
-    python -m bench.quality.recovery --structure coupled --target-size 0.8          # about 20 minutes on 2 cores
-    python -m bench.quality.recovery --structure 2:4 --tokens 131072 --every 16384
+    python -m bench.quality.recovery --structure coupled --target-size 0.8 --tokens 131072 --every 16384
+    python -m bench.quality.recovery --structure coupled --target-size 0.8 --tokens 32768 --every 16384 \
+        --lr 1e-4 3e-4 --loss kl next-token --lora-rank 0 16 --hidden-weight 0 1      # five runs, one prune
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ from surgeon import PruneConfig, prune
 from surgeon.app.data import calibration_windows
 from surgeon.app.evaluate import perplexity
 from surgeon.io import write_json
+from surgeon.recovery import LOSSES
 from surgeon.recovery.distill import Distill, DistillReport, distill
 
 ROOT = Path(__file__).resolve().parents[1] / "results" / "recovery"
+VARIED = ("lr", "batch_size", "loss", "hidden_weight", "lora_rank")  # Distill's settings the runs compare
 TOKENS = 262_144  # the schedule's length unless --tokens says otherwise; other lengths are named in the file name
 
 
@@ -45,11 +50,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=TOKENS)
     parser.add_argument("--every", type=int, default=32_768, help="evaluate after every this many tokens")
     parser.add_argument("--seqlen", type=int, default=512)
-    parser.add_argument("--lr", type=float, nargs="+", default=[1e-4], help="one run per value, one prune")
-    parser.add_argument("--batch-size", type=int, nargs="+", default=[1], help="one run per value, one prune")
-    parser.add_argument("--loss", default="kl", choices=("kl", "next-token"))
-    parser.add_argument("--hidden-weight", type=float, default=0.0, help="0: the KL alone")
-    parser.add_argument("--lora-rank", type=int, default=0, help="0: the weights train")
+    parser.add_argument("--lr", type=float, nargs="+", default=[1e-4])
+    parser.add_argument("--batch-size", type=int, nargs="+", default=[1])
+    parser.add_argument("--loss", nargs="+", default=["kl"], choices=LOSSES)
+    parser.add_argument("--hidden-weight", type=float, nargs="+", default=[0.0], help="0: the KL alone")
+    parser.add_argument("--lora-rank", type=int, nargs="+", default=[0], help="0: the weights train")
     parser.add_argument("--eval-windows", type=int, default=4)
     parser.add_argument("--eval-seqlen", type=int, default=2048)
     parser.add_argument("--calib-windows", type=int, default=None, help="default: the model's protocol")
@@ -58,9 +63,11 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     config = PruneConfig(structure=args.structure, target_size=args.target_size)
-    runs = {(lr, batch): (args.output if args.output and len(args.lr) * len(args.batch_size) == 1 else
-                          ROOT / f"{name(args, config, lr, batch)}@{head_commit()}.json")
-            for lr in args.lr for batch in args.batch_size}
+    first = {setting: getattr(args, setting)[0] for setting in VARIED}
+    variants = [first, *({**first, setting: value} for setting in VARIED for value in getattr(args, setting)[1:])]
+    runs = {index: (args.output if args.output and len(variants) == 1 else
+                    ROOT / f"{name(args, config, variant)}@{head_commit()}.json")
+            for index, variant in enumerate(variants)}
     runs = {key: path for key, path in runs.items() if not path.exists()}
     if not runs:
         logging.info("every run exists")
@@ -73,32 +80,28 @@ def main() -> None:
     prune_seconds = time.perf_counter() - start
     dense = perplexity(teacher, run.test_ids, args.eval_seqlen, args.eval_windows, progress=False).ppl
     pruned = run.model
-    for (lr, batch), path in runs.items():
+    for index, path in runs.items():
         student = copy.deepcopy(pruned)
-        curve, losses, passes = train(args, run, student, teacher, Distill(lr=lr, batch_size=batch, loss=args.loss,
-                                                                          hidden_weight=args.hidden_weight,
-                                                                          lora_rank=args.lora_rank))
-        write_json(path, {"model": args.model, "config": config.resolved(), "ppl_dense": dense,
-                          "loss": args.loss, "hidden_weight": args.hidden_weight, "lora_rank": args.lora_rank,
-                          "batch_size": batch,
-                          "prune_seconds": prune_seconds, "curve": curve, "losses": losses, "lr": lr,
+        curve, losses, passes = train(args, run, student, teacher, Distill(**variants[index]))
+        write_json(path, {"model": args.model, "config": config.resolved(), "ppl_dense": dense, **variants[index],
+                          "prune_seconds": prune_seconds, "curve": curve, "losses": losses,
                           "seqlen": args.seqlen, "eval_windows": args.eval_windows, "eval_seqlen": args.eval_seqlen,
                           "passes": passes, "machine": cpu_machine(torch.get_num_threads()),
                           "commit": head_commit(), "command": " ".join(["python -m bench.quality.recovery",
                                                                         *sys.argv[1:]])})
 
 
-def name(args: argparse.Namespace, config: PruneConfig, lr: float, batch: int) -> str:
+def name(args: argparse.Namespace, config: PruneConfig, variant: dict[str, Any]) -> str:
     """The run's file name before @commit: the model unless SmolLM2, structure, target, and what differs from the
     bench's defaults."""
-    parts = [args.model] if args.model != "smollm2-135m" else []
+    parts = [Path(args.model).name] if args.model != "smollm2-135m" else []  # a built-in name, or a folder's
     parts += [args.structure.replace(":", "of"), f"{config.target:g}"]
     parts += [f"{args.tokens}tokens"] if args.tokens != TOKENS else []
-    parts += [f"lr{lr:g}"] if lr != 1e-4 else []
-    parts += [f"batch{batch}"] if batch != 1 else []
-    parts += [args.loss] if args.loss != "kl" else []
-    parts += [f"hidden{args.hidden_weight:g}"] if args.hidden_weight else []
-    parts += [f"lora{args.lora_rank}"] if args.lora_rank else []
+    parts += [f"lr{variant['lr']:g}"] if variant["lr"] != 1e-4 else []
+    parts += [f"batch{variant['batch_size']}"] if variant["batch_size"] != 1 else []
+    parts += [variant["loss"]] if variant["loss"] != "kl" else []
+    parts += [f"hidden{variant['hidden_weight']:g}"] if variant["hidden_weight"] else []
+    parts += [f"lora{variant['lora_rank']}"] if variant["lora_rank"] else []
     return "-".join(parts)
 
 
@@ -122,7 +125,7 @@ def train(args: argparse.Namespace, run: Any, student: torch.nn.Module, teacher:
             evaluation[0] += time.perf_counter() - began
             curve.append({"tokens": report.tokens, "seconds": time.perf_counter() - trained - evaluation[0],
                           "ppl": ppl, "loss": report.losses[-1]})
-            logging.info("lr %g, batch %d: %d tokens, %.0f s: ppl %.3f", settings.lr, settings.batch_size,
+            logging.info("%s: %d tokens, %.0f s: ppl %.3f", settings,
                          report.tokens, curve[-1]["seconds"], ppl)
 
     windows = calibration_windows(run.ids, -(-args.tokens // args.seqlen), args.seqlen, 1, run.bos)

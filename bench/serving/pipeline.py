@@ -62,7 +62,7 @@ def served_perplexity(folder: Path, report: dict) -> float:
     seqlen = report["eval"]["after"]["tokens"] // windows
     ids = tokenize(AutoTokenizer.from_pretrained(folder), evaluation_text(report["run"]["dataset"]))
     prompts = [TokensPrompt(prompt_token_ids=ids[0, i * seqlen:(i + 1) * seqlen].tolist()) for i in range(windows)]
-    llm = LLM(model=str(folder), trust_remote_code=True, dtype="float32", enforce_eager=True, max_model_len=seqlen,
+    llm = LLM(model=str(folder), trust_remote_code=True, dtype="float32", enforce_eager=True, max_model_len=seqlen + 1,
               kv_cache_memory_bytes=1 << 30, seed=0)
     try:
         outputs = llm.generate(prompts, SamplingParams(max_tokens=1, detokenize=False, prompt_logprobs=0),
