@@ -22,9 +22,10 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -34,18 +35,16 @@ CODE = ("surgeon", "surgeon_kernels", "csrc")
 # compact export (EXPORTED): less only those; a recovery row (RECOVERED): the pruning run's and the recovery's
 COMMANDS = ("app/cli", "app/settings", "app/run", "app/recover", "scale/plan", "scale/time_model", "app/figures",
             "integrations/quantize")
-RECOVERY = ("recovery/distill", "recovery/__init__")
-PRUNING = (*CODE, *(f":(exclude)surgeon/{name}.py"
-                    for name in ("export/compact", "models/compact_modeling", *COMMANDS, *RECOVERY)))
-EXPORTED = (*CODE, *(f":(exclude)surgeon/{name}.py" for name in (*COMMANDS, *RECOVERY)))
+RECOVERY, EXPORT = ("recovery/distill", "recovery/__init__"), ("export/compact", "models/compact_modeling")
+EXCLUDE = ":(exclude)surgeon/{}.py".format
+PRUNING = (*CODE, *map(EXCLUDE, (*EXPORT, *COMMANDS, *RECOVERY)))
+EXPORTED = (*CODE, *map(EXCLUDE, (*COMMANDS, *RECOVERY)))
 # On a CPU `auto` never runs a Triton kernel (only under TRITON_INTERPRET=1, which the tests set): runs there leave
 # them out as well
 TRITON = ":(exclude,glob)surgeon_kernels/*/kernel.py"
 CPU_PRUNING, CPU_EXPORTED = (*PRUNING, TRITON), (*EXPORTED, TRITON)
-CPU_RECOVERED = (*CODE, TRITON, *(f":(exclude)surgeon/{name}.py"
-                                  for name in ("export/compact", "models/compact_modeling", *COMMANDS)))
-# What a serving row depends on: the export that wrote the checkpoint vLLM serves
-SERVING = ("surgeon/export", "surgeon/models/compact_modeling.py")
+CPU_RECOVERED = (*CODE, TRITON, *map(EXCLUDE, (*EXPORT, *COMMANDS)))
+SERVING = ("surgeon/export", "surgeon/models/compact_modeling.py")  # the export that wrote the checkpoint vLLM serves
 # Kernel microbenchmark → the code it measures (anything else: all of CODE).
 KERNEL_CODE = {
     "kfac_accumulate": ("surgeon_kernels/kfac_accumulate", "csrc/kfac_accumulate", "surgeon_kernels/symmetric.py"),
@@ -54,8 +53,7 @@ KERNEL_CODE = {
     "global_threshold": ("surgeon_kernels/kth_smallest",), "kth_smallest": ("surgeon_kernels/kth_smallest",),
     "batched_eigh": ("surgeon_kernels/batched_eigh",),
     "unstructured_update": ("surgeon/method/updates.py", "surgeon/method/inverses.py", "surgeon_kernels/kk_solve",
-                            "surgeon_kernels/kk_gather"),
-}
+                            "surgeon_kernels/kk_gather")}
 HEADLINE_START, HEADLINE_END = "<!-- results-table:start -->", "<!-- results-table:end -->"
 # The README's headline: its rows (quality row prefix, label), and its models (quality folder, label, name in its note)
 HEADLINE = (("structured-0.8", "structured 80%"), ("unstructured-0.5", "unstructured 50%"), ("2of4-0.5", "2:4"))
@@ -66,8 +64,14 @@ NAMES = {"lobd": "L-OBD", "kobd": "K-OBD", "sparsegpt": "SparseGPT", "sparsegpt-
 # and the like do not
 SETTINGS = ("method", "shots", "correlation", "max_correlate", "cg_tol", "cg_dtype", "damp_a", "damp_g", "propagate",
             "held_out_choice", "lora_steps", "kronecker_terms")
+# The quality rows the time-to-quality table sets beside its points
+TTQ_ROWS = ("structured-0.8-surgeon", "structured-0.8-surgeon-lora20", "unstructured-0.5-surgeon",
+            "unstructured-0.5-surgeon-shots2", "2of4-0.5-surgeon", "2of4-0.5-surgeon-4shots", "4of8-0.5-surgeon",
+            "4of8-0.5-surgeon-4shots")
 Run = dict[str, Any]
 Runs = dict[str, Run]
+Paths = tuple[str, ...]
+Row = tuple[Any, ...]
 
 
 def load(path: Path) -> Run:
@@ -103,7 +107,7 @@ def code_of(source: str) -> str:
 
 
 @functools.cache
-def code_changed(first: str, second: str | None, paths: tuple[str, ...]) -> bool:
+def code_changed(first: str, second: str | None, paths: Paths) -> bool:
     """Whether `paths` differ between two commits (None: the working tree) beyond Python comments and docstrings."""
 
     def source(commit: str | None, name: str) -> str | None:  # None where the file does not exist
@@ -113,21 +117,17 @@ def code_changed(first: str, second: str | None, paths: tuple[str, ...]) -> bool
         return shown.stdout if shown.returncode == 0 else None
 
     changed = git("diff", "--name-only", first, *([second] if second else []), "--", *paths)
-    if changed.returncode != 0:  # an unknown commit counts as changed
-        return True
-    for name in changed.stdout.split():
-        then, now = source(first, name), source(second, name)
-        if not name.endswith(".py") or then is None or now is None or code_of(then) != code_of(now):
-            return True
-    return False
+    return changed.returncode != 0 or any(  # an unknown commit counts as changed
+        not name.endswith(".py") or (then := source(first, name)) is None or (now := source(second, name)) is None
+        or code_of(then) != code_of(now) for name in changed.stdout.split())
 
 
-def same_code(first: str, second: str, paths: tuple[str, ...] = CPU_PRUNING) -> bool:
+def same_code(first: str, second: str, paths: Paths = CPU_PRUNING) -> bool:
     """Whether `paths` are the same at two commits, beyond comments and docstrings of Python files."""
     return not code_changed(first, second, paths)
 
 
-def mark(commit: str, paths: tuple[str, ...] = CODE) -> str:
+def mark(commit: str, paths: Paths = CODE) -> str:
     """A commit in backticks, marked stale where `paths` changed between it and the working tree."""
     return f"`{commit}`" + (" (stale: the code changed since)" if code_changed(commit, None, paths) else "")
 
@@ -167,23 +167,22 @@ def link(path: Path, label: str | None = None) -> str:
     return f"[{label or path.name}](results/{path.parent.name}/{path.name})"
 
 
-def shot_seconds(run: Run) -> list[float]:
-    """Each shot's seconds in its curvature and prune phases."""
-    return [sum(v for k, v in shot["seconds"].items() if k in ("curvature", "prune")) for shot in run["shots"]]
-
-
 def per_batch(rates: dict[str, float], spec: str = ".1f", unit: str = "batch ") -> str:
     """Rates by batch size (or context): 'r at batch b, …'."""
     return ", ".join(f"{rate:{spec}} at {unit}{key}" for key, rate in rates.items())
 
 
-# ---------------------------------------------------------------- quality
+def dagger(name: str, older: Container[str], rows: Iterable[str] = ()) -> str:
+    """A row's name, marked † where it or one of `rows` (its other runs) is in `older`: measured at other code."""
+    return f"{name} †" if any(row in older for row in (name, *rows)) else name
+
+
 # A set of runs is a dense run with each row's newest run at a commit that runs the same code (measured over several
 # commits, between which only the benchmarks or the documents changed). The tables show the newest set and the most
 # complete one, each row from the newest set that has it, and mark † the rows measured at older code (`older_rows`).
 
 
-def quality_runs(folder: str = "quality", paths: tuple[str, ...] = CPU_PRUNING) -> tuple[str, Runs]:
+def quality_runs(folder: str = "quality", paths: Paths = CPU_PRUNING) -> tuple[str, Runs]:
     """The newest set's commit in `bench/results/<folder>`, and the rows of that set and the most complete one."""
     sets = quality_sets(folder, paths)
     newest_set = min(sets, key=commit_order().__getitem__)
@@ -191,7 +190,7 @@ def quality_runs(folder: str = "quality", paths: tuple[str, ...] = CPU_PRUNING) 
 
 
 @functools.cache
-def quality_sets(folder: str, paths: tuple[str, ...]) -> dict[str, Runs]:
+def quality_sets(folder: str, paths: Paths) -> dict[str, Runs]:
     """Every set of runs in `bench/results/<folder>`, by its dense run's commit."""
     files = [p for p in (RESULTS / folder).glob("*@*.json") if commit_of(p) in commit_order()]
     if not (denses := {commit_of(p) for p in files if row_of(p) == "dense"}):
@@ -209,7 +208,7 @@ def merged(sets: dict[str, Runs], newest_set: str, sizes: dict[str, Runs]) -> Ru
     return dict(sorted(runs.items(), key=lambda item: item[0] + "@"))
 
 
-def runs_of(files: list[Path], commit: str, paths: tuple[str, ...] = CPU_PRUNING) -> Runs:
+def runs_of(files: list[Path], commit: str, paths: Paths = CPU_PRUNING) -> Runs:
     """Each row's newest run among `files` at a commit that runs the same code as `commit`, by row name."""
     order = commit_order()
     known = sorted((p for p in files if commit_of(p) in order), key=lambda p: -order[commit_of(p)])  # oldest first
@@ -223,12 +222,12 @@ def ttq_points(commit: str) -> Runs:
     return merged({c: runs_of(files, c) for c in {*sets, commit}}, commit, sets)
 
 
-def older_rows(commit: str, runs: Runs, paths: tuple[str, ...]) -> set[str]:
+def older_rows(commit: str, runs: Runs, paths: Paths) -> set[str]:
     """The rows of `runs` measured at code other than `commit`'s."""
     return {row for row, run in runs.items() if not same_code(run.get("commit", commit), commit, paths)}
 
 
-def commit_groups(commit: str, runs: Runs, paths: tuple[str, ...]) -> tuple[list[str], list[str]]:
+def commit_groups(commit: str, runs: Runs, paths: Paths) -> tuple[list[str], list[str]]:
     """The commits of a set's runs, oldest first: those that run `commit`'s code, and the others."""
     order = commit_order()
     commits = sorted({run.get("commit", commit) for run in runs.values()} | {commit}, key=lambda c: -order.get(c, 0))
@@ -241,7 +240,7 @@ def listing(commits: list[str], last: str | None = None) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
-def rows_at(commit: str, runs: Runs, paths: tuple[str, ...]) -> str:
+def rows_at(commit: str, runs: Runs, paths: Paths) -> str:
     """Where a set of runs was measured: its commits that run the same code, then those of its rows marked †."""
     current, older = commit_groups(commit, runs, paths)
     where = (f"at {mark(commit, paths)}" if len(current) == 1 else
@@ -251,26 +250,29 @@ def rows_at(commit: str, runs: Runs, paths: tuple[str, ...]) -> str:
     return f"Rows {where}; rows marked † not yet measured there, at {listing(older)} (stale: the code changed since)"
 
 
-def method_label(config: Run) -> str:
-    """A run's method as the quality table names it."""
-    method = config["method"]
-    if method == "surgeon" and config["structure"] == "structured":
-        return f"surgeon/{config['correlation']}"
-    if method == "surgeon":
-        method = (f"surgeon/m={config['max_correlate']} {config.get('chunk_semantics', 'independent')}"
-                  if config["max_correlate"] else "surgeon/all jointly (CG)")
-    return method + (", last shot propagated" if config.get("propagate") else "")
+def seeded(name: str) -> tuple[str, int] | None:
+    """(row, seed) of a row run with another calibration seed (`<row>-seed<s>`), else None."""
+    row, _, seed = name.rpartition("-seed")
+    return (row, int(seed)) if row and seed.isdigit() else None
 
 
 def quality_table(runs: Runs, older: set[str]) -> str:
     """The quality table: the dense run, then each pruned row's settings, sparsity, perplexity and seconds."""
-    rows = [("dense", "-", "1.0", "-", "-", "-", 0, f"{runs['dense']['ppl']:.3f}", f"{runs['dense']['seconds']:.0f}")]
-    for name, run in runs.items():
-        if name != "dense" and seeded(name) is None:
-            c, kept = run["config"], f"; kept {run['choice']['kept']} by held-out loss" if run.get("choice") else ""
-            rows.append((f"{name} †" if name in older else name, c["structure"], f"{c['target_size']:g}",
-                         method_label(c) + kept, c["shots"], f"{c['damp_g']} / {c['damp_a']}",
-                         f"{run['sparsity']:.4f}", f"{run['ppl']:.3f}", f"{run['seconds']:.0f}"))
+
+    def method(c: Run) -> str:  # as the table names it
+        if c["method"] == "surgeon" and c["structure"] == "structured":
+            return f"surgeon/{c['correlation']}"
+        name = c["method"] if c["method"] != "surgeon" else (
+            f"surgeon/m={c['max_correlate']} {c.get('chunk_semantics', 'independent')}" if c["max_correlate"]
+            else "surgeon/all jointly (CG)")
+        return name + (", last shot propagated" if c.get("propagate") else "")
+
+    dense = runs["dense"]
+    rows: list[Row] = [("dense", "-", "1.0", "-", "-", "-", 0, f"{dense['ppl']:.3f}", f"{dense['seconds']:.0f}")]
+    rows += [(dagger(name, older), c["structure"], f"{c['target_size']:g}", method(c) + (
+        f"; kept {run['choice']['kept']} by held-out loss" if run.get("choice") else ""), c["shots"],
+              f"{c['damp_g']} / {c['damp_a']}", f"{run['sparsity']:.4f}", f"{run['ppl']:.3f}", f"{run['seconds']:.0f}")
+             for name, run in runs.items() if name != "dense" and seeded(name) is None for c in [run["config"]]]
     return "\n".join(table("run | structure | kept | method | shots | λ_G / λ_A | sparsity | ppl | seconds", rows))
 
 
@@ -301,119 +303,79 @@ def headline_cells(runs: Runs, prefix: str, older: frozenset[str] = frozenset())
                       + (" †" if f"{prefix}-{row}" in older else "") for label, value, row in cells)
 
 
-def seeded(name: str) -> tuple[str, int] | None:
-    """(row, seed) of a row run with another calibration seed (`<row>-seed<s>`), else None."""
-    row, _, seed = name.rpartition("-seed")
-    return (row, int(seed)) if row and seed.isdigit() else None
-
-
 def seed_spread(runs: Runs, older: set[str]) -> list[str]:
     """Per row also run with other calibration seeds: each seed's perplexity, their mean and their range."""
     spread: dict[str, dict[int, float]] = {}
     for name, run in runs.items():
         if (found := seeded(name)) is not None and found[0] in runs:
             spread.setdefault(found[0], {0: runs[found[0]]["ppl"]})[found[1]] = run["ppl"]
-    rows = [(f"{row} †" if any(name in older for name in (row, *(f"{row}-seed{s}" for s in ppl if s))) else row,
-             ", ".join(map(str, sorted(ppl))), ", ".join(f"{ppl[s]:.3f}" for s in sorted(ppl)),
-             f"{sum(ppl.values()) / len(ppl):.3f}", f"{min(ppl.values()):.3f}–{max(ppl.values()):.3f}")
-            for row, ppl in sorted(spread.items())]
+    rows = [(dagger(row, older, (f"{row}-seed{s}" for s in ppl if s)), ", ".join(map(str, sorted(ppl))),
+             ", ".join(f"{ppl[s]:.3f}" for s in sorted(ppl)), f"{sum(ppl.values()) / len(ppl):.3f}",
+             f"{min(ppl.values()):.3f}–{max(ppl.values()):.3f}") for row, ppl in sorted(spread.items())]
     return ["", "Over calibration seeds (the rows `<row>-seed<s>`: the calibration and held-out windows drawn with "
             "seed s, `--seeds`): a gap between two rows is a win only where it exceeds both rows' ranges.", "",
             *table("row | seeds | perplexity per seed | mean | range", rows)] if rows else []
 
 
-def quality_block(commit: str, runs: Runs) -> list[str]:
-    """A quality table under where, on which model and calibration budget its rows were measured, then the spread
-    of the rows run with several calibration seeds."""
+def quality_block(folder: str) -> list[str]:
+    """A quality set's table under where, on which model and budget it was measured, then its spread over seeds."""
+    commit, runs = quality_runs(folder)
     dense, older = runs["dense"], older_rows(commit, runs, CPU_PRUNING)
     return [f"{rows_at(commit, runs, CPU_PRUNING)}: {dense.get('model', 'smollm2-135m')}, {dense['calib_windows']} × "
             f"{dense['calib_seqlen']} calibration tokens, perplexity on the first {dense['eval_windows']} test "
             "windows of 2048.", "", quality_table(runs, older), *seed_spread(runs, older)]
 
 
-# ---------------------------------------------------------------- time, memory, serving, kernels
+def machines() -> list[str]:
+    """The machines the rows were measured on: the CPUs, and each GPU with its torch."""
+    gpus = {f"{run['device']}, torch {run.get('torch', '?')}" for run in map(load, RESULTS.glob("gpu/shot-*.json"))}
+    return ["- CPU: 2-core x86_64 machines, torch 2.13.0+cpu: every CPU row. Their models differ in speed: rows name "
+            "the CPU model since it was recorded, and seconds compare within the rows of one machine (the quality "
+            f"table's: {quality_runs()[1]['dense'].get('machine', 'unknown')}).",
+            *(f"- GPU: {gpu}." for gpu in sorted(gpus))]
 
 
-def time_to_quality_section(runs: Runs, commit: str) -> list[str]:
+def time_to_quality() -> list[str]:
     """Each structure's LLM Surgeon rows and time-to-quality points (`ttq_points`) by seconds, older ones marked †."""
-    reference = [(name, runs[name]) for name in (
-        "structured-0.8-surgeon", "structured-0.8-surgeon-lora20", "unstructured-0.5-surgeon",
-        "unstructured-0.5-surgeon-shots2", "2of4-0.5-surgeon", "2of4-0.5-surgeon-4shots", "4of8-0.5-surgeon",
-        "4of8-0.5-surgeon-4shots") if name in runs]
-    points = ttq_points(commit)
-    older = older_rows(commit, {**runs, **points}, CPU_PRUNING)
-    rows = []
-    for name, run in sorted(reference + list(points.items()), key=lambda item: (item[0].split("-")[0],
-                                                                                item[1]["seconds"])):
-        c = run["config"]
-        rows.append((f"{name} †" if name in older else name, c["structure"], c["shots"], f"{c['cg_tol']:g}",
-                     f"{c['damp_g']:g}", "yes" if c.get("propagate") else "no", c["lora_steps"],
-                     run["choice"]["kept"] if run.get("choice") else "–", f"{run['ppl']:.3f}", f"{run['seconds']:.0f}"))
-    out = [f"{rows_at(commit, {**runs, **points}, CPU_PRUNING)}.", "", *table(
+    commit, runs = quality_runs()
+    every = {**runs, **(points := ttq_points(commit))}
+    older = older_rows(commit, every, CPU_PRUNING)
+    found = sorted([(name, runs[name]) for name in TTQ_ROWS if name in runs] + list(points.items()),
+                   key=lambda item: (item[0].split("-")[0], item[1]["seconds"]))
+    peers = ", ".join(f"{dagger(name, older)} {run['ppl']:.3f} in {run['seconds']:.0f} s"
+                      for name, run in runs.items() if name.endswith("-llmc-sparsegpt"))
+    return [f"{rows_at(commit, every, CPU_PRUNING)}.", "", *table(
         "point | structure | shots | CG tolerance | damping G | propagated | LoRA steps | kept by held-out loss | "
-        "perplexity | seconds", rows)]
-    if peers := [(name, run) for name, run in runs.items() if name.endswith("-llmc-sparsegpt")]:
-        out += ["", "The peer on the same protocol, llm-compressor's SparseGPTModifier (`bench/quality/peers.py`): "
-                + ", ".join(f"{f'{name} †' if name in older else name} {run['ppl']:.3f} in {run['seconds']:.0f} s"
-                            for name, run in peers) + "."]
-    return out
+        "perplexity | seconds", [
+            (dagger(name, older), c["structure"], c["shots"], f"{c['cg_tol']:g}", f"{c['damp_g']:g}",
+             "yes" if c.get("propagate") else "no", c["lora_steps"], (run.get("choice") or {}).get("kept", "–"),
+             f"{run['ppl']:.3f}", f"{run['seconds']:.0f}") for name, run in found for c in [run["config"]]]),
+            *(["", f"The peer on the same protocol, llm-compressor's SparseGPTModifier (`bench/quality/peers.py`): "
+               f"{peers}."] if peers else [])]
 
 
-def coupled_section() -> list[str]:
+def coupled() -> list[str]:
     """The coupled-unit rows: perplexity, exported size and format, decode rate and prune seconds."""
+    if not list((RESULTS / "coupled").glob("dense@*.json")):
+        return ["Not yet measured (`python -m bench.quality.coupled`)."]
     commit, runs = quality_runs("coupled", CPU_EXPORTED)
     older = older_rows(commit, runs, CPU_EXPORTED)
     return [f"{rows_at(commit, runs, CPU_EXPORTED)}, {runs['dense']['machine']}.", "", *table(
         "row | ppl | parameters (of dense) | format | decode tokens/s (batch 1, 2048 context) | prune s", [
-            (f"{row} †" if row in older else row, f"{run['ppl']:.3f}",
+            (dagger(row, older), f"{run['ppl']:.3f}",
              f"{run['parameters'] / 1e6:.1f} M ({run['parameters'] / run['dense_parameters']:.3f})", run["format"],
              f"{run['decode_tokens_per_s']:.1f}", f"{run['seconds']:.0f}") for row, run in runs.items()])]
 
 
-def dropin_section() -> list[str]:
-    """The SparseGPT drop-in against SparseGPT per layer, inside llm-compressor's `oneshot`, and at 7B shapes."""
+def oneshot() -> list[str]:
+    """Per structure: SparseGPTModifier, the drop-in's modifier and its newest exact run, each in one `oneshot`."""
     quality, order = RESULTS / "quality", commit_order()
-    if (path := newest(sorted(RESULTS.glob("cpu/sparsegpt-dropin@*.json")))) is None:
-        return ["Not yet measured (`python -m bench.quality.sparsegpt_dropin`)."]
-
-    def layers(run: Run) -> list[str]:
-        return table("structure | drop-in mode | error ratio, geometric mean | worst layer | drop-in s | SparseGPT s | "
-                     "time against SparseGPT", [
-                         (structure, mode, f"{values['geomean_ratio']:.3f}", f"{values['worst_ratio']:.3f}",
-                          f"{values['seconds']:.2f}", f"{summary['sparsegpt_seconds']:.2f}",
-                          f"{values['seconds'] / summary['sparsegpt_seconds']:.2f}×")
-                         for structure, summary in run["summary"].items() for mode, values in summary["modes"].items()])
-
-    run = load(path)
-    out = [f"{run['layers']} linear layers of SmolLM2-135M (blocks {', '.join(map(str, run['blocks']))}), H from "
-           "the CPU protocol's calibration windows; each method prunes the same layer on the same H. Ratio: the "
-           "drop-in's layer output error ½ tr(ΔW H ΔWᵀ) over SparseGPT's (lower is better); SparseGPT's error and "
-           "seconds are its published column loop's (`baselines.sparsegpt_reference`). "
-           f"{mark(commit_of(path))}, {run['machine']}, `{runnable(run['command'])}`.", "", *layers(run)]
-    # The drop-in's modifier against SparseGPTModifier in one `oneshot` each, at the newest commit where both ran
     commits = {commit_of(p) for p in quality.glob("*-llmc-surgeon-sparsegpt@*.json")}
-    commit = min((c for c in commits if list(quality.glob(f"*-llmc-sparsegpt@{c}.json"))),
+    commit = min((c for c in commits if list(quality.glob(f"*-llmc-sparsegpt@{c}.json"))),  # the newest where both ran
                  key=lambda c: order.get(c, len(order)), default=None)
-    if commit is not None:
-        out += ["", "Inside llm-compressor's `oneshot` (`bench/quality/peers.py`: the quality table's protocol, "
-                "SmolLM2-135M, 8 × 512 calibration tokens, perplexity on 8 test windows of 2048), "
-                f"{mark(commit, CPU_PRUNING)}: "
-                "`SurgeonSparseGPTModifier` with its defaults against `SparseGPTModifier`; seconds are whole `oneshot` "
-                "calls, run in turn on the same machine. The exact mode's rows (`-exact`) are the newest measured, "
-                "their times against SparseGPTModifier's at their own commit.", "",
-                *table("structure | modifier | ppl | seconds | time against SparseGPTModifier", oneshot_rows(commit))]
-    if (gpu := newest(sorted(RESULTS.glob("gpu/sparsegpt-dropin-llama2-7b@*.json")))) is not None:
-        run = load(gpu)
-        out += ["", "Llama-2-7B's layer shapes (q_proj 4096×4096, up_proj 11008×4096, down_proj 4096×11008), random "
-                "weights, H from 8192 correlated random inputs: the times say what a 7B layer costs, the errors "
-                f"nothing about real models. {mark(commit_of(gpu))}, {run['machine']}, "
-                f"`{runnable(run['command'])}`.", "", *layers(run)]
-    return out
-
-
-def oneshot_rows(commit: str) -> list[tuple[str, ...]]:
-    """Per structure: SparseGPTModifier, the drop-in's modifier at `commit`, and its newest exact run, in `oneshot`."""
-    rows, quality = [], RESULTS / "quality"
+    if commit is None:
+        return []
+    rows = []
     for structure in ("unstructured", "2of4"):
         peer = load(quality / f"{structure}-0.5-llmc-sparsegpt@{commit}.json")
         runs: list[tuple[str, Run, Run | None]] = [("SparseGPTModifier", peer, peer)]
@@ -430,11 +392,24 @@ def oneshot_rows(commit: str) -> list[tuple[str, ...]]:
                 ratio += f" (SparseGPTModifier then: {against['ppl']:.3f} in {against['seconds']:.0f} s)"
             rows.append((f"{structure.replace('of', ':')} 0.5", label, f"{run['ppl']:.3f}", f"{run['seconds']:.0f}",
                          ratio))
-    return rows
+    return ["Inside llm-compressor's `oneshot` (`bench/quality/peers.py`: the quality table's protocol, SmolLM2-135M, "
+            "8 × 512 calibration tokens, perplexity on 8 test windows of 2048), "
+            f"{mark(commit, CPU_PRUNING)}: `SurgeonSparseGPTModifier` with its defaults against `SparseGPTModifier`; "
+            "seconds are whole `oneshot` calls, run in turn on the same machine. The exact mode's rows (`-exact`) are "
+            "the newest measured, their times against SparseGPTModifier's at their own commit.", "",
+            *table("structure | modifier | ppl | seconds | time against SparseGPTModifier", rows)]
 
 
-def kernel_section() -> list[str]:
-    """Each kernel microbenchmark: pytest-benchmark's rows on the CPU, then each GPU file's."""
+def layer_rows(path: Path, run: Run) -> list[Row]:
+    """A drop-in file's rows: per structure and mode, the layer error ratios and the seconds against SparseGPT's."""
+    return [(structure, mode, f"{values['geomean_ratio']:.3f}", f"{values['worst_ratio']:.3f}",
+             f"{values['seconds']:.2f}", f"{summary['sparsegpt_seconds']:.2f}",
+             f"{values['seconds'] / summary['sparsegpt_seconds']:.2f}×")
+            for structure, summary in run["summary"].items() for mode, values in summary["modes"].items()]
+
+
+def kernel_rows(path: Path, data: Run) -> list[Row]:
+    """A kernel microbenchmark file's rows: pytest-benchmark's on the CPU (`micro-cpu.json`), or a GPU file's."""
 
     def rate(values: Run, *templates: tuple[str, str]) -> str:  # the first of the figures `values` holds
         return next((template.format(values[key]) for key, template in templates if key in values), "-")
@@ -442,56 +417,71 @@ def kernel_section() -> list[str]:
     def share(fraction: float | None) -> str:
         return "-" if fraction is None else f"{fraction:.0%}"
 
+    if "benchmarks" not in data:
+        return [(row["op"], row["provider"], row["shape"], row["dtype"].removeprefix("torch."), f"{row['ms']:.3f} ms",
+                 f"p20–p80 {row['ms_20']:.3f}–{row['ms_80']:.3f} ms",
+                 rate(row, ("tflops", "{:.1f} TFLOP/s"), ("gbytes_per_s", "{:.0f} GB/s")),
+                 share(row.get("fraction_of_bf16_gemm", row.get("fraction_of_copy"))), data["device"],
+                 mark(commit_of(path), KERNEL_CODE.get(row["op"], CODE))) for row in data["rows"]]
     rows = []
-    if (RESULTS / "micro-cpu.json").exists():
-        data = load(RESULTS / "micro-cpu.json")
-        for bench in data["benchmarks"]:
-            op, params, info, stats = (bench["name"].split("[")[0].removeprefix("test_"), bench["params"],
-                                       bench["extra_info"], bench["stats"])
-            rows.append((op, params.get("backend") or params.get("method") or "torch",
-                         ", ".join(f"{k}={v}" for k, v in params.items() if k not in ("backend", "method", "dtype"))
-                         or "-", re.sub(r"UNSERIALIZABLE\[torch\.(\w+)\]", r"\1", str(params.get("dtype", "float32"))),
-                         f"{stats['median'] * 1e3:.2f} ms", f"IQR {stats['iqr'] * 1e3:.2f} ms",
-                         rate(info, ("gflops", "{:.0f} GFLOP/s"), ("gbytes_per_s", "{:.1f} GB/s")),
-                         share(info.get("gemm_fraction", info.get("bandwidth_fraction"))), info.get("machine", "CPU"),
-                         mark(data["commit_info"]["id"][:7], KERNEL_CODE.get(op, CODE))))
-    for path in sorted((RESULTS / "gpu").glob("micro-*.json")):
-        data = load(path)
-        rows += [(row["op"], row["provider"], row["shape"], row["dtype"].removeprefix("torch."), f"{row['ms']:.3f} ms",
-                  f"p20–p80 {row['ms_20']:.3f}–{row['ms_80']:.3f} ms",
-                  rate(row, ("tflops", "{:.1f} TFLOP/s"), ("gbytes_per_s", "{:.0f} GB/s")),
-                  share(row.get("fraction_of_bf16_gemm", row.get("fraction_of_copy"))), data["device"],
-                  mark(commit_of(path), KERNEL_CODE.get(row["op"], CODE))) for row in data["rows"]]
-    return table("op | provider | shape | dtype | median | spread | rate | of ceiling | machine | commit", rows)
+    for bench in data["benchmarks"]:
+        op, params, info = bench["name"].split("[")[0].removeprefix("test_"), bench["params"], bench["extra_info"]
+        rows.append((op, params.get("backend") or params.get("method") or "torch",
+                     ", ".join(f"{k}={v}" for k, v in params.items() if k not in ("backend", "method", "dtype"))
+                     or "-", re.sub(r"UNSERIALIZABLE\[torch\.(\w+)\]", r"\1", str(params.get("dtype", "float32"))),
+                     f"{bench['stats']['median'] * 1e3:.2f} ms", f"IQR {bench['stats']['iqr'] * 1e3:.2f} ms",
+                     rate(info, ("gflops", "{:.0f} GFLOP/s"), ("gbytes_per_s", "{:.1f} GB/s")),
+                     share(info.get("gemm_fraction", info.get("bandwidth_fraction"))), info.get("machine", "CPU"),
+                     mark(data["commit_info"]["id"][:7], KERNEL_CODE.get(op, CODE))))
+    return rows
 
 
-class Section(NamedTuple):
-    """A table of the result files `patterns` (under `bench/results/`) match: the newest only, or each one's rows."""
+def pipeline_cells(run: Run, stage: str) -> tuple[str, str]:
+    """A stage's size on disk and vLLM decode rate: the run folder's on its last stage, the export's, quantized's."""
+    last = "recovered" if "recovered" in run["ppl"] else "pruned"
+    timed = {"export": "export", "quantized": "quantized", last: "run"}
+    if stage not in timed:
+        return "", ""
+    size = f"{run['bytes'][timed[stage]] / 1e6:.0f}" + (f" ({run['scheme']})" if stage == "quantized" else "")
+    return size, per_batch(run["speed"][timed[stage]]["decode_tokens_per_s"])
 
-    patterns: str  # glob patterns, parted by spaces
-    absent: str | None  # the text where no file is saved (None: the table without rows)
+
+@dataclass(frozen=True)
+class Section:
+    """A block of the result files `patterns` match: text, a table of their rows (or the newest one's), commands."""
+
+    patterns: str  # glob patterns under bench/results/, parted by spaces
+    absent: str | None  # the text where no file is saved ("": none; None: the table without rows)
     header: str  # the table's columns, parted by ' | '
-    rows: Callable[[Path, Run], list[tuple[Any, ...]]]  # a file's rows
+    rows: Callable[[Path, Run], list[Row]]  # a file's rows
     intro: str | Callable[[Path, Run], str] = ""  # the text above the table (a function of the newest file's)
     newest: bool = False  # only the newest file (its intro and rows)
     command: Callable[[Path, Run], tuple[str, str]] | None = None  # each file's (label, command), listed below it
+    then: tuple[Callable[[], list[str]], ...] = ()  # the blocks below it, each after a blank line where it has lines
 
-    def lines(self) -> list[str]:
-        """The section's text, table and commands."""
+    def __call__(self) -> list[str]:
+        """The section's lines: its text, table, commands and the blocks below it."""
         paths = [path for pattern in self.patterns.split() for path in sorted(RESULTS.glob(pattern))]
         found = [(path, load(path)) for path in ([newest(paths)] if self.newest else paths) if path is not None]
         if not found and self.absent is not None:
-            return [self.absent]
+            return [self.absent] if self.absent else []
         intro = self.intro(*found[0]) if callable(self.intro) else self.intro
         out = [intro, ""] if intro else []
         out += table(self.header, [row for path, run in found for row in self.rows(path, run)])
         if self.command is not None:
             out += ["", "Commands, as recorded in each file and run from the repository root:", "",
                     *(f"- {label}: `{runnable(command)}`" for label, command in (self.command(*f) for f in found))]
+        for block in self.then:
+            out += ["", *lines] if (lines := block()) else []
         return out
 
 
-SECTIONS = {
+LAYERS = ("structure | drop-in mode | error ratio, geometric mean | worst layer | drop-in s | SparseGPT s | "
+          "time against SparseGPT")
+# Each generated block of RESULTS.md but the quality tables (`quality_block`), by name
+SECTIONS: dict[str, Callable[[], list[str]]] = {
+    "machines": machines,
+    "time-to-quality": time_to_quality,
     "cpu-time": Section(
         "cpu/smollm2-structured80@*.json",
         "No CPU protocol run saved yet (`make demo`, then copy out/demo/report.json).",
@@ -513,8 +503,9 @@ SECTIONS = {
         "gpu/shot-*.json", None, "run | device | commit | shots | s per shot | total s | peak GiB",
         rows=lambda path, run: [
             (link(path, row_of(path)), run["device"], mark(commit_of(path), PRUNING), len(run["shots"]),
-             "–".join(f"{pick(shot_seconds(run)):.1f}" for pick in (min, max)), f"{run['seconds']:.0f}",
-             f"{max(s['peak_memory_gb'] for s in run['shots']):.1f}")],
+             f"{min(seconds):.1f}–{max(seconds):.1f}", f"{run['seconds']:.0f}",
+             f"{max(s['peak_memory_gb'] for s in run['shots']):.1f}")  # seconds: each shot's curvature and prune
+            for seconds in [[s["seconds"].get("curvature", 0) + s["seconds"].get("prune", 0) for s in run["shots"]]]],
         command=lambda path, run: (row_of(path), "python " + run["command"])),
     "ranks": Section(
         "cpu/ranks-smollm2-*.json", "Not yet measured (`python -m bench.timing.distributed_time`).",
@@ -593,11 +584,12 @@ SECTIONS = {
         "run | commit | dense | pruned | perplexity at tokens (training seconds) | lr | batch | last-quarter KL | "
         "passes over the text",
         rows=lambda path, run: [
-            (link(path, path.stem.rsplit("@", 1)[0]), mark(commit_of(path), CPU_RECOVERED), f"{run['ppl_dense']:.2f}",
+            (link(path, row_of(path)), mark(commit_of(path), CPU_RECOVERED), f"{run['ppl_dense']:.2f}",
              f"{run['curve'][0]['ppl']:.2f}", ", ".join(f"{p['ppl']:.2f} at {p['tokens']} ({p['seconds']:.0f} s)"
                                                          for p in run["curve"][1:]), f"{run['lr']:g}",
-             run.get("batch_size", 1), f"{last_quarter(run['losses']):.4f}", f"{run['passes']:.2f}")],
-        command=lambda path, run: (path.stem.rsplit("@", 1)[0], run["command"])),
+             run.get("batch_size", 1), f"{sum(tail) / len(tail):.4f}", f"{run['passes']:.2f}")
+            for tail in [run["losses"][-max(1, len(run["losses"]) // 4):]]],  # the last quarter of the steps' losses
+        command=lambda path, run: (row_of(path), run["command"])),
     "pipeline": Section(
         "pipeline/*.json", "Not yet measured (`python -m bench.serving.pipeline RUN` in the vLLM environment).",
         "run | commit | stage | perplexity | weights MB | vLLM decode tokens/s",
@@ -605,46 +597,32 @@ SECTIONS = {
             (link(path, run["label"]) if n == 0 else "", mark(commit_of(path), CPU_RECOVERED) if n == 0 else "",
              stage, f"{ppl:.2f}", *pipeline_cells(run, stage)) for n, (stage, ppl) in enumerate(run["ppl"].items())],
         command=lambda path, run: (run["label"], run["command"])),
+    "coupled": coupled,
+    "drop-in": Section(
+        "cpu/sparsegpt-dropin@*.json", "Not yet measured (`python -m bench.quality.sparsegpt_dropin`).", LAYERS,
+        layer_rows, newest=True, intro=lambda path, run: (
+            f"{run['layers']} linear layers of SmolLM2-135M (blocks {', '.join(map(str, run['blocks']))}), H from "
+            "the CPU protocol's calibration windows; each method prunes the same layer on the same H. Ratio: the "
+            "drop-in's layer output error ½ tr(ΔW H ΔWᵀ) over SparseGPT's (lower is better); SparseGPT's error and "
+            "seconds are its published column loop's (`baselines.sparsegpt_reference`). "
+            f"{mark(commit_of(path))}, {run['machine']}, `{runnable(run['command'])}`."),
+        then=(oneshot, Section(
+            "gpu/sparsegpt-dropin-llama2-7b@*.json", "", LAYERS, layer_rows, newest=True, intro=lambda path, run: (
+                "Llama-2-7B's layer shapes (q_proj 4096×4096, up_proj 11008×4096, down_proj 4096×11008), random "
+                "weights, H from 8192 correlated random inputs: the times say what a 7B layer costs, the errors "
+                f"nothing about real models. {mark(commit_of(path))}, {run['machine']}, "
+                f"`{runnable(run['command'])}`.")))),
+    "kernels": Section("micro-cpu.json gpu/micro-*.json", None,
+                       "op | provider | shape | dtype | median | spread | rate | of ceiling | machine | commit",
+                       kernel_rows),
 }
-
-
-def pipeline_cells(run: Run, stage: str) -> tuple[str, str]:
-    """A pipeline stage's size on disk and vLLM decode speed: the run folder's (the pruned or recovered model at the
-    dense model's shapes) on its last transformers stage, the export's and the quantized checkpoint's on theirs."""
-    last = "recovered" if "recovered" in run["ppl"] else "pruned"
-    timed = {"export": "export", "quantized": "quantized", last: "run"}
-    if stage not in timed:
-        return "", ""
-    size = f"{run['bytes'][timed[stage]] / 1e6:.0f}" + (f" ({run['scheme']})" if stage == "quantized" else "")
-    return size, per_batch(run["speed"][timed[stage]]["decode_tokens_per_s"])
-
-
-def last_quarter(losses: list[float]) -> float:
-    """The mean of the last quarter of a recovery's per-step losses (at least one)."""
-    tail = losses[-max(1, len(losses) // 4):]
-    return sum(tail) / len(tail)
 
 
 def blocks() -> dict[str, list[str]]:
     """The generated blocks of RESULTS.md by name: each replaces what stands between its markers."""
-    commit, runs = quality_runs()
-    gpus = sorted({f"{run['device']}, torch {run.get('torch', '?')}"
-                   for run in map(load, RESULTS.glob("gpu/shot-*.json"))})
-    return {
-        "machines": [
-            "- CPU: 2-core x86_64 machines, torch 2.13.0+cpu: every CPU row. Their models differ in speed: rows name "
-            "the CPU model since it was recorded, and seconds compare within the rows of one machine (the quality "
-            f"table's: {runs['dense'].get('machine', 'unknown')}).", *(f"- GPU: {gpu}." for gpu in gpus)],
-        "quality": quality_block(commit, runs),
-        **{path.name: quality_block(*quality_runs(path.name)) for path in sorted(RESULTS.glob("quality-*"))
-           if path.is_dir()},
-        "time-to-quality": time_to_quality_section(runs, commit),
-        **{name: section.lines() for name, section in SECTIONS.items()},
-        "coupled": coupled_section() if list((RESULTS / "coupled").glob("dense@*.json")) else
-        ["Not yet measured (`python -m bench.quality.coupled`)."],
-        "drop-in": dropin_section(),
-        "kernels": kernel_section(),
-    }
+    folders = ["quality", *(path.name for path in sorted(RESULTS.glob("quality-*")) if path.is_dir())]
+    return {**{folder: quality_block(folder) for folder in folders},
+            **{name: block() for name, block in SECTIONS.items()}}
 
 
 def between(text: str, start: str, end: str, lines: list[str], document: str) -> str:
