@@ -454,7 +454,7 @@ class Section:
     absent: str | None  # the text where no file is saved ("": none; None: the table without rows)
     header: str  # the table's columns, parted by ' | '
     rows: Callable[[Path, Run], list[Row]]  # a file's rows
-    intro: str | Callable[[Path, Run], str] = ""  # the text above the table (a function of the newest file's)
+    intro: Callable[[Path, Run], str] | None = None  # the text above the table (a function of the newest file's)
     newest: bool = False  # only the newest file (its intro and rows)
     command: Callable[[Path, Run], tuple[str, str]] | None = None  # each file's (label, command), listed below it
     then: tuple[Callable[[], list[str]], ...] = ()  # the blocks below it, each after a blank line where it has lines
@@ -465,8 +465,7 @@ class Section:
         found = [(path, load(path)) for path in ([newest(paths)] if self.newest else paths) if path is not None]
         if not found and self.absent is not None:
             return [self.absent] if self.absent else []
-        intro = self.intro(*found[0]) if callable(self.intro) else self.intro
-        out = [intro, ""] if intro else []
+        out = [self.intro(*found[0]), ""] if self.intro else []
         out += table(self.header, [row for path, run in found for row in self.rows(path, run)])
         if self.command is not None:
             out += ["", "Commands, as recorded in each file and run from the repository root:", "",
@@ -510,10 +509,6 @@ SECTIONS: dict[str, Callable[[], list[str]]] = {
     "ranks": Section(
         "cpu/ranks-smollm2-*.json", "Not yet measured (`python -m bench.timing.distributed_time`).",
         "structure | commit | ranks | split | prune s | in collectives s | perplexity | command",
-        intro="`python -m bench.timing.distributed_time`: the CPU protocol (SmolLM2-135M, 8 × 512 calibration "
-              "tokens, 4 shots) through `surgeon prune`, in one process with both cores and under `torchrun "
-              "--nproc-per-node 2` with one thread per rank (gloo). \"prune s\" is the shots' curvature and prune "
-              "phases; evaluation is not counted.",
         rows=lambda path, result: [
             (link(path, f"{result['structure']} {result['target_size']}"), mark(commit_of(path), CPU_PRUNING),
              run["ranks"], run.get("split") or "-", f"{run['prune_seconds']:.1f}", f"{run['collective_seconds']:.1f}",
