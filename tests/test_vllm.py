@@ -237,7 +237,8 @@ def test_vllm_serves_a_smollm2_decilm_export_with_the_masked_models_greedy_token
 @pytest.mark.slow
 def test_smollm2_pruned_recovered_exported_and_quantized_is_served_by_vllm(tmp_path):
     """SmolLM2 through the documented path, on a small budget: prune (structured, 90% kept, one shot on 2 windows of
-    128 tokens), recover (1024 tokens), export, quantize (W8A8, in llm-compressor's environment), serve in vLLM.
+    128 tokens), recover (1024 tokens), export, quantize (W8A8, in llm-compressor's environment), serve in vLLM. The
+    recovered export is served with the recovered masked model's greedy tokens, as a pruned one is.
 
     The quantized weights keep every zero of the export, as int8 zeros. vLLM and transformers are compared on the
     log-likelihood of held-out text, not on greedy tokens, which cannot agree exactly here: W8A8 rounds every linear
@@ -257,6 +258,10 @@ def test_smollm2_pruned_recovered_exported_and_quantized_is_served_by_vllm(tmp_p
     assert main(["--quiet", "recover", str(run), "--output", str(recovered), "--tokens", "1024", "--seqlen",
                  "128"]) == 0
     assert main(["--quiet", "export", str(recovered), "--compact", "--output", str(export)]) == 0
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    prompts = [tokenizer(text).input_ids for text in ("The history of the city begins", "The film was released in")]
+    trained = AutoModelForCausalLM.from_pretrained(recovered, dtype="float32").eval()
+    assert served_tokens(str(export), prompts, 24) == masked_tokens(trained, prompts, 24)  # the recovered export
     report = quantized(export, out)["quantize"]
     before, after = load_file(export / "model.safetensors"), load_file(out / "model.safetensors")
     layers = [name for name, weight in after.items() if weight.dtype == torch.int8]
@@ -265,7 +270,6 @@ def test_smollm2_pruned_recovered_exported_and_quantized_is_served_by_vllm(tmp_p
     for name in layers:
         assert not after[name][before[name] == 0].any(), name
     assert report["bytes_after"] < 0.45 * report["bytes_before"]
-    tokenizer = AutoTokenizer.from_pretrained(out)
     windows = tokenize(tokenizer, evaluation_text("wikitext2"))[0, : 8 * 256].view(8, 256).tolist()
     served = served_log_likelihood(str(out), windows)
     expected = log_likelihood(AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval(), windows)

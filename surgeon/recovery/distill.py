@@ -44,9 +44,9 @@ class Distill:
     """Settings of one recovery: AdamW's peak learning rate `lr` (warmed up linearly over the first `warmup` of
     the steps, then decayed on a cosine to zero; `surgeon recover`'s default is `RecoverConfig.lr`), `weight_decay`,
     `batch_size` windows per step, the seed that orders the windows and draws the adapters, the `loss` ("kl" to the
-    teacher, or "next-token" on the text),
-    `hidden_weight` (with "kl": this times `hidden_loss` of the decoder blocks' outputs added to the objective) and
-    `lora_rank` (0: the weights train; else peft adapters of that rank, merged at the end)."""
+    teacher, or "next-token" on the text), `hidden_weight` (with "kl": this times `hidden_loss` of the decoder
+    blocks' outputs added to the objective) and `lora_rank` (0: the weights train; else peft adapters of that rank,
+    merged at the end)."""
 
     lr: float
     warmup: float = 0.1
