@@ -576,7 +576,7 @@ SECTIONS: dict[str, Callable[[], list[str]]] = {
         "recovery/*.json",
         "Not yet measured (`python -m bench.quality.recovery --structure coupled --target-size 0.8`, and the other "
         "structures).",
-        "run | commit | dense | pruned | perplexity at tokens (training seconds) | lr | batch | last-quarter KL | "
+        "run | commit | dense | pruned | perplexity at tokens (training seconds) | lr | batch | last-quarter loss | "
         "passes over the text",
         rows=lambda path, run: [
             (link(path, row_of(path)), mark(commit_of(path), CPU_RECOVERED), f"{run['ppl_dense']:.2f}",
