@@ -34,7 +34,7 @@ CODE = ("surgeon", "surgeon_kernels", "csrc")
 # and what only writes (the compact export), plans, draws, recovers or quantizes its results afterwards; with its
 # compact export (EXPORTED): less only those; a recovery row (RECOVERED): the pruning run's and the recovery's
 COMMANDS = ("app/cli", "app/settings", "app/run", "app/recover", "scale/plan", "scale/time_model", "app/figures",
-            "integrations/quantize")
+            "*/quantize")
 RECOVERY, EXPORT = ("recovery/distill", "recovery/__init__"), ("export/compact", "models/compact_modeling")
 EXCLUDE = ":(exclude)surgeon/{}.py".format
 PRUNING = (*CODE, *map(EXCLUDE, (*EXPORT, *COMMANDS, *RECOVERY)))

@@ -21,10 +21,10 @@ from safetensors.torch import load_file  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig  # noqa: E402
 
 from surgeon import PruneConfig, prune, save_model  # noqa: E402
+from surgeon.app import quantize  # noqa: E402
 from surgeon.app.cli import main  # noqa: E402
 from surgeon.app.settings import QuantizeConfig  # noqa: E402
 from surgeon.errors import SurgeonError  # noqa: E402
-from surgeon.integrations import quantize  # noqa: E402
 from surgeon.integrations.llmcompressor import (  # noqa: E402
     SurgeonModifier,
     SurgeonSparseGPTModifier,

@@ -65,6 +65,7 @@ def main() -> None:
     config = PruneConfig(structure=args.structure, target_size=args.target_size)
     first = {setting: getattr(args, setting)[0] for setting in VARIED}
     variants = [first, *({**first, setting: value} for setting in VARIED for value in getattr(args, setting)[1:])]
+    settings = [Distill(**variant) for variant in variants]  # a bad combination stops before the prune
     runs = {index: (args.output if args.output and len(variants) == 1 else
                     ROOT / f"{name(args, config, variant)}@{head_commit()}.json")
             for index, variant in enumerate(variants)}
@@ -82,7 +83,7 @@ def main() -> None:
     pruned = run.model
     for index, path in runs.items():
         student = copy.deepcopy(pruned)
-        curve, losses, passes = train(args, run, student, teacher, Distill(**variants[index]))
+        curve, losses, passes = train(args, run, student, teacher, settings[index])
         write_json(path, {"model": args.model, "config": config.resolved(), "ppl_dense": dense, **variants[index],
                           "prune_seconds": prune_seconds, "curve": curve, "losses": losses,
                           "seqlen": args.seqlen, "eval_windows": args.eval_windows, "eval_seqlen": args.eval_seqlen,

@@ -230,7 +230,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _cmd_quantize(args: argparse.Namespace) -> int:
     config = _build(QuantizeConfig, args)
-    from surgeon.integrations.quantize import run_quantize
+    from surgeon.app.quantize import run_quantize
 
     done = run_quantize(config)["quantize"]
     print(f"{done['scheme']} ({done['format']}): {done['layers']} layers, their {done['zeros_kept']} pruned weights "

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from surgeon.app.run import pruning_run
 from surgeon.app.settings import QuantizeConfig
 from surgeon.errors import SurgeonError, first_line
 from surgeon.io import COMPLETE_MARKER, OutputDirectory, write_json
@@ -115,6 +116,12 @@ def check_zeros(zeros: dict[str, ZeroMask], weights: Iterable[tuple[str, torch.T
     return layers, count
 
 
+def scheme_format(model: nn.Module) -> str:
+    """The compressed-tensors format the quantized layers were written in (e.g. int-quantized)."""
+    schemes = [getattr(module, "quantization_scheme", None) for module in model.modules()]
+    return ", ".join(sorted({str(scheme.format.value) for scheme in schemes if scheme is not None}))
+
+
 def _load(source: Path) -> tuple[Any, Any]:
     """The model (in the checkpoint's dtype, eval mode) and tokenizer of a checkpoint folder."""
     from transformers import AutoTokenizer
@@ -127,18 +134,10 @@ def _load(source: Path) -> tuple[Any, Any]:
         raise SurgeonError(f"cannot load the model in {str(source)!r}: {first_line(error)}") from error
 
 
-def _format(model: nn.Module) -> str:
-    """The compressed-tensors format the quantized layers were written in (e.g. int-quantized)."""
-    schemes = [getattr(module, "quantization_scheme", None) for module in model.modules()]
-    return ", ".join(sorted({str(scheme.format.value) for scheme in schemes if scheme is not None}))
-
-
 def run_quantize(config: QuantizeConfig) -> dict[str, Any]:
     """Write `config.run`'s model quantized with `config.scheme` to `config.output` with its tokenizer and
     report.json (the source's report and a "quantize" entry); return that report."""
     version = require_llmcompressor()
-    from surgeon.app.run import pruning_run
-
     source, report, folder = pruning_run(config.run, config.output, "quantize")
     with OutputDirectory(folder, config.overwrite) as output:
         model, tokenizer = _load(source)
@@ -152,9 +151,10 @@ def run_quantize(config: QuantizeConfig) -> dict[str, Any]:
         if (source / "compact_modeling.py").is_file():  # a DeciLM export's modeling code (trust_remote_code=True)
             shutil.copyfile(source / "compact_modeling.py", output.staging / "compact_modeling.py")
         layers, count = check_zeros(zeros, saved_weights(output.staging, model))
-        report["quantize"] = {"scheme": config.scheme, "format": _format(model), "source": str(source),
+        report["quantize"] = {"scheme": config.scheme, "format": scheme_format(model), "source": str(source),
                               "ignore": list(IGNORE), "layers": layers, "zeros_kept": count,
-                              "bytes_before": weight_bytes(source), "bytes_after": weight_bytes(output.staging),
+                              "bytes_before": weight_bytes(source),
+                              "bytes_after": weight_bytes(output.staging),
                               "llmcompressor": version}
         write_json(output.staging / COMPLETE_MARKER, report)
         output.commit()
