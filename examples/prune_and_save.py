@@ -1,7 +1,6 @@
 """Prune the built-in SmolLM2-135M structurally to 80% kept, compare perplexity, save it (README example)."""
 
 import surgeon
-from surgeon import PruneConfig
 
 model, tokenizer = surgeon.load_model("smollm2-135m")  # a hub id, a local folder, a .gguf file or a built-in name
 text = surgeon.calibration_text("wikitext2-valid")
@@ -10,7 +9,7 @@ calibration_ids = surgeon.calibration_windows(ids, nsamples=2, seqlen=256, seed=
 test_ids = surgeon.tokenize(tokenizer, surgeon.evaluation_text("wikitext2"))  # LongTensor [1, T], the whole text
 dense = surgeon.perplexity(model, test_ids, seqlen=2048, windows=1)
 
-config = PruneConfig(structure="structured", target_size=0.8, shots=1)  # keep 80% of the prunable weights
+config = surgeon.PruneConfig(structure="structured", target_size=0.8, shots=1)  # keep 80% of the prunable weights
 report = surgeon.prune(model, calibration_ids, config)
 pruned = surgeon.perplexity(model, test_ids, seqlen=2048, windows=1)
 print(f"perplexity {dense.ppl:.2f} -> {pruned.ppl:.2f}, sparsity {report.sparsity:.3f}")
