@@ -50,28 +50,34 @@ def stages(run: Path, work: Path, scheme: str, python: Path) -> tuple[Path, Path
     return export, quantized
 
 
-def served_perplexity(folder: Path, report: dict) -> float:
-    """Perplexity of the checkpoint in `folder` served by vLLM on the test windows `report`'s evaluation used (as
-    `surgeon.app.evaluate.perplexity`: the mean over windows of each window's mean negative log-likelihood)."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+def evaluation_windows(folder: Path, report: dict) -> list[list[int]]:
+    """The test windows `report`'s evaluation used, tokenized by the checkpoint in `folder`."""
     from transformers import AutoTokenizer
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
 
     windows = report["eval"]["after"]["windows"]
     seqlen = report["eval"]["after"]["tokens"] // windows
     ids = tokenize(AutoTokenizer.from_pretrained(folder), evaluation_text(report["run"]["dataset"]))
-    prompts = [TokensPrompt(prompt_token_ids=ids[0, i * seqlen:(i + 1) * seqlen].tolist()) for i in range(windows)]
+    return [ids[0, i * seqlen:(i + 1) * seqlen].tolist() for i in range(windows)]
+
+
+def served_perplexity(folder: Path, windows: list[list[int]]) -> float:
+    """Perplexity of the checkpoint in `folder` served by vLLM on `windows` (as `surgeon.app.evaluate.perplexity`:
+    the mean over windows of each window's mean negative log-likelihood)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    seqlen = len(windows[0])
     llm = LLM(model=str(folder), trust_remote_code=True, dtype="float32", enforce_eager=True, max_model_len=seqlen + 1,
               kv_cache_memory_bytes=1 << 30, seed=0)
     try:
-        outputs = llm.generate(prompts, SamplingParams(max_tokens=1, detokenize=False, prompt_logprobs=0),
-                               use_tqdm=False)
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=window) for window in windows],
+                               SamplingParams(max_tokens=1, detokenize=False, prompt_logprobs=0), use_tqdm=False)
     finally:
         del llm
         gc.collect()
-    nll = [-sum(step[token].logprob for step, token in zip(out.prompt_logprobs[1:], prompt["prompt_token_ids"][1:]))
-           / (seqlen - 1) for out, prompt in zip(outputs, prompts)]
+    nll = [-sum(step[token].logprob for step, token in zip(out.prompt_logprobs[1:], window[1:])) / (seqlen - 1)
+           for out, window in zip(outputs, windows)]
     return math.exp(sum(nll) / len(nll))
 
 
@@ -97,7 +103,8 @@ def main() -> None:
     recovered = "ppl_dense" in report  # a recover run's report; a prune run's holds dense and pruned only
     ppl = ({"dense": report["ppl_dense"], "pruned": report["ppl_before"], "recovered": report["ppl_after"]}
            if recovered else {"dense": report["ppl_before"], "pruned": report["ppl_after"]})
-    ppl |= {"export": served_perplexity(export, report), "quantized": served_perplexity(quantized, report)}
+    windows = evaluation_windows(export, report)
+    ppl |= {"export": served_perplexity(export, windows), "quantized": served_perplexity(quantized, windows)}
     timed = {"run": args.run, "export": export, "quantized": quantized}
     rounds = run_in_turn("bench.timing.serve_speed", list(map(str, timed.values())), args.rounds, [
         "--batch", *map(str, args.batch), "--prompt", str(args.prompt), "--new-tokens", str(args.new_tokens),
