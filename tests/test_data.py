@@ -140,3 +140,20 @@ def test_a_run_calibrated_on_its_evaluation_text_is_refused_before_the_model_loa
     assert main(["prune", "--model", str(tmp_path / "no-model-needed"), "--calibration", str(copy), "--output",
                  str(tmp_path / "out")]) == 2
     assert "shares" in capsys.readouterr().err and not (tmp_path / "out").exists()  # not the missing model
+
+
+def test_any_hub_dataset_streams_its_column_until_enough_text(monkeypatch):
+    from surgeon.app import data
+
+    calls = []
+
+    def load_dataset(path, config, split, streaming):
+        calls.append((path, config, split, streaming))
+        return iter([{"body": "x" * 6, "id": 1}] * 10)
+
+    monkeypatch.setattr(data, "STREAMED_CHARACTERS", 20)
+    text = data._load_hub_split(load_dataset, "hf:org/set:en:validation:body", "train")
+    assert calls == [("org/set", "en", "validation", True)]
+    assert text.text == "\n\n".join(["x" * 6] * 4) and "hf:org/set" in text.source  # 24 characters: enough
+    with pytest.raises(SurgeonError, match="no column 'text' .*body, id"):
+        data._load_hub_split(lambda *args, **kwargs: iter([{"body": "x", "id": 1}]), "hf:org/set", "train")

@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 PACKAGED = Path(__file__).parents[1] / "data" / "wikitext-2"
 HUB_SETS = ("wikitext2", "c4", "ptb")
+STREAMED_CHARACTERS = 20_000_000  # of a streamed hf: dataset: about 5M tokens, beyond any default budget
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,21 @@ def _hub(name: str, split: str) -> Text:
 
 
 def _load_hub_split(load_dataset: Callable[..., Any], name: str, split: str) -> Text:
-    """One split of a hub text set, its rows joined as SparseGPT and LLM Surgeon join them."""
+    """One split of a hub text set, its rows joined as SparseGPT and LLM Surgeon join them; or, for
+    `hf:PATH[:CONFIG[:SPLIT[:COLUMN]]]`, any dataset `datasets` loads, streamed until `STREAMED_CHARACTERS`."""
+    if name.startswith("hf:"):
+        path, config, split, column = (name[3:].split(":") + ["", "", ""])[:4]
+        stream = load_dataset(path, config or None, split=split or "train", streaming=True)
+        rows, size = [], 0
+        for row in stream:
+            if size >= STREAMED_CHARACTERS:
+                break
+            if (column or "text") not in row:
+                raise SurgeonError(f"{name}: the rows have no column {column or 'text'!r} (they have "
+                                   f"{', '.join(row)}): name it as hf:PATH:CONFIG:SPLIT:COLUMN")
+            rows.append(str(row[column or "text"]))
+            size += len(rows[-1])
+        return Text("\n\n".join(rows), f"{name} (hub, first {size} characters)")
     if name == "wikitext2":
         rows = load_dataset("wikitext", "wikitext-2-raw-v1", split=split)["text"]
         return Text("\n\n".join(rows), f"wikitext2:{split} (hub)")
@@ -102,7 +117,7 @@ def calibration_text(name: str) -> Text:
     """
     if name == "wikitext2-valid":
         return _packaged("wiki.valid.tokens")
-    if name in HUB_SETS:
+    if name in HUB_SETS or name.startswith("hf:"):
         try:
             return _hub(name, "train")
         except SurgeonError as error:
