@@ -31,6 +31,7 @@ DEFAULT_SHOTS = {"structured": 4, "coupled": 4, "unstructured": 2, "experts": 1}
 # where the curvature pass and the prune phase keep their tensors: they change time and memory, never a result
 MEMORY_OPTIONS = ("activation_checkpointing", "offload", "block_groups")
 EXPORT_FORMATS = ("standard", "decilm")
+FISHERS = ("empirical", "sampled")  # G's labels: the data's next tokens, or drawn from the model (eq. 6)
 LAYOUTS = ("per-block", "uniform", "decilm")  # coupled: how units may leave, by the export format that holds them
 Correlation = Literal["joint", "within"]
 _NM = re.compile(r"^(\d+):(\d+)$")
@@ -98,6 +99,10 @@ class PruneConfig:
                                     METHODS.items() if m.coupled_damp_a != DEFAULT_DAMP_A))
     damp_g: float | None = opt(None, "relative damping of G: G + λ·mean(diag G)·I",
                                 shown=f"{DEFAULT_DAMP_G}; {PROPAGATED_DAMP_G} with propagate")
+    fisher: str = opt(
+        "empirical", "G's labels: the data's next tokens (empirical, as the paper uses in practice) or tokens drawn "
+        "from the model's own predictions (sampled: eq. 6's Fisher, one draw per position, seeded)", FISHERS,
+    )
     batch_size: int = opt(1, "calibration windows per forward/backward pass")
     propagate: bool | None = opt(
         None, "N:M: prune the last shot block by block, each block's A from the inputs of the blocks already pruned "
@@ -136,6 +141,8 @@ class PruneConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.fisher not in FISHERS:
+            raise ValueError(f"fisher={self.fisher!r}: choose one of {', '.join(FISHERS)}")
         nm = parse_nm(self.structure)
         if self.structure not in DEFAULT_SHOTS and nm is None:
             raise ValueError(f"structure={self.structure!r}: use structured, coupled, unstructured, experts, or N:M "
@@ -167,6 +174,9 @@ class PruneConfig:
                                             or self.leave_out_parts != ("router",)):
             raise ValueError("structure experts runs its own pass and removes routed experts whole: without "
                              "activation_checkpointing, lora_steps and leave_out")
+        if self.fisher == "sampled" and (not self.spec.needs_g or self.shot is Shot.EXPERTS):
+            raise ValueError(f"fisher=sampled draws the labels of G: method {self.method!r} with structure "
+                             f"{self.structure} uses no G from the curvature pass")
         if self.max_correlate is not None and self.max_correlate < 0:
             raise ValueError(f"max_correlate={self.max_correlate}: must be >= 0 (0 = all)")
         if self.cg_tol < 0 or self.cg_max_iter < 1:

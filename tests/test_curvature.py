@@ -160,6 +160,35 @@ def test_logit_gradient_is_that_of_the_summed_next_token_loss():
     assert (grad[:, -1] == 0).all()
 
 
+def test_sampled_labels_follow_the_models_distribution_and_their_outer_product_is_the_fisher():
+    """Drawn labels are as likely as the model says (a one-hot prediction always gives its token), so the mean of
+    (p − e_y)(p − e_y)ᵀ over draws approaches the Fisher of the logits, diag(p) − ppᵀ (eq. 6's expectation)."""
+    probs = torch.softmax(torch.randn(1, 20_000, 6, dtype=torch.float64,
+                                      generator=torch.Generator().manual_seed(0)) / 2, -1)
+    probs[0, :, :] = probs[0, :1, :]  # one distribution, drawn 20,000 times
+    labels = curvature.sampled_labels(probs, [0], seed=3)
+    residual = probs[0] - F.one_hot(labels[0], 6).double()
+    fisher = torch.diag(probs[0, 0]) - torch.outer(probs[0, 0], probs[0, 0])
+    torch.testing.assert_close(residual.T @ residual / 20_000, fisher, atol=0.01, rtol=0)
+    certain = F.one_hot(torch.tensor([[2, 5, 0]]), 6).double()
+    assert curvature.sampled_labels(certain, [7], seed=0).tolist() == [[2, 5, 0]]
+
+
+def test_sampled_labels_depend_on_the_window_and_seed_not_on_the_batch():
+    model = tiny_model("llama").double()
+    named = [pair for block in prunable_layers(model) for pair in block]
+    windows = torch.randint(0, 96, (4, 16), generator=torch.Generator().manual_seed(0))
+    one, two = (curvature.estimate(model, named, windows, backend="torch", batch_size=size, sampled_seed=5)
+                for size in (1, 2))
+    empirical = curvature.estimate(model, named, windows, backend="torch")
+    other_seed = curvature.estimate(model, named, windows, backend="torch", sampled_seed=6)
+    for name, _ in named:
+        torch.testing.assert_close(one[name].G.dense(), two[name].G.dense(), **FLOAT32)
+        torch.testing.assert_close(one[name].A.dense(), empirical[name].A.dense(), **FLOAT32)  # A needs no label
+        assert not torch.allclose(one[name].G.dense(), empirical[name].G.dense(), rtol=1e-3, atol=0)
+        assert not torch.allclose(one[name].G.dense(), other_seed[name].G.dense(), rtol=1e-3, atol=0)
+
+
 @pytest.mark.parametrize("family", ["llama", "opt", "qwen3", "gpt_neox", "gemma2"])
 def test_activation_checkpointing_gives_the_same_factors_running_each_block_again(family):
     model = family_model(family)

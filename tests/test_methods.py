@@ -45,6 +45,13 @@ def test_what_a_run_needs_follows_its_entry():
             config = PruneConfig(structure="unstructured", method=name)
             assert config.chooses == (method.alternative is not None)
     assert all(METHODS[m.alternative].layer_rule is not None for m in METHODS.values() if m.alternative)
+    for name, method in METHODS.items():  # sampled labels need a G from the curvature pass
+        kind = method.structures[0]
+        if method.needs_g and kind != "experts":
+            assert PruneConfig(structure=EXAMPLE[kind], method=name, fisher="sampled").fisher == "sampled"
+        else:
+            with pytest.raises(ValueError, match="fisher=sampled"):
+                PruneConfig(structure=EXAMPLE[kind], method=name, fisher="sampled")
 
 
 def test_the_coupled_damping_default_is_the_entrys():

@@ -213,24 +213,39 @@ def frozen(model: nn.Module) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
-def _logit_gradient(logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+def sampled_labels(probs: torch.Tensor, windows: Sequence[int], seed: int) -> torch.Tensor:
+    """A next token per position drawn from the model's own predictions `probs` [B, L, V]: one uniform per position
+    from a CPU generator seeded by (`seed`, the window's index in the calibration set), inverted through the
+    cumulative distribution, so that the labels depend on neither the batch size, the ranks nor the device."""
+    draws = [torch.rand(probs.shape[1], generator=torch.Generator().manual_seed(seed * 1_000_003 + window),
+                        dtype=torch.float64) for window in windows]
+    uniform = torch.stack(draws).to(device=probs.device, dtype=probs.dtype)
+    cumulative = probs.cumsum(-1)
+    labels = torch.searchsorted(cumulative, (uniform * cumulative[..., -1]).unsqueeze(-1)).squeeze(-1)
+    return labels.clamp_(max=probs.shape[-1] - 1)
+
+
+def _logit_gradient(logits: torch.Tensor, batch: torch.Tensor, sampled: tuple[Sequence[int], int] | None = None
+                    ) -> torch.Tensor:
     """∂/∂z of the summed next-token loss −Σ_n log softmax(z_n)[y_n]: softmax(z_n) − e_{y_n}, zero at the last
     position (it has no next token).
 
-    Labels y are the data's next tokens: the empirical Fisher, as the paper uses (its "Block Fisher
-    Information Matrix"). Written out rather than by autograd through `F.cross_entropy`, whose
-    log-softmax output, zero-filled NLL gradient and log-softmax backward are three more [L, vocabulary]
-    passes (their cost: bench/RESULTS.md).
+    Labels y are the data's next tokens (the empirical Fisher, as the paper uses), or with `sampled` (the windows'
+    indices and the seed) tokens drawn from the model's own predictions (`sampled_labels`: the Fisher of eq. 6 as
+    an expectation over the model's distribution, one sample per position). Written out rather than by autograd
+    through `F.cross_entropy`, whose log-softmax output, zero-filled NLL gradient and log-softmax backward are three
+    more [L, vocabulary] passes (their cost: bench/RESULTS.md).
     """
     probs = torch.softmax(logits.detach(), dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
-    labels = batch[:, 1:]
+    labels = batch[:, 1:] if sampled is None else sampled_labels(probs[:, :-1], *sampled)
     probs[:, -1] = 0
     probs[:, :-1].scatter_add_(-1, labels.unsqueeze(-1), probs.new_full(labels.shape, -1.0).unsqueeze(-1))
     return probs.to(logits.dtype)
 
 
-def backward(model: nn.Module, batch: torch.Tensor) -> None:
-    """One forward and input-gradient backward pass of the loss summed over the batch's tokens.
+def backward(model: nn.Module, batch: torch.Tensor, sampled: tuple[Sequence[int], int] | None = None) -> None:
+    """One forward and input-gradient backward pass of the loss summed over the batch's tokens, its labels the
+    data's or, with `sampled` (the windows' indices, the seed), drawn from the model (`_logit_gradient`).
 
     The gradient starts at the embeddings' output, made a leaf that requires grad by a hook inside
     the model's own forward (so a model sharded by FSDP2 gathers its embedding weights as usual).
@@ -241,7 +256,7 @@ def backward(model: nn.Module, batch: torch.Tensor) -> None:
         logits = model(batch, use_cache=False).logits
     finally:
         handle.remove()
-    logits.backward(_logit_gradient(logits, batch))
+    logits.backward(_logit_gradient(logits, batch, sampled))
 
 
 def _collect(
@@ -283,6 +298,7 @@ def estimate(
     group_bytes: int | None = None,
     batches: Sequence[int] | None = None,
     checkpoint_blocks: Sequence[nn.Module] = (),
+    sampled_seed: int | None = None,
 ) -> dict[str, LayerFactors]:
     """Kronecker factors (A, and G when `need_g`) of `layers` over calibration `windows` [n, L] (eq. 6).
 
@@ -291,12 +307,16 @@ def estimate(
     part of all the windows, so that the factors of all shares sum to those of all the windows.
     `checkpoint_blocks`: modules (the decoder blocks) run under activation checkpointing, the same
     factors for less activation memory and one more forward.
+    `sampled_seed`: G from labels drawn from the model with this seed (`sampled_labels`), not the data's.
     """
     device = next(model.parameters()).device
     split = windows.to(device).split(batch_size)  # one copy: a copy from pageable memory waits for the device
     chosen = range(len(split)) if batches is None else batches
-    passes = (functools.partial(backward if need_g else _forward, model, split[i])
-              for i in tqdm(chosen, desc=desc, leave=False, disable=not progress))
+    sampled = {i: (range(i * batch_size, i * batch_size + len(split[i])), sampled_seed) for i in chosen} \
+        if sampled_seed is not None else {}
+    passes = (functools.partial(backward, model, split[i], sampled.get(i)) if need_g else
+              functools.partial(_forward, model, split[i]) for i in tqdm(chosen, desc=desc, leave=False,
+                                                                          disable=not progress))
     with frozen(model):
         factors = _collect(layers, passes, windows.numel(), need_g, backend, group_bytes,
                            checkpoint_blocks if need_g else ())

@@ -326,6 +326,7 @@ def _curvature(model: nn.Module, calibration_ids: torch.Tensor, config: PruneCon
         factors = curvature.estimate(
             model, group_layers, calibration_ids, need_g=config.spec.needs_g, batch_size=config.batch_size,
             backend=config.backend, progress=progress, batches=run.batches, checkpoint_blocks=run.checkpointed,
+            sampled_seed=config.seed if config.fisher == "sampled" else None,
             desc=desc + (f" {part}/{len(run.groups)}" if len(run.groups) > 1 else ""))
         if config.curvature_split == "batches":
             run.ranks.reduce_factors(factors)
