@@ -63,7 +63,7 @@ NAMES = {"lobd": "L-OBD", "kobd": "K-OBD", "sparsegpt": "SparseGPT", "sparsegpt-
 # What sets a run's result apart from the CLI's defaults (`PruneConfig.resolved`); backends, batches, memory options
 # and the like do not
 SETTINGS = ("method", "shots", "correlation", "max_correlate", "cg_tol", "cg_dtype", "damp_a", "damp_g", "propagate",
-            "held_out_choice", "lora_steps", "kronecker_terms")
+            "held_out_choice", "lora_steps", "kronecker_terms", "fisher")
 # The quality rows the time-to-quality table sets beside its points
 TTQ_ROWS = ("structured-0.8-surgeon", "structured-0.8-surgeon-lora20", "unstructured-0.5-surgeon",
             "unstructured-0.5-surgeon-shots2", "2of4-0.5-surgeon", "2of4-0.5-surgeon-4shots", "4of8-0.5-surgeon",
@@ -265,7 +265,8 @@ def quality_table(runs: Runs, older: set[str]) -> str:
         name = c["method"] if c["method"] != "surgeon" else (
             f"surgeon/m={c['max_correlate']} {c.get('chunk_semantics', 'independent')}" if c["max_correlate"]
             else "surgeon/all jointly (CG)")
-        return name + (", last shot propagated" if c.get("propagate") else "")
+        return name + (", last shot propagated" if c.get("propagate") else "") + (
+            ", G of sampled labels" if c.get("fisher") == "sampled" else "")
 
     dense = runs["dense"]
     rows: list[Row] = [("dense", "-", "1.0", "-", "-", "-", 0, f"{dense['ppl']:.3f}", f"{dense['seconds']:.0f}")]

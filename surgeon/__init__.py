@@ -27,6 +27,7 @@ _EXPORTS = {
     "tokenize": "surgeon.app.data",
     "calibration_windows": "surgeon.app.data",
     "held_out_windows": "surgeon.app.data",
+    "set_aside": "surgeon.app.data",
     "leading_token": "surgeon.app.data",
     "prune": "surgeon.pruning.shots",
     "PruneReport": "surgeon.pruning.report",
@@ -41,7 +42,7 @@ _EXPORTS = {
 __all__ = [
     "EvalResult", "PruneConfig", "PruneReport", "RunConfig", "ShotReport", "Solution", "SurgeonError", "__version__",
     "calibration_text", "calibration_windows", "evaluation_text", "held_out_windows", "leading_token", "load_compact",
-    "load_model", "load_tokenizer", "perplexity", "prune", "save_model", "solve", "tokenize",
+    "load_model", "load_tokenizer", "perplexity", "prune", "save_model", "set_aside", "solve", "tokenize",
 ]
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
         evaluation_text,
         held_out_windows,
         leading_token,
+        set_aside,
         tokenize,
     )
     from surgeon.app.evaluate import EvalResult, perplexity

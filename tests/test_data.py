@@ -6,11 +6,13 @@ import pytest
 import torch
 
 from surgeon.app.data import (
+    ARTICLE,
     Text,
     calibration_text,
     calibration_windows,
     evaluation_text,
     held_out_windows,
+    set_aside,
     shared_passages,
     tokenize,
 )
@@ -85,15 +87,43 @@ def test_offline_hub_dataset_is_one_clear_error(unreachable_hub):
         calibration_text("c4")
 
 
-def test_held_out_windows_share_no_token_with_the_calibration_windows():
-    ids = torch.arange(2000).unsqueeze(0)  # every token its position
-    taken = set(calibration_windows(ids, 12, 64, seed=3).flatten().tolist())
-    held = held_out_windows(ids, 12, 64, seed=3)
-    assert held.shape == (3, 64) and torch.equal(held, held_out_windows(ids, 12, 64, seed=3))  # a quarter, seeded
-    assert not taken & set(held.flatten().tolist())
-    assert len(set(held.flatten().tolist())) == 3 * 64  # nor with each other
-    assert held_out_windows(ids, 1, 64, seed=3).shape == (2, 64)  # at least two
-    assert held_out_windows(torch.arange(300).unsqueeze(0), 3, 64, seed=0) is None  # no room beside 3 windows
+def test_held_out_windows_are_the_first_windows_of_the_text_set_aside():
+    ids = torch.arange(2000).unsqueeze(0)
+    held = held_out_windows(ids, 48, 64)
+    assert held.shape == (3, 64) and torch.equal(held.flatten(), torch.arange(3 * 64))  # one per 16, consecutive
+    assert held_out_windows(ids, 1, 64).shape == (2, 64)  # at least two
+    assert held_out_windows(torch.arange(127).unsqueeze(0), 8, 64) is None  # fewer tokens than two windows
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    from surgeon.models.adapter import load_tokenizer
+
+    return load_tokenizer("smollm2-135m")
+
+
+def test_the_last_whole_articles_are_set_aside_where_no_calibration_window_reads_them(smollm2_tokenizer):
+    """The fewest whole WikiText articles at the text's end that hold the tokens asked for; what the windows are drawn
+    from is the text before them, and the two share no passage."""
+    valid = calibration_text("wikitext2-valid")
+    drawn, aside = set_aside(smollm2_tokenizer, valid, 20_000)
+    assert aside is not None and drawn.text + aside.text == valid.text
+    starts = [match.start() for match in ARTICLE.finditer(aside.text)]
+    assert starts[0] == 0 and len(starts) > 1  # whole articles, more than one
+    assert len(smollm2_tokenizer(aside.text).input_ids) > 20_000
+    assert len(smollm2_tokenizer(aside.text[starts[1]:]).input_ids) <= 20_000  # the fewest that hold them
+    assert shared_passages(aside, drawn) == 0 and "less its last" in drawn.source
+    assert set_aside(smollm2_tokenizer, valid, len(smollm2_tokenizer(valid.text).input_ids) // 3) == (valid, None)
+
+
+def test_a_text_without_articles_is_parted_at_a_paragraph_or_a_word(smollm2_tokenizer):
+    paragraphs = Text("\n\n".join(f"paragraph {i} " + "word " * 50 for i in range(20)), "paragraphs")
+    drawn, aside = set_aside(smollm2_tokenizer, paragraphs, 100)
+    assert aside is not None and aside.text.startswith("paragraph 18 ")  # two paragraphs of 52 tokens and more
+    words = Text("the " * 400, "words")
+    drawn, aside = set_aside(smollm2_tokenizer, words, 50)
+    assert aside is not None and aside.text.startswith("the ") and 50 < len(aside.text.split()) < 60
+    assert set_aside(smollm2_tokenizer, Text("the " * 40, "short"), 64) == (Text("the " * 40, "short"), None)
 
 
 @pytest.mark.parametrize("name, bos", [("smollm2-135m", None),
@@ -109,7 +139,7 @@ def test_windows_begin_as_the_tokenizer_begins_a_text(name, bos):
     ids = torch.arange(3, 2003).unsqueeze(0)
     plain = calibration_windows(ids, 4, 64, seed=0)
     for windows, text in ((calibration_windows(ids, 4, 64, 0, bos), plain),
-                          (held_out_windows(ids, 4, 64, 0, bos), held_out_windows(ids, 4, 64, 0))):
+                          (held_out_windows(ids, 4, 64, bos), held_out_windows(ids, 4, 64))):
         assert torch.equal(windows[:, 1:], text[:, 1:])
         assert torch.equal(windows[:, 0], text[:, 0] if bos is None else torch.full((windows.shape[0],), bos))
 
@@ -130,6 +160,21 @@ def test_the_benchmark_calibrates_and_tunes_on_text_the_reported_perplexity_neve
 
     assert shared_passages(calibration_text(table.CALIBRATION), evaluation_text(table.EVALUATION)) == 0
     assert table.load_protocol.__code__.co_names.count("CALIBRATION") == 1  # every window the bench draws is of it
+
+
+def test_the_benchmark_calibrates_weighs_and_tunes_on_apart_articles(monkeypatch, smollm2_tokenizer):
+    """No run of 32 tokens is in two of the bench's calibration, held-out and tuning windows."""
+    from bench.quality import table
+
+    monkeypatch.setattr(table, "load_model", lambda name: (torch.nn.Linear(1, 1), smollm2_tokenizer))
+    protocol = table.load_protocol("smollm2-135m", 64, 512)
+    assert protocol.held_out.shape == (4, 512) and protocol.tuning_ids.shape[1] > table.TUNING_TOKENS
+
+    def runs(ids: torch.Tensor) -> set[int]:
+        return {hash(tuple(row[i:i + 32])) for row in ids.tolist() for i in range(len(row) - 31)}
+
+    calibration, held_out, tuning = runs(protocol.windows), runs(protocol.held_out), runs(protocol.tuning_ids)
+    assert not calibration & held_out and not calibration & tuning and not held_out & tuning
 
 
 def test_a_run_calibrated_on_its_evaluation_text_is_refused_before_the_model_loads(tmp_path, capsys):

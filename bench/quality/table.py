@@ -51,12 +51,15 @@ import torch
 
 from bench.machine import cpu_machine
 from surgeon import PruneConfig, prune
+from surgeon.config import FISHERS
 from surgeon.app.data import (
     calibration_text,
     calibration_windows,
     evaluation_text,
+    held_out_count,
     held_out_windows,
     leading_token,
+    set_aside,
     tokenize,
 )
 from surgeon.app.evaluate import perplexity
@@ -101,8 +104,8 @@ def rows(shots_structured: int, shots_element: int) -> list[tuple[str, PruneConf
 
 
 def defaults_rows() -> list[tuple[str, PruneConfig]]:
-    """(id, config) of each structure's CLI defaults against its baselines: the rows on a second model, or at
-    another calibration budget than SmolLM2's table."""
+    """(id, config) of each structure's CLI defaults against its baselines, and LLM Surgeon's own models with either
+    Fisher: the rows on a second model, or at another calibration budget than SmolLM2's table."""
     out = [(f"structured-0.8-{method}", PruneConfig(structure="structured", target_size=0.8, method=method))
            for method in ("kobd", "surgeon")]
     for structure in ("unstructured", "2:4"):
@@ -110,6 +113,15 @@ def defaults_rows() -> list[tuple[str, PruneConfig]]:
             shots = None if method == "surgeon" else 1
             out.append((f"{structure.replace(':', 'of')}-0.5-{method}",
                         PruneConfig(structure=structure, target_size=0.5, shots=shots, method=method)))
+    # LLM Surgeon's own models, not weighed against sparsegpt-refine's, with G from the data's next tokens and from
+    # labels drawn from the model (eq. 6)
+    out.append(("structured-0.8-surgeon-sampled", PruneConfig(structure="structured", target_size=0.8,
+                                                              fisher="sampled")))
+    for structure in ("unstructured", "2:4"):
+        for fisher in FISHERS:
+            out.append((f"{structure.replace(':', 'of')}-0.5-surgeon-alone" + ("-sampled" if fisher == "sampled"
+                                                                                 else ""),
+                        PruneConfig(structure=structure, target_size=0.5, fisher=fisher, held_out_choice=False)))
     return out
 
 
@@ -137,20 +149,23 @@ def folder(model: str, calib_windows: int, calib_seqlen: int) -> Path:
 
 
 # The protocol's texts: calibration, held-out and tuning windows come from the validation split, which shares no
-# passage with the test split that every perplexity is reported on (tests/test_data.py)
+# passage with the test split that every perplexity is reported on (tests/test_data.py). Its last articles, at least
+# TUNING_TOKENS, are set aside for choosing settings; `surgeon prune` runs on the rest.
 CALIBRATION, EVALUATION = "wikitext2-valid", "wikitext2"
+TUNING_TOKENS = 8 * 2048
 
 
 @dataclass
 class Protocol:
     """What every run of a model's protocol starts from: the model, a copy of its dense weights, its tokenizer, the
-    WikiText-2 test ids, the calibration text's ids and BOS, and the calibration windows and the held-out windows
-    `surgeon prune` draws beside them with `seed`."""
+    WikiText-2 test ids, the tuning ids, the ids and BOS of the text the calibration windows are drawn from, and the
+    calibration windows and the held-out windows `surgeon prune` takes beside them with `seed`."""
 
     model: Any
     dense_state: dict[str, torch.Tensor]
     tokenizer: Any
     test_ids: torch.Tensor
+    tuning_ids: torch.Tensor
     ids: torch.Tensor
     bos: int | None
     windows: torch.Tensor
@@ -158,37 +173,44 @@ class Protocol:
     seed: int = 0
 
     def with_seed(self, seed: int) -> Protocol:
-        """The same protocol with its calibration and held-out windows drawn with `seed`."""
+        """The same protocol with its calibration windows drawn with `seed`."""
         count, seqlen = self.windows.shape
         return dataclasses.replace(self, windows=calibration_windows(self.ids, count, seqlen, seed, self.bos),
-                                   held_out=held_out_windows(self.ids, count, seqlen, seed, self.bos), seed=seed)
+                                   seed=seed)
 
 
 def load_protocol(model_name: str = "smollm2-135m", calib_windows: int | None = None, calib_seqlen: int | None = None,
                   source: str | None = None) -> Protocol:
-    """The protocol of `model_name` (loaded from `source`, a folder holding it, where given): calibration windows
-    drawn with seed 0, by default as many and as long as the model's protocol, each begun with the tokenizer's BOS
-    where it puts one, and the held-out windows beside them (`held_out_windows`)."""
+    """The protocol of `model_name` (loaded from `source`, a folder holding it, where given): the validation split's
+    last articles set aside for tuning, and of the rest what `surgeon prune` makes of a calibration text: its last
+    articles set aside for the held-out windows (`set_aside`), and calibration windows drawn from the others with
+    seed 0, by default as many and as long as the model's protocol, each begun with the tokenizer's BOS where it puts
+    one."""
     calib_windows = calib_windows or PROTOCOLS[model_name][0]
     calib_seqlen = calib_seqlen or PROTOCOLS[model_name][1]
     model, tokenizer = load_model(source or model_name)
     dense_state = {k: v.clone() for k, v in model.state_dict().items()}
     test_ids = tokenize(tokenizer, evaluation_text(EVALUATION))
-    ids, bos = tokenize(tokenizer, calibration_text(CALIBRATION)), leading_token(tokenizer)
+    rest, tuning = set_aside(tokenizer, calibration_text(CALIBRATION), TUNING_TOKENS)
+    drawn, aside = set_aside(tokenizer, rest, held_out_count(calib_windows) * calib_seqlen)
+    assert tuning is not None and aside is not None  # the validation split holds both many times over
+    ids, bos = tokenize(tokenizer, drawn), leading_token(tokenizer)
     windows = calibration_windows(ids, calib_windows, calib_seqlen, 0, bos)
-    return Protocol(model, dense_state, tokenizer, test_ids, ids, bos, windows,
-                    held_out_windows(ids, calib_windows, calib_seqlen, 0, bos))
+    return Protocol(model, dense_state, tokenizer, test_ids, tokenize(tokenizer, tuning), ids, bos, windows,
+                    held_out_windows(tokenize(tokenizer, aside), calib_windows, calib_seqlen, bos))
 
 
 def measure(run: Protocol, config: PruneConfig, eval_windows: int) -> dict[str, Any]:
     """Prune the dense model with `config` (weighed against sparsegpt-refine on the held-out windows, as `surgeon
-    prune` does) and evaluate it: perplexity, seconds of the pruning, and the report."""
+    prune` does) and evaluate it: perplexity on the test windows and on as many tuning windows, seconds of the
+    pruning, and the report."""
     run.model.load_state_dict(run.dense_state)
     start = time.perf_counter()
     report = prune(run.model, run.windows, config, progress=False, held_out_ids=run.held_out)
     seconds = time.perf_counter() - start
     result = perplexity(run.model, run.test_ids, 2048, eval_windows, progress=False)
-    return {"ppl": result.ppl, "seconds": seconds, **report.to_dict()}
+    tuning = perplexity(run.model, run.tuning_ids, 2048, eval_windows, progress=False)
+    return {"ppl": result.ppl, "tuning_ppl": tuning.ppl, "seconds": seconds, **report.to_dict()}
 
 
 def protocol_parser(description: str, models: tuple[str, ...] = tuple(PROTOCOLS)) -> argparse.ArgumentParser:
@@ -238,7 +260,8 @@ def main() -> None:
     dense_path = root / f"dense@{commit}.json"
     if not measured(dense_path, protocol["machine"]):
         result = perplexity(run.model, run.test_ids, 2048, args.eval_windows, progress=False)
-        write_json(dense_path, {"ppl": result.ppl, "seconds": result.seconds, **protocol})
+        tuning = perplexity(run.model, run.tuning_ids, 2048, args.eval_windows, progress=False)
+        write_json(dense_path, {"ppl": result.ppl, "tuning_ppl": tuning.ppl, "seconds": result.seconds, **protocol})
     table = rows(args.shots_structured, args.shots_element) if root == ROOT else defaults_rows()
     for seed in args.seeds:
         seeded = run.with_seed(seed) if seed else run

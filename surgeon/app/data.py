@@ -3,7 +3,9 @@
 WikiText-2 test text ships with the package (`surgeon/data/wikitext-2`, attribution in the
 README there), so evaluation on it needs no network. Calibration on `wikitext2` uses the train
 split through `datasets` when the hub is reachable and otherwise the packaged validation split
-(`wiki.valid.tokens`); the source actually used is returned so reports can state it.
+(`wiki.valid.tokens`); the source actually used is returned so reports can state it. The last whole
+articles of a calibration text are set aside for the held-out choice (`set_aside`), so that no calibration
+window reads them, whatever the budget.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 PACKAGED = Path(__file__).parents[1] / "data" / "wikitext-2"
 HUB_SETS = ("wikitext2", "c4", "ptb")
+ARTICLE = re.compile(r"^ = [^=].* = $", re.MULTILINE)  # a WikiText article's heading; ` = = Section = = ` begins none
 STREAMED_CHARACTERS = 20_000_000  # of a streamed hf: dataset: about 5M tokens, beyond any default budget
 
 
@@ -190,20 +194,46 @@ def calibration_windows(ids: torch.Tensor, nsamples: int, seqlen: int, seed: int
     return _windows(ids, starts, seqlen, bos)
 
 
-def held_out_windows(ids: torch.Tensor, nsamples: int, seqlen: int, seed: int, bos: int | None = None
-                     ) -> torch.Tensor | None:
-    """max(2, nsamples // 4) windows [count, seqlen] that share no token with `calibration_windows(ids, nsamples,
-    seqlen, seed)`: the same seeded draws continued, a window overlapping one drawn before drawn again, each begun
-    with `bos` as those are; None where the text has no room for them."""
-    count = max(2, nsamples // 4)
-    draws = _window_starts(ids.shape[1], seqlen, seed)
-    taken = list(itertools.islice(draws, nsamples))
-    starts: list[int] = []
-    for start in itertools.islice(draws, 100 * count):
-        if len(starts) == count:
-            break
-        if all(abs(start - other) >= seqlen for other in taken + starts):
-            starts.append(start)
-    if len(starts) < count:
+def held_out_count(nsamples: int) -> int:
+    """How many windows the held-out choice scores beside `nsamples` calibration windows: one per 16, at least 2."""
+    return max(2, nsamples // 16)
+
+
+def held_out_windows(ids: torch.Tensor, nsamples: int, seqlen: int, bos: int | None = None) -> torch.Tensor | None:
+    """The first `held_out_count(nsamples)` consecutive windows [count, seqlen] of `ids` [1, T], the text set aside
+    from calibration (`set_aside`), each begun with `bos` as the calibration windows are; None where it holds fewer."""
+    count = held_out_count(nsamples)
+    if ids.shape[1] < count * seqlen:
         return None
-    return _windows(ids, starts, seqlen, bos)
+    return _windows(ids, [i * seqlen for i in range(count)], seqlen, bos)
+
+
+def _start_before(text: str, position: int, articles: list[int]) -> int:
+    """The last article start in `articles` at or before `position`; in a text without articles, the last paragraph,
+    line or word start; 0 where there is none."""
+    if articles:
+        return max((start for start in articles if start <= position), default=0)
+    for separator in ("\n\n", "\n", " "):
+        found = text.rfind(separator, 0, position)
+        if found > 0:
+            return found + len(separator)
+    return 0
+
+
+def set_aside(tokenizer: PreTrainedTokenizerBase, text: Text, tokens: int) -> tuple[Text, Text | None]:
+    """`text` parted at an article start (WikiText's ` = Title = ` headings; else a paragraph, line or word) into
+    what comes before it and the fewest whole articles at its end that hold more than `tokens` tokens, which no
+    window drawn from the first part reads; the whole text and None where those would be more than a quarter of it."""
+    body = text.text
+    articles = [match.start() for match in ARTICLE.finditer(body)]
+    sample = body[-200_000:]
+    chars_per_token = len(sample) / max(1, len(tokenizer(sample).input_ids))
+    position, held = len(body), 0
+    while held <= tokens:
+        step = max(1, int((tokens + 1 - held) * chars_per_token * 1.05))
+        position = _start_before(body, position - step, articles)
+        if 4 * position < 3 * len(body):
+            return text, None
+        held = len(tokenizer(body[position:]).input_ids)
+    return (Text(body[:position], f"{text.source}, less its last {held} tokens"),
+            Text(body[position:], f"{text.source}, its last {held} tokens"))

@@ -18,8 +18,10 @@ from surgeon.app.data import (
     calibration_text,
     calibration_windows,
     evaluation_text,
+    held_out_count,
     held_out_windows,
     leading_token,
+    set_aside,
     shared_passages,
     tokenize,
 )
@@ -139,11 +141,12 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
     if limit is not None and max(run.seqlen, run.test_seqlen) > limit:
         raise SurgeonError(f"seqlen {max(run.seqlen, run.test_seqlen)} is longer than the model allows ({limit})")
     test_ids = tokenize(tokenizer, test)
-    calibration_ids = tokenize(tokenizer, calibration)
+    # the last articles are set aside whether or not the run weighs, so that every method calibrates on one text
+    drawn, aside = set_aside(tokenizer, calibration, held_out_count(run.nsamples) * run.seqlen)
     bos = leading_token(tokenizer)
-    windows = calibration_windows(calibration_ids, run.nsamples, run.seqlen, config.seed, bos)
-    held_out = held_out_windows(calibration_ids, run.nsamples, run.seqlen, config.seed, bos) \
-        if config.chooses else None  # the held-out choice scores LLM Surgeon's run and its alternative on them
+    windows = calibration_windows(tokenize(tokenizer, drawn), run.nsamples, run.seqlen, config.seed, bos)
+    held_out = held_out_windows(tokenize(tokenizer, aside), run.nsamples, run.seqlen, bos) \
+        if config.chooses and aside is not None else None  # the held-out choice scores both models on them
     if checkpoint is not None and checkpoint.state is not None:
         before = checkpoint.state["before"]
     elif not evaluates:
@@ -170,7 +173,8 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
     result = {
         "model": run.model,
         "run": dataclasses.asdict(run),
-        "calibration_source": calibration.source,
+        "calibration_source": drawn.source,
+        "held_out_source": None if aside is None else aside.source,
         "ppl_before": before["eval"]["ppl"],
         "ppl_after": after.ppl,
         "eval": {"before": before["eval"], "after": after.to_dict()},

@@ -186,8 +186,8 @@ class _LayerShots:
         alternative = config.spec.alternative
         assert alternative is not None  # `PruneConfig.chooses` only where the method has one
         if held_out_ids is None or self.run.ranks.world > 1:
-            why = "several processes" if self.run.ranks.world > 1 else "no held-out windows (`surgeon prune` finds " \
-                "none where the calibration text has no room for them beside the calibration windows)"
+            why = "several processes" if self.run.ranks.world > 1 else "no held-out windows (`surgeon prune` sets " \
+                "aside the calibration text's last articles for them, where they are at most a quarter of it)"
             self.warnings.append(f"held-out choice skipped: {why}; the model is {config.method}'s, not weighed "
                                  f"against {alternative}'s")
             logger.warning(self.warnings[-1])

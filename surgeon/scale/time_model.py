@@ -49,8 +49,8 @@ def projected_seconds(counts: dict[str, Any], config: PruneConfig, nsamples: int
 
 
 def held_out_windows(nsamples: int) -> int:
-    """The held-out windows a run that `chooses` scores both models on, as `app.data.held_out_windows` draws them."""
-    return max(2, nsamples // 4)
+    """The held-out windows a run that `chooses` scores both models on, as `app.data.held_out_count` counts them."""
+    return max(2, nsamples // 16)
 
 
 def held_out_seconds(counts: dict[str, Any], config: PruneConfig, nsamples: int, seqlen: int) -> dict[str, float]:
