@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from surgeon.method.factors import HostFactors
+from surgeon.method.factors import by_layer
 from surgeon.models.adapter import decoder_blocks, prunable_layers
 from surgeon.pruning import curvature
 from tests._families import VOCAB, family_model
@@ -21,7 +21,7 @@ def test_factors_match_direct_computation(arch):
     model = tiny_model(arch).double()
     named = [pair for block in prunable_layers(model) for pair in block]
     windows = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(0))
-    raw = curvature.estimate(model, named, windows, backend="torch")
+    raw = by_layer(curvature.estimate(model, named, windows, backend="torch"))
     assert all(p.grad is None for p in model.parameters())  # no weight gradients were computed
     direct = per_token_inputs_and_gradients(model, named, windows)
     scale = 1 / math.sqrt(windows.numel())
@@ -35,7 +35,7 @@ def test_factors_match_direct_computation(arch):
 def test_layers_reading_the_same_input_share_a():
     model = tiny_model("llama")
     named = [pair for block in prunable_layers(model) for pair in block]
-    raw = curvature.estimate(model, named, torch.randint(0, 96, (1, 8)))
+    raw = by_layer(curvature.estimate(model, named, torch.randint(0, 96, (1, 8))))
     prefix = "model.layers.0."
     q, k, v, o = (raw[prefix + f"self_attn.{p}_proj"].A for p in "qkvo")
     gate, up, down = (raw[prefix + f"mlp.{p}_proj"].A for p in ("gate", "up", "down"))
@@ -52,14 +52,14 @@ def test_block_inputs_give_each_blocks_factors_running_each_block_twice(family):
     blocks = decoder_blocks(model)
     windows = torch.randint(0, VOCAB, (3, 12), generator=torch.Generator().manual_seed(0))
     everything = [pair for block in prunable_layers(model) for pair in block]
-    full = curvature.estimate(model, everything, windows, need_g=False, batch_size=2)
+    full = by_layer(curvature.estimate(model, everything, windows, need_g=False, batch_size=2))
     calls = [0] * len(blocks)
     handles = [block.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
                for i, block in enumerate(blocks)]
     inputs = BlockInputs(model, blocks, windows, batch_size=2)
     calls = [0] * len(blocks)  # the model's forward to catch the first block's inputs stops before it
     for named in prunable_layers(model):
-        blockwise = curvature.estimate_inputs(named, inputs.forwards(), windows.numel())
+        blockwise = by_layer(curvature.estimate_inputs(named, inputs.forwards(), windows.numel()))
         for name, _ in named:
             torch.testing.assert_close(blockwise[name].A.dense(), full[name].A.dense(), **FLOAT32)
         inputs.advance()
@@ -77,7 +77,7 @@ def test_cost_numerators_match_the_factors(arch):
         module.weight.data[1] = 0
         module.weight.data[:, 2] = 0
     windows = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(1))
-    raw = curvature.estimate(model, named, windows, backend="torch")
+    raw = by_layer(curvature.estimate(model, named, windows, backend="torch"))
     for name, module in named:
         W = module.weight.detach()
         if module.bias is not None:
@@ -92,7 +92,7 @@ def test_cost_numerators_match_the_factors(arch):
 def test_no_cost_numerators_without_g():
     model = tiny_model("llama")
     named = [pair for block in prunable_layers(model) for pair in block]
-    raw = curvature.estimate(model, named, torch.randint(0, 96, (1, 8)), need_g=False)
+    raw = by_layer(curvature.estimate(model, named, torch.randint(0, 96, (1, 8)), need_g=False))
     assert all(f.row_quadratic is None and f.col_quadratic is None and f.G is None for f in raw.values())
 
 
@@ -103,12 +103,12 @@ def test_grouped_launches_give_the_same_factors(monkeypatch, group_bytes, need_g
     model = tiny_model("opt")
     named = [pair for block in prunable_layers(model) for pair in block]
     windows = torch.randint(0, 96, (3, 8), generator=torch.Generator().manual_seed(2))
-    each = curvature.estimate(model, named, windows, need_g=need_g, group_bytes=0)
+    each = by_layer(curvature.estimate(model, named, windows, need_g=need_g, group_bytes=0))
     calls = []
     group = curvature.ops.kfac_accumulate_group
     monkeypatch.setattr(curvature.ops, "kfac_accumulate_group",
                         lambda outs, *a: calls.append(len(outs)) or group(outs, *a))
-    grouped = curvature.estimate(model, named, windows, need_g=need_g, group_bytes=group_bytes)
+    grouped = by_layer(curvature.estimate(model, named, windows, need_g=need_g, group_bytes=group_bytes))
     if group_bytes == 1:
         assert set(calls) == {1}
     else:
@@ -133,7 +133,7 @@ def test_input_changed_in_place_before_a_grouped_launch_raises():
 
     down.register_forward_hook(scale_input)
     with pytest.raises(curvature.SurgeonError, match="model.layers.0.mlp.down_proj.*in place"):
-        curvature.estimate(model, named, torch.randint(0, 96, (1, 8)), need_g=False, group_bytes=1 << 40)
+        by_layer(curvature.estimate(model, named, torch.randint(0, 96, (1, 8)), need_g=False, group_bytes=1 << 40))
 
 
 def test_nan_curvature_is_refused_with_the_layer_named():
@@ -143,7 +143,7 @@ def test_nan_curvature_is_refused_with_the_layer_named():
         model.model.layers[1].mlp.up_proj.weight[0, 0] = float("nan")
     windows = torch.randint(0, 96, (1, 8), generator=torch.Generator().manual_seed(0))
     with pytest.raises(curvature.SurgeonError, match=r"non-finite curvature \(\w+\) in layer model\.layers\.\d"):
-        curvature.estimate(model, named, windows)
+        by_layer(curvature.estimate(model, named, windows))
 
 
 def test_logit_gradient_is_that_of_the_summed_next_token_loss():
@@ -178,10 +178,10 @@ def test_sampled_labels_depend_on_the_window_and_seed_not_on_the_batch():
     model = tiny_model("llama").double()
     named = [pair for block in prunable_layers(model) for pair in block]
     windows = torch.randint(0, 96, (4, 16), generator=torch.Generator().manual_seed(0))
-    one, two = (curvature.estimate(model, named, windows, backend="torch", batch_size=size, sampled_seed=5)
+    one, two = (by_layer(curvature.estimate(model, named, windows, backend="torch", batch_size=size, sampled_seed=5))
                 for size in (1, 2))
-    empirical = curvature.estimate(model, named, windows, backend="torch")
-    other_seed = curvature.estimate(model, named, windows, backend="torch", sampled_seed=6)
+    empirical = by_layer(curvature.estimate(model, named, windows, backend="torch"))
+    other_seed = by_layer(curvature.estimate(model, named, windows, backend="torch", sampled_seed=6))
     for name, _ in named:
         torch.testing.assert_close(one[name].G.dense(), two[name].G.dense(), **FLOAT32)
         torch.testing.assert_close(one[name].A.dense(), empirical[name].A.dense(), **FLOAT32)  # A needs no label
@@ -195,11 +195,11 @@ def test_activation_checkpointing_gives_the_same_factors_running_each_block_agai
     blocks = decoder_blocks(model)
     named = [pair for block in prunable_layers(model) for pair in block]
     windows = torch.randint(3, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
-    plain = curvature.estimate(model, named, windows, progress=False)
+    plain = by_layer(curvature.estimate(model, named, windows, progress=False))
     runs = {name: 0 for name, _ in named}
     handles = [module.register_forward_hook(lambda *_, name=name: runs.__setitem__(name, runs[name] + 1))
                for name, module in named]
-    checkpointed = curvature.estimate(model, named, windows, progress=False, checkpoint_blocks=blocks)
+    checkpointed = by_layer(curvature.estimate(model, named, windows, progress=False, checkpoint_blocks=blocks))
     for handle in handles:
         handle.remove()
     # two batches: every block ran again from its first layer (the recomputation stops once it has every
@@ -215,17 +215,17 @@ def test_activation_checkpointing_gives_the_same_factors_running_each_block_agai
         assert [n for n, _ in named if checkpointed[n].A is ours.A] == [n for n, _ in named if plain[n].A is theirs.A]
 
 
-def test_host_factors_move_to_the_device_when_taken_and_siblings_share_one_a():
+def test_an_input_group_moves_its_one_a_once():
+    """The pass returns q/k/v as one group, gate/up as another; moved (to host memory and back), each group's layers
+    still hold its one A, and every factor is on the device it was moved to."""
     model = tiny_model("llama")
     named = prunable_layers(model)[0]
-    raw = curvature.estimate(model, named, torch.randint(0, 96, (1, 8)), progress=False)
-    host = HostFactors(torch.device("meta"))  # a device other than the host's, observable here
-    host.update(raw)
-    assert all(host.entries[name].A.tiles.device.type == "cpu" for name, _ in named)
+    groups = curvature.estimate(model, named, torch.randint(0, 96, (1, 8)), progress=False)
     prefix = "model.layers.0."
-    q, k, o = (host.pop(prefix + f"self_attn.{p}_proj") for p in "qko")
-    assert q is not None and k is not None and o is not None
-    assert q.A.tiles.device.type == "meta" and q.G.tiles.device.type == "meta"
-    assert q.A is k.A and o.A is not q.A  # q and k read one input: one copy of its A on the device
-    assert q.A.tiles.shape == raw[prefix + "self_attn.q_proj"].A.tiles.shape
-    assert host.pop("not a layer") is None and prefix + "self_attn.q_proj" not in host.entries
+    assert [list(group.layers) for group in groups] == [
+        [prefix + f"self_attn.{p}_proj" for p in "qkv"], [prefix + "self_attn.o_proj"],
+        [prefix + f"mlp.{p}_proj" for p in ("gate", "up")], [prefix + "mlp.down_proj"]]
+    moved = [group.to(torch.device("meta")) for group in groups]  # a device other than the host's, observable here
+    for group, before in zip(moved, groups):
+        assert group.A.tiles.device.type == "meta" and group.A.tiles.shape == before.A.tiles.shape
+        assert all(entry.A is group.A and entry.G.tiles.device.type == "meta" for entry in group.layers.values())

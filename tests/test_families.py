@@ -9,6 +9,7 @@ import torch
 from surgeon import PruneConfig, prune, save_model
 from surgeon.errors import SurgeonError
 from surgeon.export.compact import compact_model, same_logits
+from surgeon.method.factors import by_layer
 from surgeon.models.adapter import block_weights, decoder_blocks, prunable_layers, unprunable_weights
 from surgeon.models.experts import experts_as_layers
 from surgeon.pruning import curvature
@@ -327,9 +328,9 @@ def test_experts_partitioning_a_dense_mlp_get_the_diagonal_blocks_of_its_factors
     ids = calibration()
     with experts_as_layers(decoder_blocks(moe)):
         layers = [pair for block in prunable_layers(moe) for pair in block]
-        got = curvature.estimate(moe, layers, ids, progress=False)
+        got = by_layer(curvature.estimate(moe, layers, ids, progress=False))
     layers = [pair for block in prunable_layers(dense) for pair in block]
-    want = curvature.estimate(dense, layers, ids, progress=False)
+    want = by_layer(curvature.estimate(dense, layers, ids, progress=False))
     half = INTERMEDIATE // 2
     for block in range(COMMON["num_hidden_layers"]):
         for e in range(2):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from surgeon.method import inverses
+from surgeon.method.damping import damp
 from surgeon.method.factors import LayerFactors
 from surgeon.method.inverses import KroneckerInverse
 from surgeon_kernels.ops import PackedSymmetric
@@ -75,26 +76,24 @@ def test_packed_inverse_is_read_only_after_unpacking(gen):
         packed.packed()
 
 
-def test_siblings_share_one_inverse_of_a_and_unpack_it_once(gen):
-    """q/k/v read one input: the second layer reuses the first's A⁻¹, dense and packed; unpacking gives both one A."""
-    A_raw = random_spd(140, gen).float()
-    entries = [LayerFactors(PackedSymmetric.pack(A_raw), PackedSymmetric.pack(random_spd(n, gen).float()))
-               for n in (130, 20)]
-    entries[1].A = entries[0].A  # one raw A, as the curvature pass shares it
-    everything = slice(None)
-    first, first_kept = inverses.layer_inverse(entries[0], everything, everything, (0.1, 0.01), roots=True)
-    second, second_kept = inverses.layer_inverse(entries[1], everything, everything, (0.1, 0.01), roots=True,
-                                                 sibling=(entries[0], everything, first_kept, first.A))
-    alone, _ = inverses.layer_inverse(entries[1], everything, everything, (0.1, 0.01), roots=True)
-    assert second.A is first.A and second_kept.A is first_kept.A
-    assert torch.equal(second.G, alone.G) and torch.equal(second.A, alone.A)
-    other_cols = torch.arange(139)
-    third, _ = inverses.layer_inverse(entries[1], everything, other_cols, (0.1, 0.01), roots=True,
-                                      sibling=(entries[0], everything, first_kept, first.A))
-    assert third.A.shape == (139, 139)  # other columns: A inverted again
-    dense = list(inverses.unpacked([first_kept, None, second_kept]))
-    assert dense[1] is None and dense[0].A is dense[2].A
-    assert torch.equal(dense[0].A, first.A) and torch.equal(dense[2].G, second.G)
+@pytest.mark.parametrize("root", [False, True])
+def test_a_layers_inverse_is_its_groups_a_inverse_beside_its_own_g_inverse(gen, root):
+    """q/k/v read one input: each one's F⁻¹ is its own G⁻¹ beside the one A⁻¹ of their group, inverted, packed and
+    unpacked once, and equals the layer's F⁻¹ inverted alone."""
+    A_raw, G_raw = random_spd(140, gen).float(), random_spd(30, gen).float()
+    entry = LayerFactors(PackedSymmetric.pack(A_raw), PackedSymmetric.pack(G_raw))
+    A = inverses.input_inverse(entry.A, slice(None), 0.01, root)
+    G = inverses.output_inverse(entry, slice(None), 0.1, root)
+    alone = KroneckerInverse.of(damp(entry.G.dense(), 0.1), damp(entry.A.dense(), 0.01), roots=root)
+    for f in (inverses.kronecker(G, A), inverses.kronecker(G.packed().dense(), A.packed().dense())):
+        assert torch.equal(f.G, alone.G) and torch.equal(f.A, alone.A)
+        assert torch.equal(f.G_diagonal, alone.G_diagonal) and torch.equal(f.A_diagonal, alone.A_diagonal)
+    fewer = inverses.input_inverse(entry.A, torch.arange(139), 0.01, root)
+    assert fewer.matrix.shape == (139, 139)
+    with pytest.raises(ValueError, match="the same way"):
+        inverses.kronecker(G, inverses.input_inverse(entry.A, slice(None), 0.01, not root))
+    with pytest.raises(ValueError, match="needs the factor G"):
+        inverses.output_inverse(LayerFactors(entry.A, None), slice(None), 0.1, root)
 
 
 @pytest.mark.parametrize("n", [1, 7, 128, 129, 200, 256, 257, 513])

@@ -15,6 +15,7 @@ from surgeon.app.cli import main
 from surgeon.app.data import held_out_windows
 from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
+from surgeon.method.factors import by_layer
 from surgeon.models.adapter import decoder_blocks, prunable_layers
 from surgeon.models.experts import experts_as_layers
 from surgeon.pruning import curvature
@@ -86,7 +87,7 @@ def test_counted_factors_are_the_bytes_the_curvature_pass_allocates(family):
     model = family_model(family)
     with experts_as_layers(decoder_blocks(model)):
         layers = [pair for block in prunable_layers(model) for pair in block]
-        factors = curvature.estimate(model, layers, torch.randint(0, 128, (2, 16)), progress=False)
+        factors = by_layer(curvature.estimate(model, layers, torch.randint(0, 128, (2, 16)), progress=False))
     tensors = {id(f.A): f.A.tiles for f in factors.values()} | {id(f.G): f.G.tiles for f in factors.values()}
     allocated = sum(t.numel() * t.element_size() for t in tensors.values())
     config = PruneConfig(structure="structured", shots=1)

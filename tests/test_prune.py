@@ -11,6 +11,7 @@ import torch
 from surgeon import PruneConfig, prune
 from surgeon.errors import SurgeonError
 from surgeon.method.damping import damp
+from surgeon.method.factors import by_layer
 from surgeon.methods import METHODS
 from surgeon.models.adapter import prunable_layers
 from tests._helpers import tiny_model
@@ -81,7 +82,7 @@ def test_surgeon_update_changes_kept_weights_and_beats_no_update():
     base = tiny_model("llama")
     before = weights(base)
     named = [pair for block in prunable_layers(base) for pair in block]
-    raw = curvature.estimate(base, named, calibration())  # shot 1 sees the dense model
+    raw = by_layer(curvature.estimate(base, named, calibration()))  # shot 1 sees the dense model
     surgeon = tiny_model("llama")
     kobd = tiny_model("llama")
     prune(surgeon, calibration(), PruneConfig(structure="unstructured", target_size=0.7, shots=1), progress=False)
@@ -157,21 +158,24 @@ def test_checkpointed_offloaded_block_groups_prune_as_the_plain_pass(arch, struc
 
 @pytest.mark.parametrize("offload", [False, True])
 def test_offload_sends_each_layers_roots_to_host_memory_and_back_for_its_update(monkeypatch, offload):
+    """Each layer's G⁻¹ root, and once per input group (q/k/v, o, gate/up, down) its A⁻¹ root, go to host memory
+    after the costs and come back for the updates."""
     from surgeon.method import inverses
 
     moves = []
-    move = inverses.KroneckerInverse.to
+    move = inverses.FactorInverse.to
 
-    def recorded(self, device, A=None):
+    def recorded(self, device):
         moves.append(torch.device(device).type)
-        return move(self, device, A)
+        return move(self, device)
 
-    monkeypatch.setattr(inverses.KroneckerInverse, "to", recorded)
+    monkeypatch.setattr(inverses.FactorInverse, "to", recorded)
     model = tiny_model("llama")
     prune(model, calibration(), PruneConfig(structure="structured", target_size=0.6, shots=1, offload=offload),
           progress=False)
-    layers = len([pair for block in prunable_layers(model) for pair in block])
-    assert moves == (["cpu"] * 2 * layers if offload else [])  # out after its costs, in for its update
+    blocks = prunable_layers(model)
+    layers, groups = sum(len(block) for block in blocks), 4 * len(blocks)
+    assert moves == (["cpu"] * 2 * (layers + groups) if offload else [])
 
 
 def test_offload_and_block_groups_refuse_what_they_cannot_hold():
@@ -285,7 +289,7 @@ def test_sparsegpt_exact_and_refine_keep_sparsegpts_mask_and_lower_its_error(str
 
     dense, ids = tiny_model("llama"), calibration()
     first = prunable_layers(dense)[0]
-    A = {name: f.A.dense() for name, f in curvature.estimate(dense, first, ids, need_g=False).items()}
+    A = {name: f.A.dense() for name, f in by_layer(curvature.estimate(dense, first, ids, need_g=False)).items()}
     before = weights(dense)
     pruned = {}
     for method in ("sparsegpt", "sparsegpt-exact", "sparsegpt-refine"):
@@ -301,6 +305,21 @@ def test_sparsegpt_exact_and_refine_keep_sparsegpts_mask_and_lower_its_error(str
             assert errors[1] < errors[0], name
 
 
+@pytest.mark.parametrize("structure", ["unstructured", "structured", "2:4"])
+def test_a_shot_inverts_each_inputs_a_once_for_the_layers_that_read_it(structure, monkeypatch):
+    """q/k/v and gate/up read one input each: a shot inverts 4 A's per Llama block for its 7 layers."""
+    from surgeon.method import inverses
+
+    calls = []
+    input_inverse = inverses.input_inverse
+    monkeypatch.setattr(inverses, "input_inverse",
+                        lambda *args, **kwargs: calls.append(1) or input_inverse(*args, **kwargs))
+    model = tiny_model("llama")
+    target = None if structure == "2:4" else 0.7
+    prune(model, calibration(), PruneConfig(structure=structure, target_size=target, shots=1), progress=False)
+    assert len(calls) == 4 * len(prunable_layers(model))
+
+
 @pytest.mark.parametrize("method", [name for name, method in METHODS.items() if method.layer_rule is not None])
 def test_per_layer_methods_see_inputs_of_pruned_blocks(method, monkeypatch):
     from surgeon.pruning import curvature
@@ -313,11 +332,12 @@ def test_per_layer_methods_see_inputs_of_pruned_blocks(method, monkeypatch):
 
     def recording(layers, *args, **kwargs):
         seen.append([int((module.weight == 0).sum()) for block in blocks for _, module in block])
-        blockwise = estimate_inputs(layers, *args, **kwargs)
-        whole = curvature.estimate(model, layers, ids, need_g=False)  # the model as it is now, from the embeddings
+        groups = estimate_inputs(layers, *args, **kwargs)
+        blockwise = by_layer(groups)
+        whole = by_layer(curvature.estimate(model, layers, ids, need_g=False))  # the model now, from the embeddings
         for name, _ in layers:
             torch.testing.assert_close(blockwise[name].A.dense(), whole[name].A.dense(), **FLOAT32)
-        return blockwise
+        return groups
 
     monkeypatch.setattr(curvature, "estimate_inputs", recording)
     prune(model, ids, PruneConfig(structure="unstructured", target_size=0.5, shots=1, method=method), progress=False)
@@ -389,7 +409,7 @@ def test_element_shot_removes_the_weights_of_least_cost(arch, method):
     model = tiny_model(arch)
     config = PruneConfig(structure="unstructured", target_size=0.7, shots=1, method=method)
     named = [pair for block in prunable_layers(model) for pair in block]
-    raw = curvature.estimate(model, named, calibration())
+    raw = by_layer(curvature.estimate(model, named, calibration()))
     costs = {}
     for name, module in named:
         W = module.weight.detach().double()
@@ -417,7 +437,7 @@ def test_structured_costs_from_the_pass_equal_the_costs_from_the_factors(arch):
     model = tiny_model(arch)
     prune(model, calibration(), PruneConfig(structure="structured", target_size=0.75, shots=1), progress=False)
     named = [pair for block in prunable_layers(model) for pair in block]
-    raw = curvature.estimate(model, named, calibration(seed=1))
+    raw = by_layer(curvature.estimate(model, named, calibration(seed=1)))
     strengths = (0.5, 0.5)  # strong damping: its algebra shows
     removed = 0
     for name, module in named:
@@ -427,7 +447,8 @@ def test_structured_costs_from_the_pass_equal_the_costs_from_the_factors(arch):
         keep_r = (W != 0).any(1).nonzero().squeeze(1)
         keep_c = (W != 0).any(0).nonzero().squeeze(1)
         removed += (W.shape[0] - keep_r.numel()) + (W.shape[1] - keep_c.numel())
-        f, _ = inverses.layer_inverse(raw[name], keep_r, keep_c, strengths, roots=True)
+        f = inverses.kronecker(inverses.output_inverse(raw[name], keep_r, strengths[0], root=True),
+                               inverses.input_inverse(raw[name].A, keep_c, strengths[1], root=True))
         real = int((keep_c < module.in_features).sum())
         rows, cols = costs.layer_structure_costs(W, raw[name], f, keep_r, keep_c, real, strengths)
         sub = submatrix(W, keep_r, keep_c)

@@ -29,8 +29,8 @@ from surgeon.pruning import curvature
 def _input_factors(model, layers, windows: torch.Tensor) -> dict[str, torch.Tensor]:
     """The dense A = Σ [x, 1][x, 1]ᵀ / √N of every layer over `windows` (one window at a time), in float64."""
     forwards = [lambda w=w: model(w.unsqueeze(0)) for w in windows]
-    factors = curvature.estimate_inputs(layers, forwards, windows.numel())
-    return {name: factor.A.dense().double() for name, factor in factors.items()}
+    groups = curvature.estimate_inputs(layers, forwards, windows.numel())
+    return {name: group.A.dense().double() for group in groups for name in group.layers}
 
 
 def _relative_error(dense: torch.Tensor, pruned: torch.Tensor, A: torch.Tensor) -> float:

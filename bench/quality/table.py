@@ -51,7 +51,6 @@ import torch
 
 from bench.machine import cpu_machine
 from surgeon import PruneConfig, prune
-from surgeon.config import FISHERS
 from surgeon.app.data import (
     calibration_text,
     calibration_windows,
@@ -63,6 +62,7 @@ from surgeon.app.data import (
     tokenize,
 )
 from surgeon.app.evaluate import perplexity
+from surgeon.config import FISHERS
 from surgeon.io import write_json
 from surgeon.models.adapter import load_model
 

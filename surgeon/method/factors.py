@@ -1,15 +1,14 @@
 """The Kronecker factors of one layer (eq. 6), as the curvature pass leaves them, and where they are held.
 
-`LayerFactors` holds a layer's raw (undamped) G and A in packed symmetric form; layers reading one
-input (q/k/v, gate/up) hold the very same A object, so that it is stored, moved and inverted once.
-`HostFactors` keeps them in host memory between the curvature pass and the prune phase
-(`PruneConfig.offload`).
+`LayerFactors` holds a layer's raw (undamped) G and A in packed symmetric form. The curvature pass
+returns `InputGroup`s: the layers that read one input (q/k/v, gate/up) with its one A, so that it is
+stored, moved and inverted once for all of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +18,7 @@ from surgeon_kernels.ops import PackedSymmetric
 
 @dataclass
 class LayerFactors:
-    """Raw (undamped) Kronecker factors of one layer, packed; `A` may be shared with sibling layers.
+    """Raw (undamped) Kronecker factors of one layer, packed; `A` is its input group's (`InputGroup`).
 
     With G come `row_quadratic` [R] = diag(W A Wᵀ) and `col_quadratic` [C] = diag(Wᵀ G W) (bias
     column excluded) of the weights the pass ran with.
@@ -41,41 +40,37 @@ def input_owner(owners: Mapping[str, str], previous: tuple[str, torch.Tensor, bo
     return name
 
 
-def _moved(entry: LayerFactors, device: torch.device | str, memo: dict[int, PackedSymmetric]) -> LayerFactors:
-    """`entry` with its packed factors on `device`; a factor already in `memo` (by the id of the one it was
-    moved from) is taken from there, so that siblings sharing one A share one copy of it."""
-    def move(factor: PackedSymmetric) -> PackedSymmetric:
-        if id(factor) not in memo:
-            memo[id(factor)] = factor.to(device)
-        return memo[id(factor)]
+@dataclass
+class InputGroup:
+    """The layers that read one input (q/k/v, gate/up; any other layer alone) with that input's raw A, held once:
+    each of `layers`' factors (in the order the layers ran) holds this `A`."""
 
-    return dataclasses.replace(entry, A=move(entry.A), G=None if entry.G is None else move(entry.G))
+    A: PackedSymmetric
+    layers: dict[str, LayerFactors]
+
+    def to(self, device: torch.device | str) -> InputGroup:
+        """The group with A, moved once, and each layer's G on `device` (host memory between the curvature pass
+        and the prune phase: `PruneConfig.offload`)."""
+        A = self.A.to(device)
+        return InputGroup(A, {name: dataclasses.replace(entry, A=A, G=None if entry.G is None else entry.G.to(device))
+                              for name, entry in self.layers.items()})
 
 
-class HostFactors:
-    """Layers' factors held in host memory, each moved to `device` when it is taken (`pop`).
+def by_layer(groups: Iterable[InputGroup]) -> dict[str, LayerFactors]:
+    """Every layer's factors, by its name."""
+    return {name: entry for group in groups for name, entry in group.layers.items()}
 
-    `update` moves a pass's factors off the device. Siblings that read one input (q/k/v, gate/up)
-    share one A on the host and, taken one after another, one copy of it on the device.
-    """
 
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.entries: dict[str, LayerFactors] = {}
-        self._last: tuple[PackedSymmetric, PackedSymmetric] | None = None  # the last A taken, on host and device
-
-    def update(self, factors: Mapping[str, LayerFactors]) -> None:
-        """Add `factors` (on the device), moved to host memory."""
-        memo: dict[int, PackedSymmetric] = {}
-        for name, entry in factors.items():
-            self.entries[name] = _moved(entry, "cpu", memo)
-
-    def pop(self, name: str, default: LayerFactors | None = None) -> LayerFactors | None:
-        """Layer `name`'s factors on the device, removed from the host (`default` when it has none)."""
-        entry = self.entries.pop(name, None)
-        if entry is None:
-            return default
-        memo = {} if self._last is None else {id(self._last[0]): self._last[1]}
-        moved = _moved(entry, self.device, memo)
-        self._last = (entry.A, moved.A)
-        return moved
+def grouped(names: Sequence[str], groups: list[InputGroup]) -> Iterator[tuple[InputGroup | None, list[int]]]:
+    """Each input group with the positions of its layers in `names`, taken out of `groups` as it is reached (so
+    that it is freed once used); then each layer of `names` that has no factors, alone (None)."""
+    position = {name: i for i, name in enumerate(names)}
+    reached: set[int] = set()
+    while groups:
+        group = groups.pop(0)
+        members = [position[name] for name in group.layers]
+        reached.update(members)
+        yield group, members
+    for i in range(len(names)):
+        if i not in reached:
+            yield None, [i]

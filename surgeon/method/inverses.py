@@ -9,7 +9,6 @@ an eigenvalue-floored fallback, the blocked triangular inverse) is here too.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -124,33 +123,19 @@ class KroneckerInverse:
     roots: bool = False
 
     @classmethod
-    def of(cls, G: torch.Tensor, A: torch.Tensor | KroneckerInverse, roots: bool = False) -> KroneckerInverse:
-        """Invert the damped SPD factors G and A; A may instead be a sibling layer's inverse, whose A⁻¹ is reused."""
-        invert = inverse_root if roots else spd_inverse
-        G_inv = invert(G)
-        if isinstance(A, KroneckerInverse):
-            if A.roots != roots:
-                raise ValueError("a shared A must be inverted the same way (roots or full inverses)")
-            return cls(G_inv, A.A, _diagonal(G_inv, roots), A.A_diagonal, roots)
-        A_inv = invert(A)
-        return cls(G_inv, A_inv, _diagonal(G_inv, roots), _diagonal(A_inv, roots), roots)
+    def of(cls, G: torch.Tensor, A: torch.Tensor, roots: bool = False) -> KroneckerInverse:
+        """Invert the damped SPD factors G and A."""
+        return kronecker(FactorInverse.of(G, roots), FactorInverse.of(A, roots))
 
-    def packed(self, A: PackedSymmetric | None = None) -> KroneckerInverse:
-        """The same inverse with both factors packed (about half the memory); `A`: A⁻¹ already packed for a sibling."""
+    def packed(self) -> KroneckerInverse:
+        """The same inverse with both factors packed (about half the memory)."""
         if isinstance(self.G, PackedSymmetric) or isinstance(self.A, PackedSymmetric):
             raise ValueError("already packed")
-        return dataclasses.replace(self, G=PackedSymmetric.pack(self.G),
-                                   A=PackedSymmetric.pack(self.A) if A is None else A)
+        return dataclasses.replace(self, G=PackedSymmetric.pack(self.G), A=PackedSymmetric.pack(self.A))
 
-    def dense(self, A: torch.Tensor | None = None) -> KroneckerInverse:
-        """The same inverse with both factors dense; `A`: A⁻¹ already unpacked for a sibling."""
-        return dataclasses.replace(self, G=_unpack(self.G, self.roots),
-                                   A=_unpack(self.A, self.roots) if A is None else A)
-
-    def to(self, device: torch.device | str, A: torch.Tensor | PackedSymmetric | None = None) -> KroneckerInverse:
-        """The same inverse with its factors on `device` (the diagonals stay); `A`: A⁻¹ already moved for a
-        sibling."""
-        return dataclasses.replace(self, G=self.G.to(device), A=self.A.to(device) if A is None else A)
+    def dense(self) -> KroneckerInverse:
+        """The same inverse with both factors dense."""
+        return dataclasses.replace(self, G=_unpack(self.G, self.roots), A=_unpack(self.A, self.roots))
 
     def element_diagonal(self) -> torch.Tensor:
         """[F⁻¹]_(rc),(rc) = [G⁻¹]_rr [A⁻¹]_cc as an [R, C] matrix."""
@@ -188,47 +173,50 @@ def _unpack(matrix: torch.Tensor | PackedSymmetric, roots: bool) -> torch.Tensor
     return matrix.upper() if roots else matrix.dense()
 
 
-def unpacked(kept: Iterable[KroneckerInverse | None],
-             device: torch.device | None = None) -> Iterator[KroneckerInverse | None]:
-    """Each packed inverse of a shot made dense in turn (on `device`, when given, from host memory); layers
-    reading one input (q/k/v, gate/up) come one after another and share one packed A⁻¹, which is moved and
-    unpacked once for all of them."""
-    last: tuple[PackedSymmetric | torch.Tensor, torch.Tensor] | None = None
-    for inverse in kept:
-        if inverse is None:
-            yield None
-            continue
-        if last is None or last[0] is not inverse.A:
-            last = (inverse.A, _unpack(inverse.A if device is None else inverse.A.to(device), inverse.roots))
-        yield (inverse if device is None else inverse.to(device, A=last[1])).dense(A=last[1])
+@dataclass(frozen=True)
+class FactorInverse:
+    """One damped Kronecker factor's inverse M⁻¹, or with `root` its upper-triangular root U (U Uᵀ = M⁻¹): dense, or
+    packed while it waits; `diagonal` is diag(M⁻¹). Layers that read one input (q/k/v, gate/up) share their A's."""
+
+    matrix: torch.Tensor | PackedSymmetric
+    diagonal: torch.Tensor
+    root: bool
+
+    @classmethod
+    def of(cls, M: torch.Tensor, root: bool) -> FactorInverse:
+        """Invert the damped SPD factor M (or take its inverse root)."""
+        inverse = (inverse_root if root else spd_inverse)(M)
+        return cls(inverse, _diagonal(inverse, root), root)
+
+    def packed(self) -> FactorInverse:
+        """The same inverse packed (about half the memory)."""
+        return self if isinstance(self.matrix, PackedSymmetric) else \
+            dataclasses.replace(self, matrix=PackedSymmetric.pack(self.matrix))
+
+    def dense(self) -> FactorInverse:
+        """The same inverse dense."""
+        return dataclasses.replace(self, matrix=_unpack(self.matrix, self.root))
+
+    def to(self, device: torch.device | str) -> FactorInverse:
+        """The same inverse on `device` (its diagonal stays)."""
+        return dataclasses.replace(self, matrix=self.matrix.to(device))
 
 
-Sibling = tuple[LayerFactors, Index, KroneckerInverse, torch.Tensor | PackedSymmetric]
+def kronecker(G: FactorInverse, A: FactorInverse) -> KroneckerInverse:
+    """F⁻¹ of one layer from its factors' inverses, both inverses or both roots."""
+    if G.root != A.root:
+        raise ValueError("G and A must be inverted the same way (roots or full inverses)")
+    return KroneckerInverse(G.matrix, A.matrix, G.diagonal, A.diagonal, G.root)
 
 
-def layer_inverse(entry: LayerFactors, rows: Index, cols: Index, strengths: tuple[float, float], roots: bool,
-                  sibling: Sibling | None = None) -> tuple[KroneckerInverse, KroneckerInverse]:
-    """One layer's F⁻¹ from its raw factors: G[rows, rows] and A[cols, cols] damped by `strengths` (λ_G, λ_A)
-    and inverted, dense (for its costs) and packed (kept for its update).
+def input_inverse(A: PackedSymmetric, cols: Index, strength: float, root: bool) -> FactorInverse:
+    """The inverse (or root) of one input's raw A[cols, cols] damped by `strength` (λ_A): one for all the layers
+    that read the input with those columns."""
+    return FactorInverse.of(damp(submatrix(A.dense(), cols, cols), strength), root)
 
-    `sibling`: the previous layer's raw factors, columns, packed inverse and dense A⁻¹. A layer that
-    reads the same input with the same columns (q/k/v, gate/up come one after another and share one
-    raw A) takes that A⁻¹, dense and packed, instead of inverting A again.
-    """
+
+def output_inverse(entry: LayerFactors, rows: Index, strength: float, root: bool) -> FactorInverse:
+    """The inverse (or root) of one layer's raw G[rows, rows] damped by `strength` (λ_G)."""
     if entry.G is None:
         raise ValueError("F⁻¹ needs the factor G: estimate the curvature with need_g=True")
-    G = damp(submatrix(entry.G.dense(), rows, rows), strengths[0])
-    if sibling is not None and sibling[0].A is entry.A and _same(sibling[1], cols):
-        _, _, kept, A_inv = sibling
-        inverse = KroneckerInverse.of(G, dataclasses.replace(kept, A=A_inv), roots)
-        assert isinstance(kept.A, PackedSymmetric)
-        return inverse, inverse.packed(A=kept.A)
-    inverse = KroneckerInverse.of(G, damp(submatrix(entry.A.dense(), cols, cols), strengths[1]), roots)
-    return inverse, inverse.packed()
-
-
-def _same(a: Index, b: Index) -> bool:
-    """Whether two row or column selections are the same."""
-    if isinstance(a, slice) or isinstance(b, slice):
-        return a == b
-    return a.shape == b.shape and bool((a == b).all())
+    return FactorInverse.of(damp(submatrix(entry.G.dense(), rows, rows), strength), root)

@@ -3,8 +3,9 @@
 Forward pre-hooks add each layer's inputs to A, and tensor hooks on the layer outputs add the
 output gradients to G during the backward pass; A = (1/√N) Σ a aᵀ and G = (1/√N) Σ g gᵀ over the N
 calibration tokens. Only input gradients are computed (weights do not require grad). Layers that
-read the same input tensor (q/k/v, gate/up) share one A. A layer with a bias gets an extra
-constant-1 input column in A. Factors are accumulated in packed symmetric form
+read the same input tensor (q/k/v, gate/up) share one A: the pass returns them as one input group
+(`InputGroup`). A layer with a bias gets an extra constant-1 input column in A. Factors are
+accumulated in packed symmetric form
 (`surgeon_kernels.symmetric.PackedSymmetric`: upper-triangle tiles, about half the memory).
 On CUDA the hooks queue their tensors and add them in grouped launches (`ops.kfac_accumulate_group`,
 about a block's layers at a time, `group_bytes`), so narrow factors share the GPU instead of each
@@ -18,8 +19,8 @@ the backward pass computes anyway).
 
 Two ways to hold less during the pass (docs/DESIGN.md, "Memory design"): activation checkpointing
 of the decoder blocks (`checkpoint_blocks`: a block keeps only its inputs and runs again in the
-backward pass, where the hooks skip it), and factors kept in host memory (`HostFactors`), filled by
-one pass per group of blocks.
+backward pass, where the hooks skip it), and factors kept in host memory (`PruneConfig.offload`,
+`InputGroup.to`), filled by one pass per group of blocks.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from surgeon.errors import SurgeonError
-from surgeon.method.factors import LayerFactors, input_owner
+from surgeon.method.factors import InputGroup, LayerFactors, by_layer, input_owner
 from surgeon_kernels import ops
 from surgeon_kernels.ops import PackedSymmetric
 
@@ -100,6 +101,7 @@ class _Collector:
         self.layers, self.need_g, self.backend, self.group_bytes = layers, need_g, backend, group_bytes
         self.scale = 1.0 / math.sqrt(tokens)
         self.factors: dict[str, LayerFactors] = {}
+        self.groups: dict[str, InputGroup] = {}  # by the layer that holds the group's A, in the order they ran
         self.owner: dict[str, str] = {}
         self._last: tuple[str, torch.Tensor, bool] | None = None  # the layer run last: name, input, bias
         self._queue: list[tuple[str, PackedSymmetric, torch.Tensor, bool, int]] = []
@@ -141,8 +143,10 @@ class _Collector:
         bias = module.bias is not None
         if name not in self.owner:
             self.owner[name] = owner = input_owner(self.owner, self._last, name, x, bias)
-            self.factors[name] = LayerFactors(PackedSymmetric.zeros(module.in_features + int(bias), x.device)
-                                              if owner == name else self.factors[owner].A, None)
+            if owner == name:
+                self.groups[name] = InputGroup(PackedSymmetric.zeros(module.in_features + int(bias), x.device), {})
+            group = self.groups[owner]
+            group.layers[name] = self.factors[name] = LayerFactors(group.A, None)
         self._last = (name, x, bias)
         if self.owner[name] == name:
             self._add(name, self.factors[name].A, x.detach().reshape(-1, x.shape[-1]), bias)
@@ -262,9 +266,9 @@ def backward(model: nn.Module, batch: torch.Tensor, sampled: tuple[Sequence[int]
 def _collect(
     layers: list[tuple[str, nn.Linear]], passes: Iterable[Callable[[], object]], tokens: int, need_g: bool,
     backend: str, group_bytes: int | None, checkpoint_blocks: Sequence[nn.Module] = (),
-) -> dict[str, LayerFactors]:
-    """The factors (eq. 6) that the hooks on `layers` accumulate while each of `passes` runs, checked finite;
-    `checkpoint_blocks` run under activation checkpointing."""
+) -> list[InputGroup]:
+    """The factors (eq. 6) that the hooks on `layers` accumulate while each of `passes` runs, checked finite, by
+    input group; `checkpoint_blocks` run under activation checkpointing."""
     device = layers[0][1].weight.device
     collector = _Collector(layers, tokens, need_g, backend, _group_bytes(device, group_bytes))
     with collector.hooks(), _checkpointed(checkpoint_blocks, collector.recompute):
@@ -278,7 +282,7 @@ def _collect(
                            "leave them out (--leave-out)")
     for name, entry in collector.factors.items():
         _check_finite(name, entry)
-    return collector.factors
+    return list(collector.groups.values())
 
 
 @torch.no_grad()
@@ -299,8 +303,9 @@ def estimate(
     batches: Sequence[int] | None = None,
     checkpoint_blocks: Sequence[nn.Module] = (),
     sampled_seed: int | None = None,
-) -> dict[str, LayerFactors]:
-    """Kronecker factors (A, and G when `need_g`) of `layers` over calibration `windows` [n, L] (eq. 6).
+) -> list[InputGroup]:
+    """Kronecker factors (A, and G when `need_g`) of `layers` over calibration `windows` [n, L] (eq. 6), by input
+    group: the layers that read one input share its A (`InputGroup`).
 
     `group_bytes`: queued bytes per grouped accumulation (None: `DEFAULT_GROUP_BYTES` of the device).
     `batches`: the indices of the batches of `batch_size` windows to run (None: all), each scaled as
@@ -320,7 +325,7 @@ def estimate(
     with frozen(model):
         factors = _collect(layers, passes, windows.numel(), need_g, backend, group_bytes,
                            checkpoint_blocks if need_g else ())
-    for name, entry in factors.items():
+    for name, entry in by_layer(factors).items():
         if need_g and entry.G is None:
             raise SurgeonError(f"layer {name} received no gradient: it does not affect the loss")
         if need_g and entry.col_quadratic is None:
@@ -331,8 +336,9 @@ def estimate(
 def estimate_inputs(
     layers: list[tuple[str, nn.Linear]], forwards: Iterable[Callable[[], object]], tokens: int,
     backend: str = "auto", group_bytes: int | None = None,
-) -> dict[str, LayerFactors]:
-    """The input factors A of `layers` (eq. 6) over `tokens` tokens, from calling each of `forwards`.
+) -> list[InputGroup]:
+    """The input factors A of `layers` (eq. 6) over `tokens` tokens, by input group, from calling each of
+    `forwards`.
 
     Each callable runs one batch through the layers (e.g. one decoder block on its cached inputs,
     as SparseGPT and Wanda prune block by block); no gradients are computed.

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from surgeon.errors import require_finite
 from surgeon.method import baselines, costs, inverses, solver, threshold, updates
 from surgeon.method.damping import damp
-from surgeon.method.factors import LayerFactors
+from surgeon.method.factors import InputGroup, LayerFactors, by_layer, grouped
 from surgeon.method.threshold import Elsewhere
 from surgeon.methods import DEFAULT_DAMP_A, LayerRule
 from surgeon.models.adapter import decoder_blocks, prunable_layers
@@ -30,34 +30,38 @@ from surgeon_kernels import ops
 from surgeon_kernels.ops import Deferred
 
 
-def element_shot(layers: list[Layer], raw: dict[str, LayerFactors], target_zeros: int, update: Update,
+def element_shot(layers: list[Layer], raw: list[InputGroup], target_zeros: int, update: Update,
                  nm: tuple[int, int] | None, ranks: Ranks, desc: str | None) -> dict[str, float]:
     """Elements (unstructured or N:M): costs, global threshold, correlated update (eqs. 4-5).
 
     Costs are not held: each layer keeps what they are computed from (its packed inverse, whose
     diagonals are all eq. 7 reads, or the diagonal curvature), and the threshold recomputes them when
     it reads them (`Deferred`). They read the layer's weights and mask as they are, so each layer's
-    mask is made before its update. Split over `ranks`, each holds only its own layers' costs
-    (`Elsewhere` for the others'), the threshold is selected over all of them together, and the
-    updated layers are broadcast with their masks. Returns the seconds spent on costs, threshold and
-    updates. With `desc`, a progress bar per phase, named after it.
+    mask is made before its update. The layers of an input group (`raw`) share one A⁻¹. Split over
+    `ranks`, each holds only its own layers' costs (`Elsewhere` for the others'), the threshold is
+    selected over all of them together, and the updated layers are broadcast with their masks. Returns
+    the seconds spent on costs, threshold and updates. With `desc`, a progress bar per phase, named
+    after it.
     """
-    plans: list[inverses.KroneckerInverse | None] = []
-    element_costs: list[Deferred] = []
     device = layers[0].mask.device
-    sibling: inverses.Sibling | None = None
+    plans: list[tuple[inverses.FactorInverse | None, list[tuple[int, inverses.FactorInverse | None]]]] = []
+    element_costs: list[Deferred] = [Elsewhere(layer.module.weight.numel(), device) for layer in layers]
     times = [clock(device)]
     ranks.gather_layers(layers)
-    for layer in bar(layers, desc and f"{desc} · costs", desc is not None):
-        R, C = layer.module.out_features, layer.module.in_features
-        if not ranks.mine(layer.name):
-            plans.append(None)
-            element_costs.append(Elsewhere(R * C, device))
-            continue
-        kept, layer_costs, sibling = _element_plan(layer, raw.pop(layer.name, None), update, sibling)
-        plans.append(kept)  # the raw factor is freed after its last layer
-        element_costs.append(Deferred(R * C, layer.mask.device, layer_costs))
-    del sibling
+    with bar(None, desc and f"{desc} · costs", desc is not None, total=len(layers)) as progress:
+        for group, members in grouped([layer.name for layer in layers], raw):  # each group freed once used
+            A = inverses.input_inverse(group.A, slice(None), update.strengths[1], root=False).packed() \
+                if update.correlated and group is not None else None
+            kept = []
+            for i in members:
+                layer = layers[i]
+                progress.update()
+                if ranks.mine(layer.name):
+                    G, layer_costs = _element_plan(layer, None if group is None else group.layers[layer.name],
+                                                   update, A)
+                    kept.append((i, G))
+                    element_costs[i] = Deferred(layer.module.weight.numel(), layer.mask.device, layer_costs)
+            plans.append((A, kept))
     times.append(clock(device))
     with bar(None, desc and f"{desc} · threshold (layers' costs read)", desc is not None) as reads:
         counted = [c if isinstance(c, Elsewhere) else Deferred(c.numel(), c.device, _counted(c, reads))
@@ -65,10 +69,13 @@ def element_shot(layers: list[Layer], raw: dict[str, LayerFactors], target_zeros
         masks = (threshold.nm_selection(counted, *nm, target_zeros, update.backend, ranks.reduce()) if nm
                  else threshold.smallest_k(counted, target_zeros, update.backend, ranks.reduce()))
     times.append(clock(device))
-    for layer, inverse, mask in bar(zip(layers, inverses.unpacked(plans), masks), desc and f"{desc} · updates",
-                                    desc is not None, total=len(layers)):
-        if ranks.mine(layer.name):
-            _element_update(layer, mask(), inverse, update)
+    with bar(None, desc and f"{desc} · updates", desc is not None, total=sum(len(kept) for _, kept in plans)) as done:
+        for A, kept in plans:
+            A_dense = None if A is None else A.dense()  # once for the group's layers
+            for i, G in kept:
+                inverse = None if G is None or A_dense is None else inverses.kronecker(G.dense(), A_dense)
+                _element_update(layers[i], masks[i](), inverse, update)
+                done.update()
     ranks.broadcast_layers(layers, masks=True)
     times.append(clock(device))
     return phases(times)
@@ -85,23 +92,21 @@ def _counted(costs: Deferred, reads: Any) -> Callable[[], torch.Tensor]:
     return read
 
 
-def _element_plan(layer: Layer, entry: LayerFactors | None, update: Update,
-                  sibling: inverses.Sibling | None
-                  ) -> tuple[inverses.KroneckerInverse | None, Callable[[], torch.Tensor], inverses.Sibling | None]:
-    """What one layer's element update keeps (its packed inverse, or nothing for the OBD baselines), its element
-    costs (eq. 7, computed when called) and the sibling the next layer may share A⁻¹ with."""
+def _element_plan(layer: Layer, entry: LayerFactors | None, update: Update, A: inverses.FactorInverse | None
+                  ) -> tuple[inverses.FactorInverse | None, Callable[[], torch.Tensor]]:
+    """What one layer's element update keeps besides its input group's A⁻¹ (`A`): its G⁻¹, packed, or nothing for
+    the OBD baselines; and its element costs (eq. 7, computed when called)."""
     R, C = layer.module.out_features, layer.module.in_features
-    strengths = update.strengths
-    kept: inverses.KroneckerInverse | None = None
+    G: inverses.FactorInverse | None = None
     if update.correlated and entry is not None:
-        f, kept = inverses.layer_inverse(entry, slice(None), slice(None), strengths, roots=False, sibling=sibling)
-        sibling = (entry, slice(None), kept, f.A)
-        weigh = functools.partial(costs.element_costs, f=kept)
+        assert A is not None  # the group's, inverted where the update is correlated
+        G = inverses.output_inverse(entry, slice(None), update.strengths[0], root=False).packed()
+        weigh = functools.partial(costs.element_costs, f=inverses.kronecker(G, A))
     else:
-        g, a = costs.diagonal_curvature(entry, (R, C + layer.bias), layer.mask.device, strengths)
+        g, a = costs.diagonal_curvature(entry, (R, C + layer.bias), layer.mask.device, update.strengths)
         weigh = functools.partial(costs.diagonal_costs, g=g, a=a)
     dead = costs.dead(entry, slice(None), slice(0, C), R) if entry is not None else None
-    return kept, functools.partial(_layer_element_costs, layer, weigh, dead), sibling
+    return G, functools.partial(_layer_element_costs, layer, weigh, dead)
 
 
 def _element_update(layer: Layer, mask: torch.Tensor, inverse: inverses.KroneckerInverse | None,
@@ -126,7 +131,7 @@ def _layer_element_costs(layer: Layer, weigh: Callable[[torch.Tensor], torch.Ten
     return e.masked_fill(layer.mask, float("-inf"))
 
 
-def propagated_shot(model: nn.Module, layers: list[Layer], raw: dict[str, LayerFactors], calibration: torch.Tensor,
+def propagated_shot(model: nn.Module, layers: list[Layer], raw: list[InputGroup], calibration: torch.Tensor,
                     update: Update, nm: tuple[int, int], blocks: Blocks, ranks: Ranks, progress: bool) -> None:
     """The N:M shot that prunes every group left, block by block (`PruneConfig.propagate`).
 
@@ -137,19 +142,23 @@ def propagated_shot(model: nn.Module, layers: list[Layer], raw: dict[str, LayerF
     update (eqs. 4-5).
     """
     n, m = nm
+    shot = by_layer(raw)  # G of the shot's pass; each block's A comes from its propagated inputs
     for block in _pruned_block_by_block(model, layers, calibration, blocks, ranks, progress):
-        sibling: inverses.Sibling | None = None
-        for layer, fresh in block:
-            entry = dataclasses.replace(raw.pop(layer.name), A=fresh.A)  # propagate: methods with a curvature pass
-            kept, layer_costs, sibling = _element_plan(layer, entry, update, sibling)
-            mask = ops.nm_select(layer_costs(), n, m, update.backend)[1]
-            inverse = next(inverses.unpacked([kept]))
-            _element_update(layer, mask, inverse, update)
+        for fresh, members in block:
+            A = inverses.input_inverse(fresh.A, slice(None), update.strengths[1], root=False) \
+                if update.correlated else None
+            for layer in members:
+                entry = dataclasses.replace(shot.pop(layer.name), A=fresh.A)  # methods with a curvature pass
+                G, layer_costs = _element_plan(layer, entry, update, A)
+                mask = ops.nm_select(layer_costs(), n, m, update.backend)[1]
+                inverse = None if G is None or A is None else inverses.kronecker(G.dense(), A)
+                _element_update(layer, mask, inverse, update)
 
 
 def _pruned_block_by_block(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, blocks: Blocks,
-                           ranks: Ranks, progress: bool) -> Iterator[list[tuple[Layer, LayerFactors]]]:
-    """Per decoder block, this rank's layers of it with their input factors, for the caller to prune in place.
+                           ranks: Ranks, progress: bool) -> Iterator[list[tuple[InputGroup, list[Layer]]]]:
+    """Per decoder block, this rank's input groups of it (their input factors) with their layers, for the caller
+    to prune in place.
 
     Each block's inputs come from the blocks before it, already pruned: the block runs once to
     estimate its layers' input factors and once, pruned, to give the next block's inputs
@@ -165,12 +174,13 @@ def _pruned_block_by_block(model: nn.Module, layers: list[Layer], calibration: t
         share = torch.cat([batches[i] for i in ranks.batches(len(batches))])
     inputs = BlockInputs(model, decoder_blocks(model), share, blocks.batch_size)
     for named in tqdm(prunable_layers(model, blocks.leave_out), desc="blocks", leave=False, disable=not progress):
-        factors = curvature.estimate_inputs(named, inputs.forwards(), calibration.numel(), blocks.backend)
+        groups = curvature.estimate_inputs(named, inputs.forwards(), calibration.numel(), blocks.backend)
         if blocks.curvature_split == "batches":
-            ranks.reduce_factors(factors)
+            ranks.reduce_factors(groups)
         block = [by_name[name] for name, _ in named]
         ranks.gather_layers(block)
-        yield [(layer, factors[layer.name]) for layer in block if ranks.mine(layer.name)]
+        yield [(group, [by_name[name] for name in group.layers]) for group in groups
+               if ranks.mine(next(iter(group.layers)))]
         ranks.broadcast_layers(block, masks=True)
         inputs.advance()
 
@@ -180,8 +190,10 @@ def per_layer_shot(model: nn.Module, layers: list[Layer], calibration: torch.Ten
     """SparseGPT or Wanda: each layer pruned to the same sparsity with its own algorithm, block by block on the
     inputs of the blocks already pruned, as published (`_pruned_block_by_block`)."""
     for block in _pruned_block_by_block(model, layers, calibration, shot.blocks, ranks, progress):
-        for layer, factors in block:
-            _prune_one_layer(layer, factors.A.dense(), target_size, shot)
+        for group, members in block:
+            A = group.A.dense()  # once for the layers that read it
+            for layer in members:
+                _prune_one_layer(layer, A, target_size, shot)
 
 
 def _prune_one_layer(layer: Layer, A: torch.Tensor, target_size: float, shot: PerLayer) -> None:

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
-from surgeon.method.factors import HostFactors, LayerFactors
+from surgeon.method.factors import InputGroup
 from surgeon.methods import Shot
 from surgeon.models import channels, units
 from surgeon.models.adapter import block_weights, check_prunable, decoder_blocks, max_seqlen
@@ -218,7 +218,7 @@ class _LayerShots:
         _, _, sparsity = removed_fractions((layer.name, layer.mask) for layer in layers)
         return seconds, freed, sparsity
 
-    def _remove(self, raw: dict[str, LayerFactors] | HostFactors, shot: int, target_size: float,
+    def _remove(self, raw: list[InputGroup], shot: int, target_size: float,
                 progress: bool) -> tuple[dict[str, float], int]:
         """The shot's costs, threshold and updates, by the kind of shot and the method's entry; the seconds of each
         phase where they are apart, and the dead weights freed."""
@@ -231,7 +231,6 @@ class _LayerShots:
         if config.shot is Shot.STRUCTURED:
             return structured_shot(layers, raw, target_zeros, self.update, self.units, config.offload, run.coupled,
                                    run.kinds, ranks, desc)
-        assert isinstance(raw, dict)  # offload is for structured and coupled runs (PruneConfig)
         if config.propagates and shot == config.shot_count:
             assert config.nm is not None  # PruneConfig propagates N:M runs only
             propagated_shot(self.model, layers, raw, self.calibration_ids, self.update, config.nm, self.blocks, ranks,
@@ -315,21 +314,20 @@ def _resolve(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfi
 
 
 def _curvature(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, run: _Run, desc: str,
-               progress: bool) -> dict[str, LayerFactors] | HostFactors:
-    """The shot's Kronecker factors (eq. 6), one pass per block group, summed onto each layer's owner; in host
-    memory with `offload`; none for the methods without a curvature pass."""
-    device = next(model.parameters()).device
-    raw: dict[str, LayerFactors] | HostFactors = HostFactors(device) if config.offload else {}
+               progress: bool) -> list[InputGroup]:
+    """The shot's Kronecker factors (eq. 6) by input group, one pass per block group, summed onto each group's
+    owner; in host memory with `offload`; none for the methods without a curvature pass."""
+    raw: list[InputGroup] = []
     if not config.spec.needs_a:
         return raw
     for part, group_layers in enumerate(run.groups, 1):
-        factors = curvature.estimate(
+        groups = curvature.estimate(
             model, group_layers, calibration_ids, need_g=config.spec.needs_g, batch_size=config.batch_size,
             backend=config.backend, progress=progress, batches=run.batches, checkpoint_blocks=run.checkpointed,
             sampled_seed=config.seed if config.fisher == "sampled" else None,
             desc=desc + (f" {part}/{len(run.groups)}" if len(run.groups) > 1 else ""))
         if config.curvature_split == "batches":
-            run.ranks.reduce_factors(factors)
-        raw.update(factors)
-        del factors
+            run.ranks.reduce_factors(groups)
+        raw += [group.to("cpu") for group in groups] if config.offload else groups
+        del groups
     return raw

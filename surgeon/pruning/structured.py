@@ -10,7 +10,7 @@ import torch
 
 from surgeon.method import costs, inverses, threshold, updates
 from surgeon.method.damping import damp
-from surgeon.method.factors import HostFactors, LayerFactors
+from surgeon.method.factors import InputGroup, LayerFactors, grouped
 from surgeon.method.submatrix import put_submatrix, submatrix
 from surgeon.models import channels, units
 from surgeon.models.layer import Layer
@@ -35,8 +35,8 @@ def _column_set_costs(cols: torch.Tensor, real_c: torch.Tensor, size: int,
     return per_set
 
 
-def structured_shot(layers: list[Layer], raw: dict[str, LayerFactors] | HostFactors, target_zeros: int,
-                    update: Update, allocation: Units, offload: bool, coupled: list[channels.Coupling],
+def structured_shot(layers: list[Layer], raw: list[InputGroup], target_zeros: int, update: Update,
+                    allocation: Units, offload: bool, coupled: list[channels.Coupling],
                     kinds: list[units.UnitKind] | None, ranks: Ranks, desc: str | None) -> tuple[dict[str, float], int]:
     """Rows and columns, or coupled units: costs (eq. 7), global threshold, joint or within update (sec. 3.4).
 
@@ -47,11 +47,10 @@ def structured_shot(layers: list[Layer], raw: dict[str, LayerFactors] | HostFact
     too and count toward the target; they take no part in the updates (their inputs or outputs are gone).
 
     Between costs and updates each layer keeps only its packed inverse roots (weights are read again),
-    so a shot never holds more than the factors' packed size plus one layer's dense work; with
-    `offload` the factors (`raw`, a `HostFactors`) and the kept roots wait in host
-    memory, and the device holds those of a layer and the one before it (whose A it may share). Split over
-    `ranks`, each computes its own layers' costs and updates; the costs are summed so that all make
-    the same choice, and the updated layers are broadcast.
+    so a shot never holds more than the factors' packed size plus one input group's dense work; with
+    `offload` the factors (`raw`, in host memory) and the kept roots wait in host memory, and the device
+    holds those of one input group at a time. Split over `ranks`, each computes its own layers' costs and
+    updates; the costs are summed so that all make the same choice, and the updated layers are broadcast.
     Returns the seconds spent on costs, threshold and updates, and the number of dead weights freed. With `desc`,
     a progress bar per phase that runs layer by layer, named after it.
     """
@@ -64,62 +63,76 @@ def structured_shot(layers: list[Layer], raw: dict[str, LayerFactors] | HostFact
                                                            allocation, coupled, kinds)
     freed = threshold.removed_weights(removed_rows, removed_cols) - threshold.removed_weights(row_sel, col_sel)
     times.append(clock(device))
-    dense = inverses.unpacked((kept for _, _, kept in plans), device if offload else None)
-    for layer, (keep_r, keep_c, _), inverse, new_rows, new_cols, rows_out, cols_out in bar(zip(
-            layers, plans, dense, row_sel, col_sel, removed_rows, removed_cols), desc and f"{desc} · updates",
-            desc is not None, total=len(layers)):
+    kept = [layer.kept()[:2] for layer in layers]  # before the masks change
+    for layer, rows_out, cols_out in zip(layers, removed_rows, removed_cols):
         layer.rows, layer.cols = rows_out, cols_out
-        if ranks.mine(layer.name):
-            _update(layer, keep_r, keep_c, inverse, new_rows, new_cols, update)
+    with bar(None, desc and f"{desc} · updates", desc is not None,
+             total=sum(len(members) for _, members in plans)) as done:
+        for A, members in plans:
+            A_dense = None if A is None else (A.to(device) if offload else A).dense()  # once for its layers
+            for i, G in members:
+                inverse = None if G is None or A_dense is None else \
+                    inverses.kronecker((G.to(device) if offload else G).dense(), A_dense)
+                _update(layers[i], *kept[i], inverse, row_sel[i], col_sel[i], update)
+                done.update()
     ranks.broadcast_layers(layers, masks=False)
     times.append(clock(device))
     return phases(times), freed
 
 
-Plan = tuple[torch.Tensor, torch.Tensor, inverses.KroneckerInverse | None]  # kept rows, kept columns, F⁻¹ roots
+# Layers that share one A⁻¹ root (one input, the same kept columns), packed: that root, and each one's position and
+# G⁻¹ root (None for the OBD baselines, which keep no inverse)
+Members = list[tuple[int, inverses.FactorInverse | None]]
+Plan = tuple[inverses.FactorInverse | None, Members]
 
 
-def _costs(layers: list[Layer], raw: dict[str, LayerFactors] | HostFactors, update: Update, offload: bool,
-           ranks: Ranks, kinds: list[units.UnitKind] | None, desc: str | None
+def _costs(layers: list[Layer], raw: list[InputGroup], update: Update, offload: bool, ranks: Ranks,
+           kinds: list[units.UnitKind] | None, desc: str | None
            ) -> tuple[list[Plan], list[torch.Tensor], list[torch.Tensor], dict[tuple[int, int], torch.Tensor]]:
     """Every layer's row and column costs (eq. 7; −inf where already removed), the costs of its consumer column
-    sets of each unit size (keyed by layer index and size), and what its update keeps; summed over `ranks`; with
-    `desc`, a progress bar of the layers so named."""
+    sets of each unit size (keyed by layer index and size), and what the updates keep, by the layers that share one
+    A⁻¹ root (the layers of an input group with the same kept columns); summed over `ranks`; with `desc`, a
+    progress bar of the layers so named."""
     plans: list[Plan] = []
-    row_costs: list[torch.Tensor] = []
-    col_costs: list[torch.Tensor] = []
+    row_by: dict[int, torch.Tensor] = {}
+    col_by: dict[int, torch.Tensor] = {}
     device = layers[0].rows.device
     sets: dict[int, set[int]] = {}  # consumer layer -> its units' column-set sizes (o: heads, KV groups)
     for kind in kinds or []:
         if kind.consumer.size > 1:
             sets.setdefault(kind.consumer.layer, set()).add(kind.consumer.size)
     set_cost: dict[tuple[int, int], torch.Tensor] = {}
-    sibling: inverses.Sibling | None = None
-    offloaded: tuple[inverses.KroneckerInverse, inverses.KroneckerInverse] | None = None  # the last, on device and host
     ranks.gather_layers(layers)
-    for index, layer in enumerate(bar(layers, desc, desc is not None)):
-        R, C, sizes = layer.module.out_features, layer.module.in_features, sorted(sets.get(index, ()))
-        keep_r, keep_c, real_c = layer.kept()
-        if not ranks.mine(layer.name):  # another rank's: zeros here, its costs once summed
-            plans.append((keep_r, keep_c, None))
-            row_costs.append(torch.zeros(R, device=device))
-            col_costs.append(torch.zeros(C, device=device))
-            for size in sizes:
-                set_cost[index, size] = torch.zeros(C // size, device=device)
-            continue
-        entry = raw.pop(layer.name, None)  # frees each raw factor after its last layer
-        rows, cols, joint, kept, sibling = _layer_costs(layer, (keep_r, keep_c, real_c), entry, update, sibling,
-                                                        sets=bool(sizes))
-        for size in sizes:  # a consumer of several columns per unit (o: head_dim per head, more per KV group)
-            set_cost[index, size] = _column_set_costs(cols, real_c, size, joint)
-        if offload and kept is not None:  # siblings' shared A⁻¹ goes to host memory once
-            A = offloaded[1].A if offloaded is not None and offloaded[0].A is kept.A else None
-            offloaded = (kept, kept.to("cpu", A=A))
-            kept = offloaded[1]
-        plans.append((keep_r, keep_c, kept))
-        row_costs.append(rows)
-        col_costs.append(cols)
-    del sibling, offloaded
+    with bar(None, desc, desc is not None, total=len(layers)) as progress:
+        for group, members in grouped([layer.name for layer in layers], raw):  # each group freed once used
+            group = group.to(device) if offload and group is not None else group
+            shared: list[tuple[torch.Tensor, inverses.FactorInverse | None, Members]] = []  # by kept columns
+            for index in members:
+                layer, sizes = layers[index], sorted(sets.get(index, ()))
+                progress.update()
+                keep_r, keep_c, real_c = layer.kept()
+                if not ranks.mine(layer.name):  # another rank's: zeros here, its costs once summed
+                    row_by[index] = torch.zeros(layer.module.out_features, device=device)
+                    col_by[index] = torch.zeros(layer.module.in_features, device=device)
+                    for size in sizes:
+                        set_cost[index, size] = torch.zeros(layer.module.in_features // size, device=device)
+                    continue
+                entry = None if group is None else group.layers[layer.name]
+                same = next((found for found in shared if torch.equal(found[0], keep_c)), None)
+                if same is None:  # the first of the group's layers with these columns inverts their A
+                    A = inverses.input_inverse(entry.A, keep_c, update.strengths[1], root=True) \
+                        if update.correlated and entry is not None else None
+                    same = (keep_c, A, [])
+                    shared.append(same)
+                rows, cols, joint, G = _layer_costs(layer, (keep_r, keep_c, real_c), entry, update, same[1],
+                                                    sets=bool(sizes))
+                for size in sizes:  # a consumer of several columns per unit (o: head_dim per head, more per KV group)
+                    set_cost[index, size] = _column_set_costs(cols, real_c, size, joint)
+                same[2].append((index, None if G is None else _kept(G.packed(), offload)))
+                row_by[index], col_by[index] = rows, cols
+            plans += [(None if A is None else _kept(A.packed(), offload), kept) for _, A, kept in shared]
+    row_costs, col_costs = [row_by[i] for i in range(len(layers))], [col_by[i] for i in range(len(layers))]
+    set_cost = dict(sorted(set_cost.items()))  # one order on every rank, whichever groups it holds
     if ranks.world > 1:  # −inf (removed) plus the other ranks' zeros stays −inf
         every = row_costs + col_costs + list(set_cost.values())
         parts = ranks.sum(torch.cat(every)).split([t.numel() for t in every])
@@ -128,30 +141,35 @@ def _costs(layers: list[Layer], raw: dict[str, LayerFactors] | HostFactors, upda
     return plans, row_costs, col_costs, set_cost
 
 
+def _kept(inverse: inverses.FactorInverse, offload: bool) -> inverses.FactorInverse:
+    """A packed root as the shot keeps it until its update: in host memory with `offload`."""
+    return inverse.to("cpu") if offload else inverse
+
+
 def _layer_costs(layer: Layer, kept_indices: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-                 entry: LayerFactors | None, update: Update, sibling: inverses.Sibling | None, sets: bool,
+                 entry: LayerFactors | None, update: Update, A: inverses.FactorInverse | None, sets: bool,
                  ) -> tuple[torch.Tensor, torch.Tensor, Callable[[int], torch.Tensor] | None,
-                            inverses.KroneckerInverse | None, inverses.Sibling | None]:
+                            inverses.FactorInverse | None]:
     """One layer's row and column costs (eq. 7: LLM Surgeon from F⁻¹, the OBD baselines from a diagonal; dead
     structures 0, removed ones −inf), with `sets` the joint cost of its column sets of m kept columns (LLM
-    Surgeon; else None: their columns' costs are summed), the packed inverse roots its update keeps, and the
-    sibling the next layer may share A⁻¹ with; `kept_indices` are the layer's `Layer.kept()`."""
+    Surgeon; else None: their columns' costs are summed), and the G⁻¹ root its update keeps beside its input's A⁻¹
+    root `A`; `kept_indices` are the layer's `Layer.kept()`."""
     R, C = layer.module.out_features, layer.module.in_features
     keep_r, keep_c, real_c = kept_indices
     strengths = update.strengths
     W = layer.weight()
     rows = torch.full((R,), float("-inf"), device=W.device)
     cols = torch.full((C,), float("-inf"), device=W.device)
-    kept = joint = None
+    G = joint = None
     if update.correlated:
-        assert entry is not None and entry.G is not None  # surgeon's pass gives every layer both factors
-        f, kept = inverses.layer_inverse(entry, keep_r, keep_c, strengths, roots=True, sibling=sibling)
-        sibling = (entry, keep_c, kept, f.A)
+        assert entry is not None and entry.G is not None and A is not None  # surgeon's pass: both factors
+        G = inverses.output_inverse(entry, keep_r, strengths[0], root=True)
+        f = inverses.kronecker(G, A)
         rc, cc = costs.layer_structure_costs(W, entry, f, keep_r, keep_c, real_c.numel(), strengths)
         if sets:
-            G = damp(submatrix(entry.G.dense(), keep_r, keep_r), strengths[0])
+            damped = damp(submatrix(entry.G.dense(), keep_r, keep_r), strengths[0])
             root = inverses.as_dense(f.A)[: real_c.numel()]
-            joint = functools.partial(costs.set_costs, submatrix(W, keep_r, real_c).T, root, G)
+            joint = functools.partial(costs.set_costs, submatrix(W, keep_r, real_c).T, root, damped)
     else:
         g, a = costs.diagonal_curvature(entry, W.shape, W.device, strengths)
         e = costs.diagonal_costs(submatrix(W, keep_r, keep_c), g[keep_r], a[keep_c])
@@ -161,7 +179,7 @@ def _layer_costs(layer: Layer, kept_indices: tuple[torch.Tensor, torch.Tensor, t
         rc, cc = rc.masked_fill(dead_r, 0), cc.masked_fill(dead_c, 0)
     rows[keep_r] = rc.to(rows.dtype)  # a float64 model's factors give float64 costs; W and the costs are float32
     cols[real_c] = cc.to(cols.dtype)
-    return rows, cols, joint, kept, sibling
+    return rows, cols, joint, G
 
 
 def _select(layers: list[Layer], row_costs: list[torch.Tensor], col_costs: list[torch.Tensor],

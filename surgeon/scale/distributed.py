@@ -3,8 +3,8 @@
 - **Curvature** (eq. 6), split by batches: calibration batches are dealt to the ranks in turn; each
   rank runs the pass on its batches, and every factor is then summed onto the rank that owns its
   decoder block (`dist.reduce` per factor: a reduce-scatter over blocks, as kfac-pytorch/KAISA place
-  second-order work). Blocks are owned in turn (block b by rank b mod world), so sibling layers that
-  share an input factor have one owner. Split by blocks: every rank runs every batch and
+  second-order work). Blocks are owned in turn (block b by rank b mod world), so the layers of an input
+  group (one input factor) have one owner. Split by blocks: every rank runs every batch and
   accumulates only its own blocks' factors (1/world of the factor memory, one process's factors).
 - **Costs and updates**: a rank computes the inverses, costs (eq. 7) and updates (eqs. 4-5) of its
   own blocks only; each updated layer is then broadcast from its owner (weights, and for element
@@ -36,7 +36,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from surgeon.errors import SurgeonError
-from surgeon.method.factors import LayerFactors
+from surgeon.method.factors import InputGroup
 from surgeon.models.adapter import decoder_blocks
 from surgeon.models.layer import Layer
 
@@ -151,25 +151,27 @@ class Ranks:
         """`sum_counts` where there are other ranks to sum with, else None (selection stays local)."""
         return self.sum_counts if self.world > 1 else None
 
-    def reduce_factors(self, raw: dict[str, LayerFactors]) -> None:
-        """Sum each layer's factors onto its owner and drop the other layers' from `raw`.
+    def reduce_factors(self, groups: list[InputGroup]) -> None:
+        """Sum each input group's factors (its A once, each layer's G and quadratics) onto its owner, and drop the
+        groups this rank does not own from `groups`.
 
-        Every rank holds the same layers in the same order (the hooks' order). A factor shared by
-        sibling layers (one input, one A) is summed once.
+        Every rank holds the same groups in the same order (the hooks'); a group's layers are of one block, so they
+        have one owner.
         """
         if self.world == 1:
             return
-        seen: set[int] = set()
-        for name in list(raw):
-            entry, owner = raw[name], self.owners[name]
-            for tensor in (entry.A.tiles, None if entry.G is None else entry.G.tiles, entry.row_quadratic,
-                           entry.col_quadratic):
-                if tensor is not None and id(tensor) not in seen:
-                    seen.add(id(tensor))
+        owned = []
+        for group in groups:
+            owner = self.owners[next(iter(group.layers))]
+            tensors = [group.A.tiles] + [t for entry in group.layers.values() for t in (
+                None if entry.G is None else entry.G.tiles, entry.row_quadratic, entry.col_quadratic)]
+            for tensor in tensors:
+                if tensor is not None:
                     with self._timed():
                         dist.reduce(tensor, group_dst=owner, group=self.group)
-            if owner != self.rank:
-                del raw[name]
+            if owner == self.rank:
+                owned.append(group)
+        groups[:] = owned
 
     def gather_layers(self, layers: Sequence[Layer], onto: int | None = None) -> None:
         """Gather the weights of layers sharded by FSDP2 whole: each owner keeps its layers' (`Layer.held`).
