@@ -268,13 +268,19 @@ def quality_table(runs: Runs, older: set[str]) -> str:
         return name + (", last shot propagated" if c.get("propagate") else "") + (
             ", G of sampled labels" if c.get("fisher") == "sampled" else "")
 
+    def tuning(run: Run) -> str:  # perplexity on the validation split's tuning articles, where it was measured
+        return f"{run['tuning_ppl']:.3f}" if "tuning_ppl" in run else "-"
+
     dense = runs["dense"]
-    rows: list[Row] = [("dense", "-", "1.0", "-", "-", "-", 0, f"{dense['ppl']:.3f}", f"{dense['seconds']:.0f}")]
+    rows: list[Row] = [("dense", "-", "1.0", "-", "-", "-", 0, f"{dense['ppl']:.3f}", tuning(dense),
+                        f"{dense['seconds']:.0f}")]
     rows += [(dagger(name, older), c["structure"], f"{c['target_size']:g}", method(c) + (
         f"; kept {run['choice']['kept']} by held-out loss" if run.get("choice") else ""), c["shots"],
-              f"{c['damp_g']} / {c['damp_a']}", f"{run['sparsity']:.4f}", f"{run['ppl']:.3f}", f"{run['seconds']:.0f}")
+              f"{c['damp_g']} / {c['damp_a']}", f"{run['sparsity']:.4f}", f"{run['ppl']:.3f}", tuning(run),
+              f"{run['seconds']:.0f}")
              for name, run in runs.items() if name != "dense" and seeded(name) is None for c in [run["config"]]]
-    return "\n".join(table("run | structure | kept | method | shots | λ_G / λ_A | sparsity | ppl | seconds", rows))
+    return "\n".join(table("run | structure | kept | method | shots | λ_G / λ_A | sparsity | ppl | tuning ppl | "
+                           "seconds", rows))
 
 
 def headline_cells(runs: Runs, prefix: str, older: frozenset[str] = frozenset()) -> str:
@@ -305,17 +311,26 @@ def headline_cells(runs: Runs, prefix: str, older: frozenset[str] = frozenset())
 
 
 def seed_spread(runs: Runs, older: set[str]) -> list[str]:
-    """Per row also run with other calibration seeds: each seed's perplexity, their mean and their range."""
-    spread: dict[str, dict[int, float]] = {}
+    """Per row also run with other calibration seeds: each seed's perplexity, their mean and range, on the test and,
+    where measured, on the tuning windows."""
+    spread: dict[str, dict[int, Run]] = {}
     for name, run in runs.items():
         if (found := seeded(name)) is not None and found[0] in runs:
-            spread.setdefault(found[0], {0: runs[found[0]]["ppl"]})[found[1]] = run["ppl"]
-    rows = [(dagger(row, older, (f"{row}-seed{s}" for s in ppl if s)), ", ".join(map(str, sorted(ppl))),
-             ", ".join(f"{ppl[s]:.3f}" for s in sorted(ppl)), f"{sum(ppl.values()) / len(ppl):.3f}",
-             f"{min(ppl.values()):.3f}–{max(ppl.values()):.3f}") for row, ppl in sorted(spread.items())]
-    return ["", "Over calibration seeds (the rows `<row>-seed<s>`: the calibration and held-out windows drawn with "
-            "seed s, `--seeds`): a gap between two rows is a win only where it exceeds both rows' ranges.", "",
-            *table("row | seeds | perplexity per seed | mean | range", rows)] if rows else []
+            spread.setdefault(found[0], {0: runs[found[0]]})[found[1]] = run
+
+    def summary(values: list[float]) -> tuple[str, str]:  # mean, range
+        if not values:
+            return "-", "-"
+        return f"{sum(values) / len(values):.3f}", f"{min(values):.3f}–{max(values):.3f}"
+
+    rows = [(dagger(row, older, (f"{row}-seed{s}" for s in seeds if s)), ", ".join(map(str, sorted(seeds))),
+             ", ".join(f"{seeds[s]['ppl']:.3f}" for s in sorted(seeds)), *summary([r["ppl"] for r in seeds.values()]),
+             *summary([r["tuning_ppl"] for r in seeds.values() if "tuning_ppl" in r]))
+            for row, seeds in sorted(spread.items())]
+    return ["", "Over calibration seeds (the rows `<row>-seed<s>`: the calibration windows drawn with seed s, "
+            "`--seeds`): a gap between two rows is a win only where it exceeds both rows' ranges.", "",
+            *table("row | seeds | perplexity per seed | mean | range | tuning mean | tuning range", rows)] \
+        if rows else []
 
 
 def quality_block(folder: str) -> list[str]:
