@@ -102,6 +102,15 @@ def test_kl_needs_a_teacher_and_settings_are_checked():
         Distill(lr=1e-3, loss="mse")
     with pytest.raises(SurgeonError, match="hidden_weight"):
         Distill(lr=1e-3, loss="next-token", hidden_weight=1.0)
+    with pytest.raises(SurgeonError, match="lr=0: must be positive"):
+        Distill(lr=0)
+    from surgeon.app.settings import RecoverConfig
+
+    assert RecoverConfig(run="run", lr=3e-4, lora_rank=4).distill() == Distill(lr=3e-4, lora_rank=4)
+    for bad, message in ((dict(lr=-1.0), "lr=-1.0"), (dict(lora_rank=-1), "lora_rank=-1"),
+                         (dict(loss="next-token", hidden_weight=0.5), "hidden_weight=0.5")):
+        with pytest.raises(ValueError, match=message):  # the command's settings refuse what the training would
+            RecoverConfig(run="run", **bad)
 
 
 def block_error(student: torch.nn.Module, teacher: torch.nn.Module, ids: torch.Tensor) -> float:

@@ -37,7 +37,7 @@ from surgeon.errors import SurgeonError
 from surgeon.io import OutputDirectory, write_checkpoint, write_json
 from surgeon.models.adapter import load_model
 from surgeon.pruning.resume import STATE, config_hash, has_state, read_state
-from surgeon.recovery.distill import Distill, Distillation, DistillReport
+from surgeon.recovery.distill import Distillation, DistillReport
 from surgeon.scale.distributed import local_device, shard_model, whole_state_dict
 
 logger = logging.getLogger(__name__)
@@ -120,8 +120,7 @@ def _recover(config: RecoverConfig, source: Path, pruned: dict[str, Any], folder
     if shared := shared_passages(text, test):
         raise SurgeonError(f"the training text ({text.source}) shares {shared} passages with the evaluation text "
                            f"({test.source}): train on other text")
-    settings = Distill(config.lr, batch_size=config.batch_size, seed=config.seed, loss=config.loss,
-                       hidden_weight=config.hidden_weight, lora_rank=config.lora_rank)
+    settings = config.distill()
     start = time.perf_counter()
     device = config.device if group is None else local_device(config.device)
     student, tokenizer = load_pruned(source, config.dtype)

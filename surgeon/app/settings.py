@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from surgeon.app.tasks import task_names
 from surgeon.config import EXPORT_FORMATS, opt
-from surgeon.recovery import LOSSES
+from surgeon.errors import SurgeonError
+from surgeon.recovery import LOSSES, Distill
 
 
 @dataclass(frozen=True)
@@ -177,13 +178,18 @@ class RecoverConfig:
         if self.tokens < self.seqlen * self.batch_size:
             raise ValueError(f"tokens={self.tokens}: fewer than one step of {self.batch_size} windows of "
                              f"{self.seqlen}")
-        if self.lr <= 0:
-            raise ValueError(f"lr={self.lr}: must be positive")
-        if self.lora_rank < 0 or self.checkpoint_steps < 0:
-            raise ValueError(f"lora_rank={self.lora_rank}, checkpoint_steps={self.checkpoint_steps}: must be >= 0")
-        if self.hidden_weight < 0 or (self.hidden_weight and self.loss != "kl"):
-            raise ValueError(f"hidden_weight={self.hidden_weight}: must be >= 0, and is a weight beside --loss kl")
+        if self.checkpoint_steps < 0:
+            raise ValueError(f"checkpoint_steps={self.checkpoint_steps}: must be >= 0")
+        try:
+            self.distill()  # the training settings check themselves
+        except SurgeonError as error:
+            raise ValueError(str(error)) from error
         if self.eval_windows is not None and self.eval_windows < 1:
             raise ValueError(f"eval_windows={self.eval_windows}: must be at least 1")
         if self.eval_seqlen is not None and self.eval_seqlen < 2:
             raise ValueError(f"eval_seqlen={self.eval_seqlen}: must be at least 2")
+
+    def distill(self) -> Distill:
+        """The recovery's training settings."""
+        return Distill(self.lr, batch_size=self.batch_size, seed=self.seed, loss=self.loss,
+                       hidden_weight=self.hidden_weight, lora_rank=self.lora_rank)
