@@ -1,8 +1,10 @@
 """Quality table on SmolLM2-135M, and on Gemma-3-270M the rows that decide the defaults, one command each.
 
-Protocol (runs on a 2-core CPU): 8 calibration windows of 512 tokens from the packaged WikiText-2
-validation split (`wiki.valid.tokens`, seed 0), 4 shots for structured and unstructured rows,
-perplexity on the first 8 windows of 2048 tokens of the WikiText-2 test split. Damping as
+Protocol (runs on a 2-core CPU): the packaged WikiText-2 validation split (`wiki.valid.tokens`) less its last
+articles, at least 8 × 2048 tokens set aside for tuning, is the calibration text: of it `surgeon prune` sets aside
+its own last articles for the held-out windows and draws 8 calibration windows of 512 tokens from the rest (seed
+0). 4 shots for structured and unstructured rows; perplexity on the first 8 windows of 2048 tokens of the
+WikiText-2 test split, and on as many of the tuning articles, by which settings are chosen. Damping as
 docs/DESIGN.md (λ_G = 0.1, λ_A = 0.01). Unstructured LLM Surgeon rows solve all pruned weights of a
 layer jointly (the default `max_correlate=0`: eqs. 4-5 by conjugate gradients to a relative residual
 of 1e-3, at most 40 iterations per layer); the row `unstructured-0.5-surgeon-m64` is the reference
@@ -32,6 +34,8 @@ RESULTS.md.
     python -m bench.quality.table --model gemma3-270m    # Gemma-3-270M's rows (about 20 minutes)
     python -m bench.quality.table --model gemma3-270m --calib-windows 16 --calib-seqlen 512 --only 2of4
     python -m bench.quality.table --row 2of4-0.5-surgeon --row 2of4-0.5-sparsegpt --seeds 0 1 2  # seeds' spread
+    python -m bench.quality.table --calib-windows 32 --calib-seqlen 1024 --row 2of4-0.5-surgeon-alone-sampled
+                                                         # a candidate setting (`CANDIDATES`), run where named
 """
 
 from __future__ import annotations
@@ -62,7 +66,6 @@ from surgeon.app.data import (
     tokenize,
 )
 from surgeon.app.evaluate import perplexity
-from surgeon.config import FISHERS
 from surgeon.io import write_json
 from surgeon.models.adapter import load_model
 
@@ -104,8 +107,9 @@ def rows(shots_structured: int, shots_element: int) -> list[tuple[str, PruneConf
 
 
 def defaults_rows() -> list[tuple[str, PruneConfig]]:
-    """(id, config) of each structure's CLI defaults against its baselines, and LLM Surgeon's own models with either
-    Fisher: the rows on a second model, or at another calibration budget than SmolLM2's table."""
+    """(id, config) of each structure's CLI defaults against its baselines, and LLM Surgeon's own unstructured and
+    N:M models (not weighed against sparsegpt-refine's): the rows on a second model, or at another calibration
+    budget than SmolLM2's table."""
     out = [(f"structured-0.8-{method}", PruneConfig(structure="structured", target_size=0.8, method=method))
            for method in ("kobd", "surgeon")]
     for structure in ("unstructured", "2:4"):
@@ -113,15 +117,25 @@ def defaults_rows() -> list[tuple[str, PruneConfig]]:
             shots = None if method == "surgeon" else 1
             out.append((f"{structure.replace(':', 'of')}-0.5-{method}",
                         PruneConfig(structure=structure, target_size=0.5, shots=shots, method=method)))
-    # LLM Surgeon's own models, not weighed against sparsegpt-refine's, with G from the data's next tokens and from
-    # labels drawn from the model (eq. 6)
-    out.append(("structured-0.8-surgeon-sampled", PruneConfig(structure="structured", target_size=0.8,
-                                                              fisher="sampled")))
+        out.append((f"{structure.replace(':', 'of')}-0.5-surgeon-alone",
+                    PruneConfig(structure=structure, target_size=0.5, held_out_choice=False)))
+    return out
+
+
+# Candidate settings for LLM Surgeon's own models, run only where named (`--row`), each beside its row of
+# `defaults_rows` and judged on the tuning windows: G from labels drawn from the model (eq. 6's Fisher), the update
+# stopped early (as sparsegpt-refine stops its own, but with G), and A shrunk more
+CANDIDATES = {"sampled": dict(fisher="sampled"), "cg8": dict(cg_max_iter=8), "damp-a0.1": dict(damp_a=0.1)}
+
+
+def candidate_rows() -> list[tuple[str, PruneConfig]]:
+    """(id, config) of each candidate setting on LLM Surgeon's structured 80% and its own unstructured and 2:4."""
+    out = [("structured-0.8-surgeon-" + name, PruneConfig(structure="structured", target_size=0.8, **settings))
+           for name, settings in CANDIDATES.items() if "cg_max_iter" not in settings]  # its update solves no CG
     for structure in ("unstructured", "2:4"):
-        for fisher in FISHERS:
-            out.append((f"{structure.replace(':', 'of')}-0.5-surgeon-alone" + ("-sampled" if fisher == "sampled"
-                                                                                 else ""),
-                        PruneConfig(structure=structure, target_size=0.5, fisher=fisher, held_out_choice=False)))
+        out += [(f"{structure.replace(':', 'of')}-0.5-surgeon-alone-{name}",
+                 PruneConfig(structure=structure, target_size=0.5, held_out_choice=False, **settings))
+                for name, settings in CANDIDATES.items()]
     return out
 
 
@@ -263,6 +277,7 @@ def main() -> None:
         tuning = perplexity(run.model, run.tuning_ids, 2048, args.eval_windows, progress=False)
         write_json(dense_path, {"ppl": result.ppl, "tuning_ppl": tuning.ppl, "seconds": result.seconds, **protocol})
     table = rows(args.shots_structured, args.shots_element) if root == ROOT else defaults_rows()
+    table += [(row, config) for row, config in candidate_rows() if row in args.row]
     for seed in args.seeds:
         seeded = run.with_seed(seed) if seed else run
         for row, config in table:
