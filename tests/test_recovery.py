@@ -11,7 +11,17 @@ import torch
 
 from surgeon.errors import SurgeonError
 from surgeon.models.adapter import decoder_blocks
-from surgeon.recovery.distill import Distill, Distillation, distill, hidden_loss, kl_loss, pruned_masks
+from surgeon.recovery.distill import (
+    Distill,
+    Distillation,
+    distill,
+    hidden_loss,
+    kl_loss,
+    pruned_masks,
+    teacher_targets,
+    top_k_kl,
+    top_k_targets,
+)
 from tests._helpers import pruned_pair, tiny_model
 
 TRAIN = torch.randint(0, 96, (24, 24), generator=torch.Generator().manual_seed(1))
@@ -113,6 +123,48 @@ def test_kl_needs_a_teacher_and_settings_are_checked():
             RecoverConfig(run="run", **bad)
 
 
+def test_the_top_k_kl_is_the_kl_over_the_teachers_top_k_and_the_rest_as_one_outcome():
+    """Over the whole vocabulary it is the KL; over fewer tokens, the KL of the two distributions with every other
+    token merged into one outcome, which is never more; zero where the student is the teacher."""
+    generator = torch.Generator().manual_seed(0)
+    teacher, student = (torch.randn(2, 5, 40, generator=generator, dtype=torch.float64) * 3 for _ in range(2))
+    full = kl_loss(student, teacher)
+    torch.testing.assert_close(top_k_kl(student, *top_k_targets(teacher, 40)), full)
+    values, indices, rest = top_k_targets(teacher, 6)
+    assert values.shape == (2, 5, 6) and indices.dtype == torch.int32 and rest.shape == (2, 5)
+    p, q = teacher.softmax(-1), student.softmax(-1)
+    top = indices.long()
+    merged = [torch.cat([d.gather(-1, top), 1 - d.gather(-1, top).sum(-1, keepdim=True)], -1) for d in (p, q)]
+    by_hand = (merged[0] * (merged[0].log() - merged[1].log())).sum(-1).mean()
+    torch.testing.assert_close(top_k_kl(student, values, indices, rest), by_hand)
+    assert 0 < float(top_k_kl(student, values, indices, rest)) < float(full)
+    assert float(top_k_kl(teacher, values, indices, rest)) == pytest.approx(0, abs=1e-12)
+
+
+def test_a_student_trained_on_the_teachers_top_k_over_the_vocabulary_trains_as_beside_it():
+    """With K the vocabulary the cached targets give the KL itself, so the run is the one beside the teacher, whose
+    targets are computed once, before training, for every batch in its order."""
+    runs = []
+    for top_k in (0, 96):
+        teacher, student = pruned_pair("llama", dict(structure="2:4", method="magnitude"))
+        settings = Distill(lr=1e-3, batch_size=2, teacher_top_k=top_k)
+        if top_k:
+            targets = teacher_targets(teacher, TRAIN, settings, progress=False)
+            assert len(targets) == 12 and targets[0][0].shape == (2, 24, 96)
+            run = Distillation(student, None, TRAIN, settings, targets=targets)
+        else:
+            run = Distillation(student, teacher, TRAIN, settings)
+        report = run.run(progress=False)
+        runs.append((report.losses, {name: param.detach().clone() for name, param in student.named_parameters()}))
+    (losses, weights), (cached, cached_weights) = runs
+    assert cached == pytest.approx(losses, rel=1e-4)
+    assert all(torch.allclose(cached_weights[name], weights[name], atol=1e-5) for name in weights)
+    with pytest.raises(SurgeonError, match="teacher_top_k=8: .* without the hidden-state term"):
+        Distill(lr=1e-3, teacher_top_k=8, hidden_weight=0.5)
+    with pytest.raises(SurgeonError, match="teacher_top_k=8"):
+        Distill(lr=1e-3, teacher_top_k=8, loss="next-token")
+
+
 def block_error(student: torch.nn.Module, teacher: torch.nn.Module, ids: torch.Tensor) -> float:
     with torch.no_grad():
         states = [model(input_ids=ids, output_hidden_states=True).hidden_states[1:] for model in (student, teacher)]
@@ -197,6 +249,29 @@ def test_recover_trains_a_pruned_run_and_its_compact_export_is_as_small(tiny_mod
         assert main(["--quiet", "export", str(folder), "--compact", "--output", str(compact)]) == 0
         exports.append(json.loads((compact / "report.json").read_text())["export"])
     assert exports[0]["parameters"] == exports[1]["parameters"] < exports[0]["parameters_before"]
+
+
+def test_recover_on_the_teachers_top_k_trains_without_the_teacher(tiny_model_dir, tmp_path, monkeypatch):
+    from surgeon.app import recover
+    from surgeon.app.cli import main
+
+    made = []
+    distillation = recover.Distillation
+
+    def recorded(student, teacher, windows, settings, group, targets):
+        made.append((teacher, len(targets)))
+        return distillation(student, teacher, windows, settings, group, targets)
+
+    monkeypatch.setattr(recover, "Distillation", recorded)
+    pruned, recovered = tmp_path / "pruned", tmp_path / "recovered"
+    assert main(["--quiet", "prune", "--model", str(tiny_model_dir), "--structure", "2:4", "--method", "magnitude",
+                 "--nsamples", "2", "--seqlen", "32", "--calibration", "wikitext2-valid", "--eval-windows", "1",
+                 "--output", str(pruned)]) == 0
+    assert main(["--quiet", "recover", str(pruned), "--output", str(recovered), "--tokens", "128", "--seqlen", "32",
+                 "--lr", "1e-3", "--teacher-top-k", "8"]) == 0
+    report = json.loads((recovered / "report.json").read_text())
+    assert made == [(None, 4)]  # the teacher's targets for the 4 steps, and no teacher beside the student
+    assert report["recover"]["teacher_top_k"] == 8 and len(report["losses"]) == 4 and report["kept_zeros"] > 0
 
 
 def test_recover_refuses_training_text_that_the_evaluation_reads(tiny_model_dir, tmp_path, capsys):

@@ -11,6 +11,7 @@ report.json, which marks a finished run, is written last.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import tempfile
@@ -37,7 +38,7 @@ from surgeon.errors import SurgeonError
 from surgeon.io import OutputDirectory, write_checkpoint, write_json
 from surgeon.models.adapter import load_model
 from surgeon.pruning.resume import STATE, config_hash, has_state, read_state
-from surgeon.recovery.distill import Distillation, DistillReport
+from surgeon.recovery.distill import Distillation, DistillReport, teacher_targets
 from surgeon.scale.distributed import local_device, shard_model, whole_state_dict
 
 logger = logging.getLogger(__name__)
@@ -124,24 +125,30 @@ def _recover(config: RecoverConfig, source: Path, pruned: dict[str, Any], folder
     start = time.perf_counter()
     device = config.device if group is None else local_device(config.device)
     student, tokenizer = load_pruned(source, config.dtype)
-    teacher = None
-    if settings.loss == "kl":
-        teacher, _ = load_model(pruned["model"], run.get("tokenizer"), config.dtype,
-                                "cpu" if group is not None else device)
-    if group is None:
-        student.to(device)
-    else:
-        for model in (student, teacher):
-            if model is not None:
-                shard_model(model, device)
     ids = tokenize(tokenizer, text)
     windows = calibration_windows(ids, -(-config.tokens // config.seqlen), config.seqlen, config.seed,
                                   leading_token(tokenizer))
+    teacher, targets = None, None
+    if settings.loss == "kl":
+        teacher, _ = load_model(pruned["model"], run.get("tokenizer"), config.dtype,
+                                "cpu" if group is not None else device)
+        if group is not None:
+            shard_model(teacher, device)
+        if settings.teacher_top_k:  # the teacher's targets first, so that it is not held beside the student
+            targets = teacher_targets(teacher, windows, settings, group, progress)
+            teacher = None
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    if group is None:
+        student.to(device)
+    else:
+        shard_model(student, device)
     test_ids = tokenize(tokenizer, test)
     before = perplexity(student, test_ids, eval_seqlen, eval_windows, progress)
     logger.info("pruned perplexity %.4f; distilling on %d windows of %d tokens (%s, %.1f passes over it)",
                 before.ppl, windows.shape[0], config.seqlen, text.source, windows.numel() / ids.shape[1])
-    distillation = Distillation(student, teacher, windows, settings, group)
+    distillation = Distillation(student, teacher, windows, settings, group, targets)
     if state is not None:
         rank = 0 if group is None else dist.get_rank(group)  # sharded tensors (DTensor) are not plain weights
         distillation.restore(torch.load(folder / TENSORS.format(rank), weights_only=group is None))

@@ -165,6 +165,10 @@ class RecoverConfig:
                                "the dense model's (0: the KL alone)")
     lora_rank: int = opt(0, "train peft LoRA adapters of this rank, merged and re-masked at the end, instead of the "
                          "weights (0: the weights)")
+    teacher_top_k: int = opt(0, "with --loss kl, run the dense model first and keep its K most likely next tokens per "
+                             "position (about 8·K bytes a token in host memory), so that it is not held while the "
+                             "student trains; the KL is then over those K and the rest as one (0: the dense model "
+                             "runs beside the student)")
     resume: bool = opt(False, "continue the unfinished recovery in --output after its last checkpoint (same options)")
     checkpoint_steps: int = opt(100, "write a checkpoint into --output after every N steps, for --resume (0: never)")
     eval_windows: int | None = opt(None, "evaluate only the first N test windows", shown="the pruning run's")
@@ -192,4 +196,4 @@ class RecoverConfig:
     def distill(self) -> Distill:
         """The recovery's training settings."""
         return Distill(self.lr, batch_size=self.batch_size, seed=self.seed, loss=self.loss,
-                       hidden_weight=self.hidden_weight, lora_rank=self.lora_rank)
+                       hidden_weight=self.hidden_weight, lora_rank=self.lora_rank, teacher_top_k=self.teacher_top_k)

@@ -16,8 +16,10 @@ class Distill:
     the steps, then decayed on a cosine to zero; `surgeon recover`'s default is `RecoverConfig.lr`), `weight_decay`,
     `batch_size` windows per step, the seed that orders the windows and draws the adapters, the `loss` ("kl" to the
     teacher, or "next-token" on the text), `hidden_weight` (with "kl": this times `hidden_loss` of the decoder
-    blocks' outputs added to the objective) and `lora_rank` (0: the weights train; else peft adapters of that rank,
-    merged at the end)."""
+    blocks' outputs added to the objective), `lora_rank` (0: the weights train; else peft adapters of that rank,
+    merged at the end) and `teacher_top_k` (0: the teacher runs beside the student; else its K most likely next
+    tokens per position are computed first, and the KL is taken over them and the rest of the vocabulary as one
+    outcome, so that the teacher need not be held while the student trains)."""
 
     lr: float
     warmup: float = 0.1
@@ -27,6 +29,7 @@ class Distill:
     loss: str = "kl"
     hidden_weight: float = 0.0
     lora_rank: int = 0
+    teacher_top_k: int = 0
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -37,3 +40,6 @@ class Distill:
             raise SurgeonError(f"hidden_weight={self.hidden_weight}: must be >= 0, and is a weight beside the KL loss")
         if self.lora_rank < 0:
             raise SurgeonError(f"lora_rank={self.lora_rank}: must be 0 (the weights train) or a rank")
+        if self.teacher_top_k < 0 or (self.teacher_top_k and (self.loss != "kl" or self.hidden_weight)):
+            raise SurgeonError(f"teacher_top_k={self.teacher_top_k}: must be >= 0, and caches the teacher's "
+                               "next-token distributions for the KL loss without the hidden-state term")

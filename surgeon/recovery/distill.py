@@ -85,6 +85,60 @@ def kl_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch
     return F.kl_div(student, teacher, log_target=True, reduction="batchmean")
 
 
+def top_k_targets(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The teacher's `k` largest next-token log-probabilities [..., k] (float32 at least), their tokens (int32) and
+    the log of the probability of every other token [...]: what `top_k_kl` reads in place of its logits."""
+    log_probs = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    values, indices = log_probs.topk(min(k, logits.shape[-1]), dim=-1)
+    rest = log_probs.scatter(-1, indices, float("-inf")).logsumexp(-1)
+    return values, indices.to(torch.int32), rest
+
+
+def top_k_kl(student_logits: torch.Tensor, values: torch.Tensor, indices: torch.Tensor,
+             rest: torch.Tensor) -> torch.Tensor:
+    """KL(p_teacher ‖ p_student) over the teacher's top-k tokens and the rest of the vocabulary as one outcome
+    (`top_k_targets`), averaged over tokens: the full KL where k is the vocabulary, never more than it otherwise."""
+    student = F.log_softmax(student_logits.to(torch.promote_types(student_logits.dtype, torch.float32)), dim=-1)
+    indices = indices.long()
+    top = (values.exp() * (values - student.gather(-1, indices))).sum(-1)
+    student_rest = student.scatter(-1, indices, float("-inf")).logsumexp(-1)
+    tail = torch.where(rest > float("-inf"), rest.exp() * (rest - student_rest), torch.zeros_like(rest))
+    return (top + tail).mean()
+
+
+Targets = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # `top_k_targets` of one batch (this rank's share)
+
+
+def training_batches(windows: torch.Tensor, settings: Distill) -> tuple[torch.Tensor, ...]:
+    """The batches of `settings.batch_size` training windows, in the order drawn with `settings.seed`."""
+    order = torch.randperm(windows.shape[0], generator=torch.Generator().manual_seed(settings.seed))
+    return tuple(windows[order].split(settings.batch_size))
+
+
+def _share(batch: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """This rank's equal share of `batch`'s windows (all of them in one process)."""
+    if group is None:
+        return batch
+    share = batch.shape[0] // dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    return batch[rank * share:(rank + 1) * share]
+
+
+@torch.no_grad()
+def teacher_targets(teacher: nn.Module, windows: torch.Tensor, settings: Distill,
+                    group: dist.ProcessGroup | None = None, progress: bool = True) -> list[Targets]:
+    """The teacher's `settings.teacher_top_k` targets (`top_k_targets`) for this rank's share of every training
+    batch, in host memory, so that the student trains without the teacher (`Distillation`'s `targets`)."""
+    device = next(teacher.parameters()).device
+    teacher.eval()
+    targets = []
+    for batch in bar(training_batches(windows, settings), "teacher's top-k", progress):
+        logits = teacher(input_ids=_share(batch, group).to(device), use_cache=False).logits
+        values, indices, rest = top_k_targets(logits, settings.teacher_top_k)
+        targets.append((values.cpu(), indices.cpu(), rest.cpu()))
+    return targets
+
+
 def hidden_loss(student_states: tuple[torch.Tensor, ...], teacher_states: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """The mean over layers of the student's squared error to the teacher's hidden states, relative to the teacher's:
     Σ‖h_s − h_t‖² / Σ‖h_t‖² per layer (float32 at least)."""
@@ -135,19 +189,23 @@ class Distillation:
     both models sharded by FSDP2) each rank trains on its share of every batch."""
 
     def __init__(self, student: nn.Module, teacher: nn.Module | None, windows: torch.Tensor, settings: Distill,
-                 group: dist.ProcessGroup | None = None):
+                 group: dist.ProcessGroup | None = None, targets: list[Targets] | None = None):
         if windows.dim() != 2 or windows.shape[0] < 1:
             raise SurgeonError(f"training windows must have shape [n, seqlen] with n >= 1, not {list(windows.shape)}")
         self.world = 1 if group is None else dist.get_world_size(group)
-        self.rank = 0 if group is None else dist.get_rank(group)
         if settings.batch_size % self.world:
             raise SurgeonError(f"batch size {settings.batch_size} does not split over {self.world} ranks: give a "
                                "multiple of the number of ranks")
-        if settings.loss == "kl" and teacher is None:
-            raise SurgeonError("the KL loss needs the dense model (teacher)")
+        if settings.loss == "kl" and teacher is None and targets is None:
+            raise SurgeonError("the KL loss needs the dense model (teacher), or its top-k targets")
+        if settings.teacher_top_k and targets is None:
+            assert teacher is not None
+            targets = teacher_targets(teacher, windows, settings, group, progress=False)
         if settings.lora_rank and group is not None:
             raise SurgeonError("LoRA recovery runs in one process: launch it without torchrun")
-        self.student, self.teacher, self.settings, self.group = student, teacher, settings, group
+        self.student, self.settings, self.group = student, settings, group
+        self.teacher: nn.Module | None = None if settings.teacher_top_k else teacher
+        self.targets: list[Targets] | None = targets if settings.teacher_top_k else None
         self.masks = pruned_masks(student)
         zeros = sum(int((~mask).sum()) for mask in self.masks.values())
         self.report = DistillReport(masked=len(self.masks), kept_zeros=zeros)
@@ -165,8 +223,7 @@ class Distillation:
                 _local(self.params[name].data).mul_(mask)
         self.optimizer = torch.optim.AdamW([p for p in self.trained.parameters() if p.requires_grad], lr=settings.lr,
                                            weight_decay=settings.weight_decay)
-        order = torch.randperm(windows.shape[0], generator=torch.Generator().manual_seed(settings.seed))
-        self.batches = windows[order].split(settings.batch_size)
+        self.batches = training_batches(windows, settings)
         steps = len(self.batches)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
                                                            lambda step: _rate(step, steps, settings.warmup))
@@ -181,12 +238,16 @@ class Distillation:
         self.report.kept_zeros, self.report.masked = int(counts[0]), int((flags > 0).sum())
 
     def _loss(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's share of `batch`'s objective, and of its mean loss (KL or next-token; the objective without
-        the hidden-state term, which the runs' reports compare)."""
-        share = batch.shape[0] // self.world
-        ids = batch[self.rank * share:(self.rank + 1) * share].to(next(self.student.parameters()).device)
+        """This rank's share of `batch` (the step's) objective, and of its mean loss (KL or next-token; the objective
+        without the hidden-state term, which the runs' reports compare)."""
+        device = next(self.student.parameters()).device
+        ids = _share(batch, self.group).to(device)
         if self.settings.loss == "next-token":
             loss: torch.Tensor = self.trained(input_ids=ids, labels=ids, use_cache=False).loss
+            return loss, loss
+        if self.targets is not None:
+            values, indices, rest = (t.to(device) for t in self.targets[self.step])
+            loss = top_k_kl(self.trained(input_ids=ids, use_cache=False).logits, values, indices, rest)
             return loss, loss
         assert self.teacher is not None
         hidden = self.settings.hidden_weight > 0
