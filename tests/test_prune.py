@@ -305,6 +305,31 @@ def test_sparsegpt_exact_and_refine_keep_sparsegpts_mask_and_lower_its_error(str
             assert errors[1] < errors[0], name
 
 
+def test_every_phase_of_a_run_shows_its_progress(monkeypatch):
+    """Curvature, costs, threshold, updates, interleaved LoRA, the held-out alternative and its losses each have a
+    progress bar of their own."""
+    from tqdm.auto import tqdm
+
+    from surgeon.pruning import curvature, elements, report, shots
+
+    shown = []
+
+    def recorded(iterable=None, *args, desc=None, disable=False, **kwargs):
+        if not disable:
+            shown.append(desc)
+        return tqdm(iterable, *args, desc=desc, disable=True, **kwargs)
+
+    for module in (curvature, elements, report, shots):
+        monkeypatch.setattr(module, "tqdm", recorded)
+    prune(tiny_model("llama"), calibration(), PruneConfig(structure="structured", target_size=0.7, shots=1,
+                                                          lora_steps=1))
+    prune(tiny_model("llama"), calibration(), PruneConfig(structure="unstructured", target_size=0.5, shots=1),
+          held_out_ids=calibration(seed=1)[:2])
+    phases = {"shot 1/1 · " + phase for phase in ("curvature", "costs", "updates", "LoRA",
+                                                  "threshold (layers' costs read)")}
+    assert phases | {"shots", "blocks", "held-out loss"} <= set(shown), shown
+
+
 @pytest.mark.parametrize("structure", ["unstructured", "structured", "2:4"])
 def test_a_shot_inverts_each_inputs_a_once_for_the_layers_that_read_it(structure, monkeypatch):
     """q/k/v and gate/up read one input each: a shot inverts 4 A's per Llama block for its 7 layers."""

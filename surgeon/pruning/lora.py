@@ -13,10 +13,13 @@ from torch import nn
 from surgeon.errors import SurgeonError
 from surgeon.models.layer import Layer
 from surgeon.pruning.phases import Lora
+from surgeon.pruning.report import bar
 
 
-def lora_correction(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, settings: Lora) -> float:
-    """Train LoRA adapters for `settings.steps` steps, merge them, re-apply masks; return the last loss."""
+def lora_correction(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, settings: Lora,
+                    desc: str | None = None) -> float:
+    """Train LoRA adapters for `settings.steps` steps, merge them, re-apply masks; return the last loss. With `desc`,
+    a progress bar of the steps so named."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as error:
@@ -34,7 +37,7 @@ def lora_correction(model: nn.Module, layers: list[Layer], calibration: torch.Te
     loss = torch.tensor(float("nan"))
     was_training = model.training
     peft_model.train()
-    for _ in range(settings.steps):
+    for _ in bar(range(settings.steps), desc, desc is not None):
         index = torch.randint(0, calibration.shape[0], (settings.batch_size,), generator=generator)
         batch = calibration[index].to(device)
         loss = peft_model(input_ids=batch, labels=batch).loss

@@ -213,7 +213,8 @@ class _LayerShots:
         if config.lora_steps:
             from surgeon.pruning.lora import lora_correction
 
-            lora_correction(self.model, layers, self.calibration_ids, self.lora)
+            lora_correction(self.model, layers, self.calibration_ids, self.lora,
+                            f"shot {shot}/{config.shot_count} · LoRA" if progress else None)
             seconds["lora"] = time.perf_counter() - t2
         _, _, sparsity = removed_fractions((layer.name, layer.mask) for layer in layers)
         return seconds, freed, sparsity
