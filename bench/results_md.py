@@ -268,19 +268,20 @@ def quality_table(runs: Runs, older: set[str]) -> str:
         return name + (", last shot propagated" if c.get("propagate") else "") + (
             ", G of sampled labels" if c.get("fisher") == "sampled" else "")
 
-    def tuning(run: Run) -> str:  # perplexity on the validation split's tuning articles, where it was measured
-        return f"{run['tuning_ppl']:.3f}" if "tuning_ppl" in run else "-"
+    tuned = any("tuning_ppl" in run for run in runs.values())  # a column where the set measured it
+
+    def ppl(run: Run) -> tuple[str, ...]:  # on the test windows, and on the tuning articles where measured
+        return (f"{run['ppl']:.3f}",) + ((f"{run['tuning_ppl']:.3f}" if "tuning_ppl" in run else "-",) if tuned
+                                         else ())
 
     dense = runs["dense"]
-    rows: list[Row] = [("dense", "-", "1.0", "-", "-", "-", 0, f"{dense['ppl']:.3f}", tuning(dense),
-                        f"{dense['seconds']:.0f}")]
+    rows: list[Row] = [("dense", "-", "1.0", "-", "-", "-", 0, *ppl(dense), f"{dense['seconds']:.0f}")]
     rows += [(dagger(name, older), c["structure"], f"{c['target_size']:g}", method(c) + (
         f"; kept {run['choice']['kept']} by held-out loss" if run.get("choice") else ""), c["shots"],
-              f"{c['damp_g']} / {c['damp_a']}", f"{run['sparsity']:.4f}", f"{run['ppl']:.3f}", tuning(run),
-              f"{run['seconds']:.0f}")
+              f"{c['damp_g']} / {c['damp_a']}", f"{run['sparsity']:.4f}", *ppl(run), f"{run['seconds']:.0f}")
              for name, run in runs.items() if name != "dense" and seeded(name) is None for c in [run["config"]]]
-    return "\n".join(table("run | structure | kept | method | shots | λ_G / λ_A | sparsity | ppl | tuning ppl | "
-                           "seconds", rows))
+    return "\n".join(table("run | structure | kept | method | shots | λ_G / λ_A | sparsity | ppl | "
+                           + ("tuning ppl | " if tuned else "") + "seconds", rows))
 
 
 def headline_cells(runs: Runs, prefix: str, older: frozenset[str] = frozenset()) -> str:
