@@ -324,14 +324,15 @@ def seed_spread(runs: Runs, older: set[str]) -> list[str]:
             return "-", "-"
         return f"{sum(values) / len(values):.3f}", f"{min(values):.3f}–{max(values):.3f}"
 
+    tuned = any("tuning_ppl" in run for seeds in spread.values() for run in seeds.values())
     rows = [(dagger(row, older, (f"{row}-seed{s}" for s in seeds if s)), ", ".join(map(str, sorted(seeds))),
              ", ".join(f"{seeds[s]['ppl']:.3f}" for s in sorted(seeds)), *summary([r["ppl"] for r in seeds.values()]),
-             *summary([r["tuning_ppl"] for r in seeds.values() if "tuning_ppl" in r]))
+             *(summary([r["tuning_ppl"] for r in seeds.values() if "tuning_ppl" in r]) if tuned else ()))
             for row, seeds in sorted(spread.items())]
     return ["", "Over calibration seeds (the rows `<row>-seed<s>`: the calibration windows drawn with seed s, "
             "`--seeds`): a gap between two rows is a win only where it exceeds both rows' ranges.", "",
-            *table("row | seeds | perplexity per seed | mean | range | tuning mean | tuning range", rows)] \
-        if rows else []
+            *table("row | seeds | perplexity per seed | mean | range" + (" | tuning mean | tuning range" if tuned
+                                                                         else ""), rows)] if rows else []
 
 
 def quality_block(folder: str) -> list[str]:

@@ -124,6 +124,10 @@ def test_a_text_without_articles_is_parted_at_a_paragraph_or_a_word(smollm2_toke
     drawn, aside = set_aside(smollm2_tokenizer, words, 50)
     assert aside is not None and aside.text.startswith("the ") and 50 < len(aside.text.split()) < 60
     assert set_aside(smollm2_tokenizer, Text("the " * 40, "short"), 64) == (Text("the " * 40, "short"), None)
+    for asked in (35, 38, 40, 41, 44):  # about as many tokens as the text holds: refused, not searched for ever
+        assert set_aside(smollm2_tokenizer, Text("the " * 40, "short"), asked)[1] is None
+    few = Text("\n\n".join(f"paragraph {i} " + "word " * 50 for i in range(4)), "four paragraphs")
+    assert set_aside(smollm2_tokenizer, few, 200)[1] is None
 
 
 @pytest.mark.parametrize("name, bos", [("smollm2-135m", None),

@@ -207,7 +207,9 @@ def load_protocol(model_name: str = "smollm2-135m", calib_windows: int | None = 
     test_ids = tokenize(tokenizer, evaluation_text(EVALUATION))
     rest, tuning = set_aside(tokenizer, calibration_text(CALIBRATION), TUNING_TOKENS)
     drawn, aside = set_aside(tokenizer, rest, held_out_count(calib_windows) * calib_seqlen)
-    assert tuning is not None and aside is not None  # the validation split holds both many times over
+    if tuning is None or aside is None:
+        raise SystemExit(f"{calib_windows} × {calib_seqlen} calibration tokens leave no room in the validation split "
+                         "for the held-out and tuning articles: draw fewer")
     ids, bos = tokenize(tokenizer, drawn), leading_token(tokenizer)
     windows = calibration_windows(ids, calib_windows, calib_seqlen, 0, bos)
     return Protocol(model, dense_state, tokenizer, test_ids, tokenize(tokenizer, tuning), ids, bos, windows,

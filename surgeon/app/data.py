@@ -209,8 +209,8 @@ def held_out_windows(ids: torch.Tensor, nsamples: int, seqlen: int, bos: int | N
 
 
 def _start_before(text: str, position: int, articles: list[int]) -> int:
-    """The last article start in `articles` at or before `position`; in a text without articles, the last paragraph,
-    line or word start; 0 where there is none."""
+    """The last article start in `articles` at or before `position` (> 0); in a text without articles, the last
+    paragraph, line or word start; 0 where there is none."""
     if articles:
         return max((start for start in articles if start <= position), default=0)
     for separator in ("\n\n", "\n", " "):
@@ -221,19 +221,29 @@ def _start_before(text: str, position: int, articles: list[int]) -> int:
 
 
 def set_aside(tokenizer: PreTrainedTokenizerBase, text: Text, tokens: int) -> tuple[Text, Text | None]:
-    """`text` parted at an article start (WikiText's ` = Title = ` headings; else a paragraph, line or word) into
-    what comes before it and the fewest whole articles at its end that hold more than `tokens` tokens, which no
-    window drawn from the first part reads; the whole text and None where those would be more than a quarter of it."""
+    """`text` parted at an article start (WikiText's ` = Title = ` headings; in a text with fewer than two, a
+    paragraph, line or word) into what comes before it and the fewest whole articles at its end that hold more than
+    `tokens` tokens, which no window drawn from the first part reads; the whole text and None where those would be
+    more than a quarter of it."""
     body = text.text
     articles = [match.start() for match in ARTICLE.finditer(body)]
+    articles = articles if len(articles) > 1 else []
+
+    def count(start: int) -> int:
+        return len(tokenizer(body[start:]).input_ids)
+
     sample = body[-200_000:]
     chars_per_token = len(sample) / max(1, len(tokenizer(sample).input_ids))
     position, held = len(body), 0
-    while held <= tokens:
-        step = max(1, int((tokens + 1 - held) * chars_per_token * 1.05))
-        position = _start_before(body, position - step, articles)
+    while held <= tokens:  # back by the missing tokens' characters, to the start before
+        target = position - max(1, int((tokens + 1 - held) * chars_per_token * 1.05))
+        position = _start_before(body, target, articles) if target > 0 else 0
         if 4 * position < 3 * len(body):
             return text, None
-        held = len(tokenizer(body[position:]).input_ids)
+        held = count(position)
+    for start in (start for start in articles if start > position):  # the fewest: drop an article the rest can spare
+        if (rest := count(start)) <= tokens:
+            break
+        position, held = start, rest
     return (Text(body[:position], f"{text.source}, less its last {held} tokens"),
             Text(body[position:], f"{text.source}, its last {held} tokens"))

@@ -143,6 +143,7 @@ def propagated_shot(model: nn.Module, layers: list[Layer], raw: list[InputGroup]
     """
     n, m = nm
     shot = by_layer(raw)  # G of the shot's pass; each block's A comes from its propagated inputs
+    raw.clear()  # each layer's factors freed once it is pruned
     for block in _pruned_block_by_block(model, layers, calibration, blocks, ranks, progress):
         for fresh, members in block:
             A = inverses.input_inverse(fresh.A, slice(None), update.strengths[1], root=False) \

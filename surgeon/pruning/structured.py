@@ -105,32 +105,17 @@ def _costs(layers: list[Layer], raw: list[InputGroup], update: Update, offload: 
     ranks.gather_layers(layers)
     with bar(None, desc, desc is not None, total=len(layers)) as progress:
         for group, members in grouped([layer.name for layer in layers], raw):  # each group freed once used
-            group = group.to(device) if offload and group is not None else group
-            shared: list[tuple[torch.Tensor, inverses.FactorInverse | None, Members]] = []  # by kept columns
             for index in members:
-                layer, sizes = layers[index], sorted(sets.get(index, ()))
-                progress.update()
-                keep_r, keep_c, real_c = layer.kept()
-                if not ranks.mine(layer.name):  # another rank's: zeros here, its costs once summed
-                    row_by[index] = torch.zeros(layer.module.out_features, device=device)
-                    col_by[index] = torch.zeros(layer.module.in_features, device=device)
-                    for size in sizes:
-                        set_cost[index, size] = torch.zeros(layer.module.in_features // size, device=device)
-                    continue
-                entry = None if group is None else group.layers[layer.name]
-                same = next((found for found in shared if torch.equal(found[0], keep_c)), None)
-                if same is None:  # the first of the group's layers with these columns inverts their A
-                    A = inverses.input_inverse(entry.A, keep_c, update.strengths[1], root=True) \
-                        if update.correlated and entry is not None else None
-                    same = (keep_c, A, [])
-                    shared.append(same)
-                rows, cols, joint, G = _layer_costs(layer, (keep_r, keep_c, real_c), entry, update, same[1],
-                                                    sets=bool(sizes))
-                for size in sizes:  # a consumer of several columns per unit (o: head_dim per head, more per KV group)
-                    set_cost[index, size] = _column_set_costs(cols, real_c, size, joint)
-                same[2].append((index, None if G is None else _kept(G.packed(), offload)))
-                row_by[index], col_by[index] = rows, cols
-            plans += [(None if A is None else _kept(A.packed(), offload), kept) for _, A, kept in shared]
+                if not ranks.mine(layers[index].name):  # another rank's: zeros here, its costs once summed
+                    R, C = layers[index].module.out_features, layers[index].module.in_features
+                    row_by[index], col_by[index] = torch.zeros(R, device=device), torch.zeros(C, device=device)
+                    for size in sets.get(index, ()):
+                        set_cost[index, size] = torch.zeros(C // size, device=device)
+            mine = [index for index in members if ranks.mine(layers[index].name)]
+            if mine:  # the group's work in a call of its own: its factors and dense roots go before the next's come
+                plans += _group_costs(layers, mine, group.to(device) if offload and group is not None else group,
+                                      update, offload, sets, (row_by, col_by, set_cost))
+            progress.update(len(members))
     row_costs, col_costs = [row_by[i] for i in range(len(layers))], [col_by[i] for i in range(len(layers))]
     set_cost = dict(sorted(set_cost.items()))  # one order on every rank, whichever groups it holds
     if ranks.world > 1:  # −inf (removed) plus the other ranks' zeros stays −inf
@@ -139,6 +124,33 @@ def _costs(layers: list[Layer], raw: list[InputGroup], update: Update, offload: 
         row_costs, col_costs = list(parts[:len(layers)]), list(parts[len(layers):2 * len(layers)])
         set_cost = dict(zip(set_cost, parts[2 * len(layers):]))
     return plans, row_costs, col_costs, set_cost
+
+
+def _group_costs(layers: list[Layer], members: list[int], group: InputGroup | None, update: Update, offload: bool,
+                 sets: dict[int, set[int]], into: tuple[dict[int, torch.Tensor], dict[int, torch.Tensor],
+                                                        dict[tuple[int, int], torch.Tensor]]) -> list[Plan]:
+    """The costs of one input group's layers (at `members` of `layers`; `group` None: a layer without factors), put
+    `into` the row, column and column-set costs by layer index, and what their updates keep: one plan per set of
+    kept columns, whose layers share the A⁻¹ root."""
+    row_by, col_by, set_cost = into
+    shared: list[tuple[torch.Tensor, inverses.FactorInverse | None, Members]] = []  # by kept columns
+    for index in members:
+        layer, sizes = layers[index], sorted(sets.get(index, ()))
+        keep_r, keep_c, real_c = layer.kept()
+        entry = None if group is None else group.layers[layer.name]
+        same = next((found for found in shared if torch.equal(found[0], keep_c)), None)
+        if same is None:  # the first of the group's layers with these columns inverts their A
+            A = inverses.input_inverse(entry.A, keep_c, update.strengths[1], root=True) \
+                if update.correlated and entry is not None else None
+            same = (keep_c, A, [])
+            shared.append(same)
+        rows, cols, joint, G = _layer_costs(layer, (keep_r, keep_c, real_c), entry, update, same[1],
+                                            sets=bool(sizes))
+        for size in sizes:  # a consumer of several columns per unit (o: head_dim per head, more per KV group)
+            set_cost[index, size] = _column_set_costs(cols, real_c, size, joint)
+        same[2].append((index, None if G is None else _kept(G.packed(), offload)))
+        row_by[index], col_by[index] = rows, cols
+    return [(None if A is None else _kept(A.packed(), offload), kept) for _, A, kept in shared]
 
 
 def _kept(inverse: inverses.FactorInverse, offload: bool) -> inverses.FactorInverse:

@@ -198,6 +198,8 @@ class Distillation:
                                "multiple of the number of ranks")
         if settings.loss == "kl" and teacher is None and targets is None:
             raise SurgeonError("the KL loss needs the dense model (teacher), or its top-k targets")
+        if targets is not None and not settings.teacher_top_k:
+            raise SurgeonError("the teacher's top-k targets are read with teacher_top_k set")
         if settings.teacher_top_k and targets is None:
             assert teacher is not None
             targets = teacher_targets(teacher, windows, settings, group, progress=False)
@@ -225,6 +227,8 @@ class Distillation:
                                            weight_decay=settings.weight_decay)
         self.batches = training_batches(windows, settings)
         steps = len(self.batches)
+        if targets is not None and len(targets) != steps:
+            raise SurgeonError(f"{len(targets)} batches of the teacher's targets for {steps} training batches")
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer,
                                                            lambda step: _rate(step, steps, settings.warmup))
         self.step = 0
