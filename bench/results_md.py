@@ -260,13 +260,13 @@ def quality_table(runs: Runs, older: set[str]) -> str:
     """The quality table: the dense run, then each pruned row's settings, sparsity, perplexity and seconds."""
 
     def method(c: Run) -> str:  # as the table names it
+        sampled = ", G of sampled labels" if c.get("fisher") == "sampled" else ""
         if c["method"] == "surgeon" and c["structure"] == "structured":
-            return f"surgeon/{c['correlation']}"
+            return f"surgeon/{c['correlation']}{sampled}"
         name = c["method"] if c["method"] != "surgeon" else (
             f"surgeon/m={c['max_correlate']} {c.get('chunk_semantics', 'independent')}" if c["max_correlate"]
             else "surgeon/all jointly (CG)")
-        return name + (", last shot propagated" if c.get("propagate") else "") + (
-            ", G of sampled labels" if c.get("fisher") == "sampled" else "")
+        return name + (", last shot propagated" if c.get("propagate") else "") + sampled
 
     tuned = any("tuning_ppl" in run for run in runs.values())  # a column where the set measured it
 
