@@ -9,6 +9,7 @@ an eigenvalue-floored fallback, the blocked triangular inverse) is here too.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -207,6 +208,22 @@ def kronecker(G: FactorInverse, A: FactorInverse) -> KroneckerInverse:
     if G.root != A.root:
         raise ValueError("G and A must be inverted the same way (roots or full inverses)")
     return KroneckerInverse(G.matrix, A.matrix, G.diagonal, A.diagonal, G.root)
+
+
+# Layers that share one A⁻¹ (one input, the same kept columns) as a shot keeps them until their updates: that
+# inverse and each layer's position and G⁻¹ (None where the update keeps no inverse: the OBD baselines)
+Shared = tuple[FactorInverse | None, list[tuple[int, FactorInverse | None]]]
+
+
+def unpacked(kept: Iterable[Shared], device: torch.device | str | None = None
+             ) -> Iterator[tuple[int, KroneckerInverse | None]]:
+    """Each layer's position and F⁻¹ made dense in turn (on `device`, when given, from host memory), the A⁻¹ its
+    layers share moved and unpacked once for all of them."""
+    for A, layers in kept:
+        A_dense = None if A is None else (A if device is None else A.to(device)).dense()
+        for index, G in layers:
+            yield index, None if G is None or A_dense is None else \
+                kronecker((G if device is None else G.to(device)).dense(), A_dense)
 
 
 def input_inverse(A: PackedSymmetric, cols: Index, strength: float, root: bool) -> FactorInverse:

@@ -44,7 +44,7 @@ def element_shot(layers: list[Layer], raw: list[InputGroup], target_zeros: int, 
     after it.
     """
     device = layers[0].mask.device
-    plans: list[tuple[inverses.FactorInverse | None, list[tuple[int, inverses.FactorInverse | None]]]] = []
+    plans: list[inverses.Shared] = []
     element_costs: list[Deferred] = [Elsewhere(layer.module.weight.numel(), device) for layer in layers]
     times = [clock(device)]
     ranks.gather_layers(layers)
@@ -69,13 +69,9 @@ def element_shot(layers: list[Layer], raw: list[InputGroup], target_zeros: int, 
         masks = (threshold.nm_selection(counted, *nm, target_zeros, update.backend, ranks.reduce()) if nm
                  else threshold.smallest_k(counted, target_zeros, update.backend, ranks.reduce()))
     times.append(clock(device))
-    with bar(None, desc and f"{desc} · updates", desc is not None, total=sum(len(kept) for _, kept in plans)) as done:
-        for A, kept in plans:
-            A_dense = None if A is None else A.dense()  # once for the group's layers
-            for i, G in kept:
-                inverse = None if G is None or A_dense is None else inverses.kronecker(G.dense(), A_dense)
-                _element_update(layers[i], masks[i](), inverse, update)
-                done.update()
+    for i, inverse in bar(inverses.unpacked(plans), desc and f"{desc} · updates", desc is not None,
+                          total=sum(len(kept) for _, kept in plans)):
+        _element_update(layers[i], masks[i](), inverse, update)
     ranks.broadcast_layers(layers, masks=True)
     times.append(clock(device))
     return phases(times)

@@ -63,37 +63,29 @@ def structured_shot(layers: list[Layer], raw: list[InputGroup], target_zeros: in
                                                            allocation, coupled, kinds)
     freed = threshold.removed_weights(removed_rows, removed_cols) - threshold.removed_weights(row_sel, col_sel)
     times.append(clock(device))
-    kept = [layer.kept()[:2] for layer in layers]  # before the masks change
+    kept = [layer.kept() for layer in layers]  # before the masks change
     for layer, rows_out, cols_out in zip(layers, removed_rows, removed_cols):
         layer.rows, layer.cols = rows_out, cols_out
-    with bar(None, desc and f"{desc} · updates", desc is not None,
-             total=sum(len(members) for _, members in plans)) as done:
-        for A, members in plans:
-            A_dense = None if A is None else (A.to(device) if offload else A).dense()  # once for its layers
-            for i, G in members:
-                inverse = None if G is None or A_dense is None else \
-                    inverses.kronecker((G.to(device) if offload else G).dense(), A_dense)
-                _update(layers[i], *kept[i], inverse, row_sel[i], col_sel[i], update)
-                done.update()
+    for i, inverse in bar(inverses.unpacked(plans, device if offload else None), desc and f"{desc} · updates",
+                          desc is not None, total=sum(len(members) for _, members in plans)):
+        keep_r, keep_c, _ = kept[i]
+        _update(layers[i], keep_r, keep_c, inverse, row_sel[i], col_sel[i], update)
     ranks.broadcast_layers(layers, masks=False)
     times.append(clock(device))
     return phases(times), freed
 
 
-# Layers that share one A⁻¹ root (one input, the same kept columns), packed: that root, and each one's position and
-# G⁻¹ root (None for the OBD baselines, which keep no inverse)
-Members = list[tuple[int, inverses.FactorInverse | None]]
-Plan = tuple[inverses.FactorInverse | None, Members]
 
 
 def _costs(layers: list[Layer], raw: list[InputGroup], update: Update, offload: bool, ranks: Ranks,
            kinds: list[units.UnitKind] | None, desc: str | None
-           ) -> tuple[list[Plan], list[torch.Tensor], list[torch.Tensor], dict[tuple[int, int], torch.Tensor]]:
+           ) -> tuple[list[inverses.Shared], list[torch.Tensor], list[torch.Tensor],
+                      dict[tuple[int, int], torch.Tensor]]:
     """Every layer's row and column costs (eq. 7; −inf where already removed), the costs of its consumer column
     sets of each unit size (keyed by layer index and size), and what the updates keep, by the layers that share one
     A⁻¹ root (the layers of an input group with the same kept columns); summed over `ranks`; with `desc`, a
     progress bar of the layers so named."""
-    plans: list[Plan] = []
+    plans: list[inverses.Shared] = []
     row_by: dict[int, torch.Tensor] = {}
     col_by: dict[int, torch.Tensor] = {}
     device = layers[0].rows.device
@@ -128,29 +120,28 @@ def _costs(layers: list[Layer], raw: list[InputGroup], update: Update, offload: 
 
 def _group_costs(layers: list[Layer], members: list[int], group: InputGroup | None, update: Update, offload: bool,
                  sets: dict[int, set[int]], into: tuple[dict[int, torch.Tensor], dict[int, torch.Tensor],
-                                                        dict[tuple[int, int], torch.Tensor]]) -> list[Plan]:
+                                                        dict[tuple[int, int], torch.Tensor]]) -> list[inverses.Shared]:
     """The costs of one input group's layers (at `members` of `layers`; `group` None: a layer without factors), put
     `into` the row, column and column-set costs by layer index, and what their updates keep: one plan per set of
     kept columns, whose layers share the A⁻¹ root."""
     row_by, col_by, set_cost = into
-    shared: list[tuple[torch.Tensor, inverses.FactorInverse | None, Members]] = []  # by kept columns
+    shared: list[tuple[torch.Tensor, inverses.Shared]] = []  # by kept columns: their A⁻¹ root, dense, and layers
     for index in members:
         layer, sizes = layers[index], sorted(sets.get(index, ()))
         keep_r, keep_c, real_c = layer.kept()
         entry = None if group is None else group.layers[layer.name]
-        same = next((found for found in shared if torch.equal(found[0], keep_c)), None)
+        A, same = next((plan for columns, plan in shared if torch.equal(columns, keep_c)), (None, None))
         if same is None:  # the first of the group's layers with these columns inverts their A
             A = inverses.input_inverse(entry.A, keep_c, update.strengths[1], root=True) \
                 if update.correlated and entry is not None else None
-            same = (keep_c, A, [])
-            shared.append(same)
-        rows, cols, joint, G = _layer_costs(layer, (keep_r, keep_c, real_c), entry, update, same[1],
-                                            sets=bool(sizes))
+            same = []
+            shared.append((keep_c, (A, same)))
+        rows, cols, joint, G = _layer_costs(layer, (keep_r, keep_c, real_c), entry, update, A, sets=bool(sizes))
         for size in sizes:  # a consumer of several columns per unit (o: head_dim per head, more per KV group)
             set_cost[index, size] = _column_set_costs(cols, real_c, size, joint)
-        same[2].append((index, None if G is None else _kept(G.packed(), offload)))
+        same.append((index, None if G is None else _kept(G.packed(), offload)))
         row_by[index], col_by[index] = rows, cols
-    return [(None if A is None else _kept(A.packed(), offload), kept) for _, A, kept in shared]
+    return [(None if A is None else _kept(A.packed(), offload), kept) for _, (A, kept) in shared]
 
 
 def _kept(inverse: inverses.FactorInverse, offload: bool) -> inverses.FactorInverse:
