@@ -33,7 +33,7 @@ def test_bench_runs_as_a_package_without_editing_the_import_path():
 
 def test_results_go_stale_when_code_changes_but_not_its_docstrings_or_comments():
     sys.path.insert(0, str(ROOT))
-    from bench.results_md import code_of
+    from bench.provenance import code_of
 
     module = '"""Module."""\n\ndef f(x):\n    """Doc."""\n    return x + 1  # one\n'
     assert code_of(module) == code_of(module.replace("Doc.", "Other doc.").replace("# one", "# two"))
@@ -44,7 +44,7 @@ def test_results_go_stale_when_code_changes_but_not_its_docstrings_or_comments()
 
 def test_runs_at_commits_that_change_only_benchmarks_or_documents_form_one_set():
     sys.path.insert(0, str(ROOT))
-    from bench.results_md import git, same_code
+    from bench.provenance import git, same_code
 
     if git("cat-file", "-e", "a49198b^{commit}").returncode != 0:
         pytest.skip("needs the repository's history")
@@ -54,8 +54,8 @@ def test_runs_at_commits_that_change_only_benchmarks_or_documents_form_one_set()
 
 def test_a_table_resumes_a_row_saved_at_a_commit_that_runs_the_same_code(tmp_path):
     sys.path.insert(0, str(ROOT))
+    from bench.provenance import git
     from bench.quality.table import measured
-    from bench.results_md import git, runs_of
 
     if git("cat-file", "-e", "a49198b^{commit}").returncode != 0:
         pytest.skip("needs the repository's history")
@@ -70,52 +70,34 @@ def test_a_table_resumes_a_row_saved_at_a_commit_that_runs_the_same_code(tmp_pat
     assert not measured(tmp_path / "dense@94ac23f.json", here)  # a49198b's pruning code differs
     (tmp_path / "other@0000000.json").write_text('{"ppl": 3}')
     assert measured(tmp_path / "other@0000000.json", here)  # saved at this very commit, though git knows none such
-    (tmp_path / "other@94ac23f.json").write_text('{"ppl": 4}')
-    assert runs_of(list(tmp_path.glob("*.json")), "64461c4") == {"other": {"ppl": 4}}
 
 
-def test_a_table_measured_again_in_part_keeps_its_other_rows_marked_as_older(tmp_path, monkeypatch):
+def test_a_table_shows_each_rows_newest_run_and_names_its_commit(tmp_path, monkeypatch):
     sys.path.insert(0, str(ROOT))
     import json
 
-    from bench import results_md
+    from bench import provenance, results_md
 
-    if results_md.git("cat-file", "-e", "5768318^{commit}").returncode != 0:
+    if provenance.git("cat-file", "-e", "5768318^{commit}").returncode != 0:
         pytest.skip("needs the repository's history")
     config = dict(structure="unstructured", target_size=0.5, method="wanda", shots=1, damp_g=0.1, damp_a=0.01)
-    # five commits of four codes, oldest first: 64461c4 | 5768318 | 52311fc (SparseGPT's sweep) | 333f22a, 79377c3
-    saved = {"quality": {"64461c4": "dense e", "5768318": "dense a b c", "52311fc": "dense b",
-                         "333f22a": "dense c", "79377c3": "d"},
-             "ttq": {"64461c4": "p3", "5768318": "p1", "333f22a": "p2"}}
-    for folder, commits in saved.items():
-        (tmp_path / folder).mkdir()
-        for commit, rows in commits.items():
-            for row in rows.split():
-                (tmp_path / folder / f"{row}@{commit}.json").write_text(json.dumps(
-                    dict(commit=commit, ppl=1.0, seconds=1, sparsity=0.5, config=config)))
-    monkeypatch.setattr(results_md, "RESULTS", tmp_path)
-    results_md.quality_sets.cache_clear()
-    try:
-        commit, runs = results_md.quality_runs()
-        points = results_md.ttq_points(commit)
-    finally:
-        results_md.quality_sets.cache_clear()
-    assert commit == "333f22a"  # the newest set; the most complete one is 5768318's; e is in neither
-    assert {row: run["commit"] for row, run in runs.items()} == {
-        "a": "5768318", "b": "52311fc", "c": "333f22a", "d": "79377c3", "dense": "333f22a"}
-    assert {name: run["commit"] for name, run in points.items()} == {"p1": "5768318", "p2": "333f22a"}
-    older = results_md.older_rows(commit, runs, results_md.CPU_PRUNING)
-    assert older == {"a", "b"}
-    table = results_md.quality_table(runs, older)
-    assert "| a † |" in table and "| b † |" in table and "| c |" in table and "| d |" in table
-    assert results_md.rows_at(commit, runs, results_md.CPU_PRUNING).endswith(
-        "which run the same code; rows marked † not yet measured there, at `5768318` and `52311fc` (stale: the code "
-        "changed since)")
+    saved = {"64461c4": "dense a", "5768318": "a b", "333f22a": "dense", "0000000": "c"}  # oldest first; c: no commit
+    (tmp_path / "quality").mkdir()
+    for commit, rows in saved.items():
+        for row in rows.split():
+            (tmp_path / "quality" / f"{row}@{commit}.json").write_text(json.dumps(
+                dict(ppl=float(len(row)), seconds=1, sparsity=0.5, config=config)))
+    monkeypatch.setattr(provenance, "RESULTS", tmp_path)
+    runs = provenance.newest_runs("quality")
+    assert {row: run["commit"] for row, run in runs.items()} == {"a": "5768318", "b": "5768318", "dense": "333f22a"}
+    table = results_md.quality_table(runs).splitlines()
+    assert table[2].startswith("| dense |") and table[3].startswith("| a |") and table[4].startswith("| b |")
+    assert all(line.endswith(" | `5768318` (stale) |") for line in table[3:])  # the code changed since
 
 
 def test_cpu_runs_do_not_go_stale_when_only_a_triton_kernel_changes():
     sys.path.insert(0, str(ROOT))
-    from bench.results_md import CPU_PRUNING, PRUNING, code_changed, git
+    from bench.provenance import CPU_PRUNING, PRUNING, code_changed, git
 
     if git("cat-file", "-e", "6f3412a^{commit}").returncode != 0:
         pytest.skip("needs the repository's history")
@@ -137,10 +119,10 @@ def test_the_headline_quotes_the_defaults_with_a_second_decimal_only_where_one_w
             "unstructured-0.5-surgeon-shots2": run(39.662, "unstructured"),
             "2of4-0.5-wanda": run(74.68, "2:4", method="wanda"), "2of4-0.5-surgeon": run(64.31, "2:4"),
             "4of8-0.5-wanda": run(80.0, "4:8", method="wanda"), "4of8-0.5-surgeon": run(60.0, "4:8", damp_g=0.1)}
-    assert headline_cells(runs, "unstructured-0.5") == "SparseGPT 39.69 | **39.66**"
-    assert headline_cells(runs, "2of4-0.5") == "Wanda 74.7 | **64.3**"
-    assert headline_cells(runs, "4of8-0.5") == "- | -"  # LLM Surgeon's run is not the defaults
-    assert headline_cells(runs, "2of4-0.5", frozenset({"2of4-0.5-wanda"})) == "Wanda 74.7 † | **64.3**"
+    assert headline_cells(runs, "unstructured-0.5") == (
+        "SparseGPT 39.69 | **39.66**", ["unstructured-0.5-sparsegpt", "unstructured-0.5-surgeon-shots2"])
+    assert headline_cells(runs, "2of4-0.5")[0] == "Wanda 74.7 | **64.3**"
+    assert headline_cells(runs, "4of8-0.5") == ("- | -", [])  # LLM Surgeon's run is not the defaults
 
 
 def test_the_quick_gpu_measurement_fits_eight_minutes_by_its_own_count():
@@ -203,11 +185,13 @@ def test_rows_run_over_calibration_seeds_show_their_spread_and_leave_the_quality
                                                                "config": config}
                                                         for name, ppl in (("x", 30.0), ("x-seed1", 31.0),
                                                                           ("x-seed2", 29.5), ("y", 40.0))}}
-    spread = seed_spread(runs, {"x-seed2"})
-    assert spread[-1] == "| x † | 0, 1, 2 | 30.000, 31.000, 29.500 | 30.167 | 29.500–31.000 |"
+    for run in runs.values():
+        run["commit"] = "0000000"
+    spread = seed_spread(runs)
+    assert spread[-1] == "| x | 0, 1, 2 | 30.000, 31.000, 29.500 | 30.167 | 29.500–31.000 |"
     for name, tuning in (("x", 28.0), ("x-seed1", 27.0), ("x-seed2", 26.0)):
         runs[name]["tuning_ppl"] = tuning
-    assert seed_spread(runs, set())[-1].endswith("| 27.000 | 26.000–28.000 |")  # the tuning windows', beside
-    assert "| 30.000 | 28.000 | 60 |" in quality_table(runs, set())
-    assert "-seed" not in quality_table(runs, set()) and "| y |" in quality_table(runs, set())
-    assert seed_spread({"dense": runs["dense"], "y": runs["y"]}, set()) == []
+    assert seed_spread(runs)[-1].endswith("| 27.000 | 26.000–28.000 |")  # the tuning windows', beside
+    assert "| 30.000 | 28.000 | 60 |" in quality_table(runs)
+    assert "-seed" not in quality_table(runs) and "| y |" in quality_table(runs)
+    assert seed_spread({"dense": runs["dense"], "y": runs["y"]}) == []

@@ -149,7 +149,7 @@ def measured(path: Path, machine: str) -> bool:
     """Whether the run `path` (`<row>@<commit>.json`) was saved, or the same row on `machine` at another commit that
     runs the same pruning code (between them only benchmarks or documents changed): an interrupted table resumes
     across commits, and its seconds stay those of one machine."""
-    from bench.results_md import commit_of, load, row_of, same_code
+    from bench.provenance import commit_of, load, row_of, same_code
 
     return path.exists() or any(load(other).get("machine") == machine and same_code(commit_of(other), commit_of(path))
                                 for other in path.parent.glob(f"{row_of(path)}@*.json"))

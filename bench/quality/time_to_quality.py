@@ -37,10 +37,10 @@ def draw(path: Path = FIGURE) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from bench.results_md import quality_runs, ttq_points
+    from bench.provenance import newest_runs
 
-    commit, runs = quality_runs()
-    points = list(ttq_points(commit).items())
+    runs = newest_runs("quality")
+    points = list(newest_runs("ttq").items())
     table = [(name, run) for name, run in runs.items() if "-surgeon" in name and "llmc" not in name]
     peers = {name.split("-0.5")[0]: run for name, run in runs.items() if name.endswith("-llmc-sparsegpt")}
     panels = (("unstructured-0.5", "unstructured 50%"), ("2of4-0.5", "2:4"), ("4of8-0.5", "4:8"),
@@ -48,7 +48,7 @@ def draw(path: Path = FIGURE) -> None:
     figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8))
     for axis, (prefix, title) in zip(axes, panels):
         best = min(run["ppl"] for name, run in points + table if name.startswith(prefix))
-        for label, runs, marker in (("time-to-quality points", points, "o"), (f"quality table @{commit}", table, "s")):
+        for label, runs, marker in (("time-to-quality points", points, "o"), ("quality table", table, "s")):
             chosen = [(name, run) for name, run in runs if name.startswith(prefix) and run["ppl"] <= 1.6 * best]
             axis.scatter([run["seconds"] for _, run in chosen], [run["ppl"] for _, run in chosen], marker=marker,
                          label=label)
