@@ -7,6 +7,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "surgeon"
 KERNELS = PACKAGE.parent / "surgeon_kernels"
 # Bottom to top: a module may import its own layer and those before it. The base modules (errors, settings,
@@ -159,3 +161,15 @@ def test_surgeon_reaches_kernels_only_through_ops():
                  if (found := [m for m in kernel_imports(path) if m != "surgeon_kernels.ops"])}
     assert offending == {}
     assert kernel_imports(PACKAGE / "method" / "updates.py") == ["surgeon_kernels.ops"]  # sees `from x import ops`
+
+
+@pytest.mark.slow
+def test_the_configuration_stops_at_the_shot_loop():
+    """Below `prune` the whole `PruneConfig` reaches the shot loop, the settings check and the module that makes
+    each phase its own settings, and no further: at most half the files, visits and returns of the layout before
+    the phases had their own settings (6 files, 13 visits, 7 returns, by `tests._config_path`)."""
+    from tests._config_path import config_path
+
+    path = config_path()
+    assert set(path["walk"]) <= {"surgeon/pruning/shots.py", "surgeon/pruning/phases.py", "surgeon/scale/settings.py"}
+    assert path["visits"] <= 6 and path["returns"] <= 3, path["walk"]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from surgeon.config import Correlation, PruneConfig
-from surgeon.methods import METHODS, LayerRule
+from surgeon.methods import METHODS, ExpertPrice, LayerRule
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,40 @@ class Lora:
     lr: float = 1e-4
     seed: int = 0
     batch_size: int = 1
+
+
+@dataclass(frozen=True)
+class Experts:
+    """A whole-expert run: the fraction of each block's routed experts kept, in how many shots, how an expert is
+    priced (`Method.expert_price`) and the calibration batches."""
+
+    target: float
+    shots: int
+    price: ExpertPrice | None
+    batch_size: int = 1
+
+
+@dataclass(frozen=True)
+class Phases:
+    """Every phase's settings of one run, made once by the shot loop: the update, coupled units, block passes and
+    LoRA, the per-layer shot of the method and of its held-out alternative (None where it has none), whole experts."""
+
+    update: Update
+    units: Units
+    blocks: Blocks
+    lora: Lora
+    per_layer: PerLayer | None
+    alternative: PerLayer | None
+    experts: Experts
+
+
+def of(config: PruneConfig) -> Phases:
+    """The settings of each phase of a run with `config`."""
+    alternative = config.spec.alternative
+    return Phases(update_of(config), units_of(config), blocks_of(config), lora_of(config),
+                  per_layer_of(config) if config.spec.layer_rule is not None else None,
+                  per_layer_of(config, alternative) if alternative is not None else None,
+                  Experts(config.target, config.shot_count, config.spec.expert_price, config.batch_size))
 
 
 def update_of(config: PruneConfig) -> Update:

@@ -103,11 +103,13 @@ def prune(model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, 
     if any(isinstance(module.gate_up_proj, DTensor) for module in experts):
         raise SurgeonError("Mixture-of-Experts experts are pruned with their weights whole: launch without --fsdp")
     begun = time.perf_counter()
+    settings = phases.of(config)
     if config.shot is Shot.EXPERTS:
-        return _loop(ExpertShots(model, calibration_ids, config, group), model, config, begun, progress, after_shot,
-                     checkpoint)
+        return _loop(ExpertShots(model, calibration_ids, settings.experts, group), model, config, begun, progress,
+                     after_shot, checkpoint)
     with experts_as_layers(decoder_blocks(model)):
-        shots = _LayerShots(model, calibration_ids, config, _resolve(model, calibration_ids, config, group))
+        shots = _LayerShots(model, calibration_ids, config, settings,
+                            _resolve(model, calibration_ids, config, group))
         shots.weigh_against_alternative(held_out_ids, progress)
         return _loop(shots, model, config, begun, progress, after_shot, checkpoint)
 
@@ -165,13 +167,13 @@ class _LayerShots:
     """Structured and element shots: the prunable layers of the decoder blocks (any fused experts split into
     layers), priced on each shot's curvature and removed under one global threshold (`Strategy`)."""
 
-    def __init__(self, model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig, run: _Run) -> None:
+    def __init__(self, model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig,
+                 settings: phases.Phases, run: _Run) -> None:
         self.model, self.calibration_ids, self.config, self.run = model, calibration_ids, config, run
         self.total = sum(layer.module.weight.numel() for layer in run.layers)
         self.device = next(model.parameters()).device
-        self.update, self.units = phases.update_of(config), phases.units_of(config)
-        self.per_layer = phases.per_layer_of(config) if config.spec.layer_rule is not None else None
-        self.blocks, self.lora = phases.blocks_of(config), phases.lora_of(config)
+        self.update, self.units, self.per_layer = settings.update, settings.units, settings.per_layer
+        self.blocks, self.lora, self.alternative = settings.blocks, settings.lora, settings.alternative
         self.other: held_out.Alternative | None = None
         self.held_out_ids: torch.Tensor | None = None
         self.warnings: list[str] = []
@@ -184,7 +186,7 @@ class _LayerShots:
         if not config.chooses:
             return
         alternative = config.spec.alternative
-        assert alternative is not None  # `PruneConfig.chooses` only where the method has one
+        assert alternative is not None and self.alternative is not None  # `chooses` only where the method has one
         if held_out_ids is None or self.run.ranks.world > 1:
             why = "several processes" if self.run.ranks.world > 1 else "no held-out windows (`surgeon prune` sets " \
                 "aside the calibration text's last articles for them, where they are at most a quarter of it)"
@@ -194,8 +196,7 @@ class _LayerShots:
             return
         self.held_out_ids = held_out_ids
         self.other = held_out.alternative(self.model, self.run.layers, self.calibration_ids, held_out_ids,
-                                          alternative, phases.per_layer_of(config, alternative), config.target,
-                                          self.run.ranks, progress)
+                                          alternative, self.alternative, config.target, self.run.ranks, progress)
 
     def shot(self, shot: int, target_size: float, progress: bool) -> tuple[dict[str, float], int, float]:
         config, run, layers = self.config, self.run, self.run.layers

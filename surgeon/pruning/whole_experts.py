@@ -26,13 +26,13 @@ import torch.distributed as dist
 from torch import nn
 from tqdm.auto import tqdm
 
-from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
 from surgeon.methods import ExpertPrice
 from surgeon.models.adapter import block_weights, decoder_blocks
 from surgeon.models.experts import expert_outputs, fused_weights, keep_experts, routing, sparse_blocks
 from surgeon.models.families import family_of, supporting
 from surgeon.pruning import curvature
+from surgeon.pruning.phases import Experts
 from surgeon.pruning.report import PruneReport, clock
 
 logger = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ class ExpertShots:
     checkpoint holds each block's kept experts by their original index.
     """
 
-    def __init__(self, model: nn.Module, calibration_ids: torch.Tensor, config: PruneConfig,
+    def __init__(self, model: nn.Module, calibration_ids: torch.Tensor, settings: Experts,
                  group: dist.ProcessGroup | None) -> None:
         config_of: Any = model.config
         count_key = family_of(config_of).expert_count
@@ -152,11 +152,11 @@ class ExpertShots:
         qualified = {id(module): name for name, module in model.named_modules()}
         self.names = [qualified[id(moe.experts)] for moe in self.moes]
         self.start_count, top_k = self.moes[0].gate.weight.shape[0], self.moes[0].gate.top_k
-        self.keep = round(config.target * self.start_count)
+        self.keep = round(settings.target * self.start_count)
         if self.keep < top_k:
-            raise SurgeonError(f"target_size {config.target:g} keeps {self.keep} of {self.start_count} experts per "
+            raise SurgeonError(f"target_size {settings.target:g} keeps {self.keep} of {self.start_count} experts per "
                                f"block, fewer than the {top_k} the router chooses for every token")
-        self.model, self.calibration_ids, self.config = model, calibration_ids, config
+        self.model, self.calibration_ids, self.settings = model, calibration_ids, settings
         self.config_of, self.count_key = config_of, count_key
         self.total = [_weights(moe) for moe in self.moes]
         self.block_total = sum(param.numel() for _, param in block_weights(model))
@@ -172,11 +172,11 @@ class ExpertShots:
 
     def shot(self, shot: int, target_size: float, progress: bool) -> tuple[dict[str, float], int, float]:
         t0 = clock(self.device)
-        price = self.config.spec.expert_price
+        price = self.settings.price
         assert price is not None  # PruneConfig: structure experts only with a method that prices whole experts
-        costs = expert_costs(self.model, self.moes, self.calibration_ids, price, self.config.batch_size, progress)
+        costs = expert_costs(self.model, self.moes, self.calibration_ids, price, self.settings.batch_size, progress)
         t1 = clock(self.device)
-        count = round(self.start_count - (self.start_count - self.keep) * shot / self.config.shot_count)
+        count = round(self.start_count - (self.start_count - self.keep) * shot / self.settings.shots)
         self._keep([cost.argsort(descending=True, stable=True)[:count].sort().values for cost in costs])
         logger.info("%d of %d experts kept per block", count, self.start_count)
         sparsity = 1 - sum(_weights(moe) for moe in self.moes) / sum(self.total)
