@@ -115,7 +115,8 @@ def quality_table(runs: Runs) -> str:
     rows: list[Row] = [("dense", "-", "1.0", "-", "-", "-", 0, *ppl(dense), f"{dense['seconds']:.0f}",
                         mark(dense["commit"], CPU_PRUNING))]
     rows += [(name, c["structure"], f"{c['target_size']:g}", method(c) + (
-        f"; kept {run['choice']['kept']} by held-out loss" if run.get("choice") else ""), c["shots"],
+        f"; kept {run['choice']['kept']} by held-out loss" + (" of the rows run apart" if run["choice"].get(
+            "from_rows_apart") else "") if run.get("choice") else ""), c["shots"],
               f"{c['damp_g']} / {c['damp_a']}", f"{run['sparsity']:.4f}", *ppl(run), f"{run['seconds']:.0f}",
               mark(run["commit"], CPU_PRUNING))
              for name, run in runs.items() if name != "dense" and seeded(name) is None for c in [run["config"]]]

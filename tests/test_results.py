@@ -195,3 +195,17 @@ def test_rows_run_over_calibration_seeds_show_their_spread_and_leave_the_quality
     assert "| 30.000 | 28.000 | 60 |" in quality_table(runs)
     assert "-seed" not in quality_table(runs) and "| y |" in quality_table(runs)
     assert seed_spread({"dense": runs["dense"], "y": runs["y"]}) == []
+
+
+def test_a_default_weighed_from_its_rows_run_apart_keeps_the_lower_held_out_loss():
+    from bench.quality.table import weighed
+
+    def row(ppl: float, loss: float, seconds: float, method: str) -> dict:
+        config = PruneConfig(structure="2:4", method=method, held_out_choice=False if method == "surgeon" else None)
+        return {"ppl": ppl, "held_out_loss": loss, "seconds": seconds, "config": config.resolved(), "machine": "m"}
+
+    default = weighed(row(40.0, 3.0, 100, "surgeon"), row(45.0, 3.1, 30, "sparsegpt-refine"))
+    assert default["ppl"] == 40.0 and default["seconds"] == 130 and default["choice"]["kept"] == "surgeon"
+    assert default["config"] == PruneConfig(structure="2:4").resolved() and default["config"]["held_out_choice"]
+    assert weighed(row(40.0, 3.2, 100, "surgeon"), row(45.0, 3.1, 30, "sparsegpt-refine"))["ppl"] == 45.0
+    assert weighed(row(40.0, 3.1, 100, "surgeon"), row(45.0, 3.1, 30, "sparsegpt-refine"))["ppl"] == 40.0  # a tie

@@ -34,6 +34,8 @@ RESULTS.md.
     python -m bench.quality.table --model gemma3-270m    # Gemma-3-270M's rows (about 20 minutes)
     python -m bench.quality.table --model gemma3-270m --calib-windows 16 --calib-seqlen 512 --only 2of4
     python -m bench.quality.table --row 2of4-0.5-surgeon --row 2of4-0.5-sparsegpt --seeds 0 1 2  # seeds' spread
+    python -m bench.quality.table --calib-windows 128 --calib-seqlen 2048 --weigh-apart --row 2of4-0.5-surgeon-alone \
+        --row 2of4-0.5-sparsegpt-refine                  # the default row from its two parts, each run once
     python -m bench.quality.table --calib-windows 32 --calib-seqlen 1024 --row 2of4-0.5-surgeon-alone-sampled
                                                          # a candidate setting (`CANDIDATES`), run where named
 """
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import platform
@@ -66,8 +69,10 @@ from surgeon.app.data import (
     tokenize,
 )
 from surgeon.app.evaluate import perplexity
+from surgeon.config import parse_nm
 from surgeon.io import write_json
 from surgeon.models.adapter import load_model
+from surgeon.pruning.held_out import held_out_loss
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 ROOT = RESULTS / "quality"
@@ -218,15 +223,29 @@ def load_protocol(model_name: str = "smollm2-135m", calib_windows: int | None = 
 
 def measure(run: Protocol, config: PruneConfig, eval_windows: int) -> dict[str, Any]:
     """Prune the dense model with `config` (weighed against sparsegpt-refine on the held-out windows, as `surgeon
-    prune` does) and evaluate it: perplexity on the test windows and on as many tuning windows, seconds of the
-    pruning, and the report."""
+    prune` does) and evaluate it: perplexity on the test windows and on as many tuning windows, the loss on the
+    held-out windows by which `surgeon prune` weighs models, seconds of the pruning, and the report."""
     run.model.load_state_dict(run.dense_state)
     start = time.perf_counter()
     report = prune(run.model, run.windows, config, progress=False, held_out_ids=run.held_out)
     seconds = time.perf_counter() - start
     result = perplexity(run.model, run.test_ids, 2048, eval_windows, progress=False)
     tuning = perplexity(run.model, run.tuning_ids, 2048, eval_windows, progress=False)
-    return {"ppl": result.ppl, "tuning_ppl": tuning.ppl, "seconds": seconds, **report.to_dict()}
+    held = {} if run.held_out is None else {"held_out_loss": held_out_loss(run.model, run.held_out, config.batch_size)}
+    return {"ppl": result.ppl, "tuning_ppl": tuning.ppl, **held, "seconds": seconds, **report.to_dict()}
+
+
+def weighed(alone: dict[str, Any], refine: dict[str, Any]) -> dict[str, Any]:
+    """The CLI's unstructured or N:M default from its two parts measured apart: LLM Surgeon's model alone and one
+    sparsegpt-refine shot, the one with the lower held-out loss kept (LLM Surgeon's on a tie), as `prune` keeps it
+    bit for bit (tests/test_prune.py); its seconds are both runs'."""
+    losses = {"surgeon": alone["held_out_loss"], "sparsegpt-refine": refine["held_out_loss"]}
+    kept = alone if losses["surgeon"] <= losses["sparsegpt-refine"] else refine
+    config = PruneConfig(structure=alone["config"]["structure"], target_size=alone["config"]["target_size"]
+                         if parse_nm(alone["config"]["structure"]) is None else None)
+    return {**kept, "config": config.resolved(), "seconds": alone["seconds"] + refine["seconds"],
+            "choice": {"kept": min(losses, key=losses.__getitem__), "held_out_loss": losses,
+                       "seconds": refine["seconds"], "from_rows_apart": True}}
 
 
 def protocol_parser(description: str, models: tuple[str, ...] = tuple(PROTOCOLS)) -> argparse.ArgumentParser:
@@ -266,6 +285,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
                         help="calibration seeds: each row runs once per seed, a seed s > 0 as the row <id>-seed<s>")
     parser.add_argument("--row", action="append", default=[], help="run this row (its whole id; repeatable)")
+    parser.add_argument("--weigh-apart", action="store_true",
+                        help="write each unstructured and N:M default row from its -surgeon-alone and "
+                             "-sparsegpt-refine rows (`weighed`) instead of running it")
     args = parse_protocol(parser)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     root = folder(args.model, args.calib_windows, args.calib_seqlen)
@@ -291,6 +313,12 @@ def main() -> None:
             logging.info("%s: ppl %.3f sparsity %.4f (%.0f s)", name, result["ppl"], result["sparsity"],
                          result["seconds"])
             write_json(path, {**result, **protocol, "seed": seed})
+    if args.weigh_apart:
+        for structure in ("unstructured", "2of4"):
+            parts = [root / f"{structure}-0.5-{row}@{commit}.json" for row in ("surgeon-alone", "sparsegpt-refine")]
+            default = root / f"{structure}-0.5-surgeon@{commit}.json"
+            if all(part.exists() for part in parts) and not measured(default, protocol["machine"]):
+                write_json(default, weighed(*(json.loads(part.read_text()) for part in parts)))
 
 
 if __name__ == "__main__":
