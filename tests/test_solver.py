@@ -129,6 +129,33 @@ def test_joint_solve_default_conjugate_gradients_are_exact_in_float64(gen):
     torch.testing.assert_close(updates.joint_solve(f, r, c, W[r, c], (R, C)), expected, **FLOAT64)
 
 
+def test_joint_solve_tells_of_each_iteration_and_solves_as_without(gen):
+    W, G, A = problem(24, 30, gen)
+    r, c = (torch.rand(24, 30, generator=gen) < 0.5).nonzero(as_tuple=True)
+    f, counts = KroneckerInverse.of(G.float(), A.float()), []
+    told = updates.joint_solve(f, r, c, W.float()[r, c], (24, 30), tol=1e-4, on_iteration=counts.append)
+    assert counts == list(range(1, len(counts) + 1)) and len(counts) > 1
+    assert torch.equal(told, updates.joint_solve(f, r, c, W.float()[r, c], (24, 30), tol=1e-4))
+
+
+def test_a_ticker_redraws_its_bar_at_most_every_interval():
+    from surgeon.pruning.report import ticker
+
+    class Bar:
+        def __init__(self) -> None:
+            self.shown: list[str] = []
+
+        def set_postfix_str(self, text: str) -> None:
+            self.shown.append(text)
+
+    often, never = Bar(), Bar()
+    tick, idle = ticker(often, "CG iteration", every=0.0), ticker(never, "CG iteration", every=3600.0)
+    for count in (1, 2, 3):
+        tick(count)
+        idle(count)
+    assert often.shown == ["CG iteration 1", "CG iteration 2", "CG iteration 3"] and never.shown == []
+
+
 def test_joint_solve_float32_default_tolerance_reaches_the_minimum(gen):
     W, G, A = problem(24, 30, gen)
     mask = torch.rand(24, 30, generator=gen) < 0.5

@@ -119,7 +119,7 @@ def cg_tolerance(dtype: torch.dtype) -> float:
 def joint_solve(
     f: KroneckerInverse, r: torch.Tensor, c: torch.Tensor, w: torch.Tensor,
     shape: torch.Size | tuple[int, int], tol: float | None = None, max_iter: int | None = None,
-    operator_dtype: torch.dtype | None = None,
+    operator_dtype: torch.dtype | None = None, on_iteration: Callable[[int], None] | None = None,
 ) -> torch.Tensor:
     """u = M⁻¹ w for all K pruned weights at once, M = F⁻¹[S, S] (eqs. 4-5, one chunk).
 
@@ -129,7 +129,8 @@ def joint_solve(
     M u = (F⁻¹ vec(V))[S] with V the scatter of u into an R×C matrix (G⁻¹ V A⁻¹: two GEMMs per
     iteration); they stop when ‖w − M u‖ ≤ tol·‖w‖ or after `max_iter`
     iterations (None: max(K, CG_MIN_ITERATIONS)). `operator_dtype` runs the
-    two products in that dtype, e.g. bfloat16, and the recurrences in w's.
+    two products in that dtype, e.g. bfloat16, and the recurrences in w's. `on_iteration` is called with
+    the count of iterations done after each one (a progress display).
     """
     if tol is None and 0 < w.numel() <= DIRECT_SOLVE_MAX:
         G_inv, A_inv = f.matrices()
@@ -158,11 +159,13 @@ def joint_solve(
     residual = w.clone()
     z = residual * inv_diag
     direction, rz = z.clone(), residual @ z
-    for _ in range(max_iter):
+    for done in range(1, max_iter + 1):
         product = apply(direction)
         step = rz / (direction @ product)
         u += step * direction
         residual -= step * product
+        if on_iteration is not None:
+            on_iteration(done)
         if torch.linalg.vector_norm(residual) <= bound:
             break
         z = residual * inv_diag
@@ -180,12 +183,13 @@ def unstructured(
     max_iter: int | None = None,
     backend: str = "auto",
     operator_dtype: torch.dtype | None = None,
+    on_iteration: Callable[[int], None] | None = None,
 ) -> torch.Tensor:
     """New W with the weights in `mask` removed and the rest corrected (eqs. 4-5, docs/DESIGN.md).
 
     max_correlate=None: all pruned weights solved jointly (exact eqs. 4-5) by `joint_solve`, with
     relative residual `tol` in at most `max_iter` iterations (None: exact, see `joint_solve`), its
-    products in `operator_dtype` when given.
+    products in `operator_dtype` when given, `on_iteration` told of each iteration.
     Otherwise pruned weights are split into chunks of whole rows (at most `max_correlate` each, the
     paper's m, sec. 3.4) and the chunks' independent updates are summed, as the paper does: every
     chunk's w comes from the original W, so all chunks are solved in batches, u = M⁻¹ w scattered
@@ -194,7 +198,7 @@ def unstructured(
     r, c = mask.nonzero(as_tuple=True)
     U = torch.zeros_like(W)
     if max_correlate is None:
-        U[r, c] = joint_solve(f, r, c, W[r, c], W.shape, tol, max_iter, operator_dtype)
+        U[r, c] = joint_solve(f, r, c, W[r, c], W.shape, tol, max_iter, operator_dtype, on_iteration)
         delta = f.apply(U)
     else:
         G_inv, A_inv = f.matrices()

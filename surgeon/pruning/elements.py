@@ -24,7 +24,7 @@ from surgeon.models.layer import Layer
 from surgeon.pruning import curvature
 from surgeon.pruning.block_inputs import BlockInputs
 from surgeon.pruning.phases import Blocks, PerLayer, Update
-from surgeon.pruning.report import bar, clock, phases
+from surgeon.pruning.report import bar, clock, phases, ticker
 from surgeon.scale.distributed import Ranks
 from surgeon_kernels import ops
 from surgeon_kernels.ops import Deferred
@@ -69,9 +69,10 @@ def element_shot(layers: list[Layer], raw: list[InputGroup], target_zeros: int, 
         masks = (threshold.nm_selection(counted, *nm, target_zeros, update.backend, ranks.reduce()) if nm
                  else threshold.smallest_k(counted, target_zeros, update.backend, ranks.reduce()))
     times.append(clock(device))
-    for i, inverse in bar(inverses.unpacked(plans), desc and f"{desc} · updates", desc is not None,
-                          total=sum(len(kept) for _, kept in plans)):
-        _element_update(layers[i], masks[i](), inverse, update)
+    with bar(inverses.unpacked(plans), desc and f"{desc} · updates", desc is not None,
+             total=sum(len(kept) for _, kept in plans)) as updating:
+        for i, inverse in updating:
+            _element_update(layers[i], masks[i](), inverse, update, ticker(updating, "CG iteration"))
     ranks.broadcast_layers(layers, masks=True)
     times.append(clock(device))
     return phases(times)
@@ -106,15 +107,16 @@ def _element_plan(layer: Layer, entry: LayerFactors | None, update: Update, A: i
 
 
 def _element_update(layer: Layer, mask: torch.Tensor, inverse: inverses.KroneckerInverse | None,
-                    update: Update) -> None:
-    """Add `mask` to the layer's pruned weights and apply the correlated update (eqs. 4-5) with `inverse` (dense)."""
+                    update: Update, on_iteration: Callable[[int], None] | None = None) -> None:
+    """Add `mask` to the layer's pruned weights and apply the correlated update (eqs. 4-5) with `inverse` (dense),
+    `on_iteration` told of each conjugate-gradient iteration."""
     layer.mask = mask | layer.mask  # computed from the layer's costs before its mask and weights change
     W = layer.weight()
     if inverse is not None:
         pruned, original = layer.with_bias_col(layer.mask, False), W
         W = updates.finite_update(layer.name, inverse, lambda g: updates.unstructured(
             original, g, pruned, update.max_correlate, update.cg_tol, update.cg_max_iter, update.backend,
-            update.cg_dtype), max(update.strengths))
+            update.cg_dtype, on_iteration), max(update.strengths))
     layer.store(W)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import resource
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
@@ -112,6 +112,19 @@ def bar(items: Iterable[T] | None, desc: str | None, shown: bool, total: int | N
     """A progress bar over `items` (None: one updated by hand) named `desc`, left behind by none; hidden unless
     `shown`."""
     return tqdm(items, desc=desc, total=total, leave=False, disable=not shown)
+
+
+def ticker(progress: tqdm[Any], label: str, every: float = 1.0) -> Callable[[int], None]:
+    """A callback that shows `label` and the count it is given beside `progress`, redrawn at most every `every`
+    seconds: a bar that moves while one long step (a layer's conjugate gradients) runs."""
+    last = [time.monotonic()]
+
+    def tick(count: int) -> None:
+        if time.monotonic() - last[0] >= every:
+            progress.set_postfix_str(f"{label} {count}")
+            last[0] = time.monotonic()
+
+    return tick
 
 
 def phases(times: list[float]) -> dict[str, float]:
