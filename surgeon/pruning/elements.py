@@ -155,7 +155,7 @@ def propagated_shot(model: nn.Module, layers: list[Layer], raw: list[InputGroup]
 
 
 def _pruned_block_by_block(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, blocks: Blocks,
-                           ranks: Ranks, progress: bool) -> Iterator[list[tuple[InputGroup, list[Layer]]]]:
+                           ranks: Ranks, progress: bool) -> Iterator[list[tuple[InputGroup, Iterator[Layer]]]]:
     """Per decoder block, this rank's input groups of it (their input factors) with their layers, for the caller
     to prune in place.
 
@@ -164,7 +164,7 @@ def _pruned_block_by_block(model: nn.Module, layers: list[Layer], calibration: t
     (`BlockInputs`). Split over `ranks` by batches, each runs its share of the batches and a block's
     factors are summed onto its owner; by blocks, each runs every batch and the owner keeps its
     block's factors. The block's layers are gathered whole before it is yielded and broadcast from
-    their owners after.
+    their owners after; a bar counts the layers the caller has pruned.
     """
     by_name = {layer.name: layer for layer in layers}
     share = calibration
@@ -172,16 +172,26 @@ def _pruned_block_by_block(model: nn.Module, layers: list[Layer], calibration: t
         batches = calibration.split(blocks.batch_size)
         share = torch.cat([batches[i] for i in ranks.batches(len(batches))])
     inputs = BlockInputs(model, decoder_blocks(model), share, blocks.batch_size)
-    for named in tqdm(prunable_layers(model, blocks.leave_out), desc="blocks", leave=False, disable=not progress):
-        groups = curvature.estimate_inputs(named, inputs.forwards(), calibration.numel(), blocks.backend)
-        if blocks.curvature_split == "batches":
-            ranks.reduce_factors(groups)
-        block = [by_name[name] for name, _ in named]
-        ranks.gather_layers(block)
-        yield [(group, [by_name[name] for name in group.layers]) for group in groups
-               if ranks.mine(next(iter(group.layers)))]
-        ranks.broadcast_layers(block, masks=True)
-        inputs.advance()
+    named_blocks = prunable_layers(model, blocks.leave_out)
+    mine = sum(ranks.mine(name) for named in named_blocks for name, _ in named)
+    with tqdm(total=mine, desc="blocks (layers pruned)", leave=False, disable=not progress) as pruned:
+        for named in named_blocks:
+            groups = curvature.estimate_inputs(named, inputs.forwards(), calibration.numel(), blocks.backend)
+            if blocks.curvature_split == "batches":
+                ranks.reduce_factors(groups)
+            block = [by_name[name] for name, _ in named]
+            ranks.gather_layers(block)
+            yield [(group, _advancing([by_name[name] for name in group.layers], pruned)) for group in groups
+                   if ranks.mine(next(iter(group.layers)))]
+            ranks.broadcast_layers(block, masks=True)
+            inputs.advance()
+
+
+def _advancing(layers: list[Layer], progress: Any) -> Iterator[Layer]:
+    """`layers`, the progress bar advanced as the caller finishes each."""
+    for layer in layers:
+        yield layer
+        progress.update()
 
 
 def per_layer_shot(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, target_size: float,
