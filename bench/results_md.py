@@ -331,6 +331,13 @@ SECTIONS: dict[str, Callable[[], list[str]]] = {
             f"{run['config']['target_size']} --shots {run['config']['shots']} --nsamples {run['run']['nsamples']} "
             f"--seqlen {run['run']['seqlen']} --eval-seqlen {run['run']['eval_seqlen']} --eval-windows "
             f"{run['run']['eval_windows']} --calibration {run['run']['calibration']} --output DIR")),
+    "progress": Section(
+        "cpu/progress-gaps@*.json",
+        "run | longest without a moving bar or a log line, s | the bar that ended it | seconds | command",
+        lambda path, result: [
+            (row["run"], f"{row['longest_gap_s']:.1f}", row["ended_by"].split(":")[0], f"{row['seconds']:.0f}",
+             f"`{row['command']}`") for row in result["rows"]], CPU_PRUNING, newest=True,
+        intro=lambda result: f"The model: {result['model']}."),
     "gpu-time": Section(
         "gpu/shot-*.json", "run | device | shots | s per shot | total s | peak GiB", lambda path, run: [
             (link(path, row_of(path)), run["device"], len(run["shots"]), f"{min(seconds):.1f}–{max(seconds):.1f}",

@@ -6,7 +6,8 @@ Saves a random Llama with SmolLM2-135M's vocabulary and tokenizer but 4× its wi
 heads of 64 over 12 KV heads) and a few decoder blocks, then runs the CLI's defaults on it, structured 80% and
 unstructured 50% (with its held-out choice), 8 × 512 calibration tokens. Every write to the terminal (a progress bar
 moving, a log line) is timed as it arrives; a run's gap is the longest stretch without one, and the phase it ended
-in is the text that ended it. Writes bench/results/cpu/progress-gaps@<commit>.json; RESULTS quotes it.
+in is the text that ended it. Writes bench/results/cpu/progress-gaps@<commit>.json; `python -m bench.results_md` puts
+it into RESULTS.md.
 """
 
 from __future__ import annotations
