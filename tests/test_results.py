@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from surgeon.config import PruneConfig
 
@@ -209,3 +210,40 @@ def test_a_default_weighed_from_its_rows_run_apart_keeps_the_lower_held_out_loss
     assert default["config"] == PruneConfig(structure="2:4").resolved() and default["config"]["held_out_choice"]
     assert weighed(row(40.0, 3.2, 100, "surgeon"), row(45.0, 3.1, 30, "sparsegpt-refine"))["ppl"] == 45.0
     assert weighed(row(40.0, 3.1, 100, "surgeon"), row(45.0, 3.1, 30, "sparsegpt-refine"))["ppl"] == 40.0  # a tie
+
+
+def test_a_row_stopped_after_a_shot_continues_from_its_checkpoint_to_the_same_model(tmp_path, monkeypatch,
+                                                                                     tiny_model_dir):
+    from bench.quality import table
+    from surgeon.models.adapter import load_model
+    from surgeon.pruning import shots
+
+    model, tokenizer = load_model(str(tiny_model_dir))
+    ids = torch.randint(0, 49152, (6, 32), generator=torch.Generator().manual_seed(0))
+    text = ids[4:].reshape(1, -1)
+    run = table.Protocol(model, {k: v.clone() for k, v in model.state_dict().items()}, tokenizer, text, text, ids,
+                         None, ids[:4], None)
+    evaluate = table.perplexity
+    monkeypatch.setattr(table, "perplexity", lambda model, ids, seqlen, *args, **kwargs: evaluate(model, ids, 32,
+                                                                                                   *args, **kwargs))
+    config = PruneConfig(structure="structured", target_size=0.5, shots=3, method="kobd")
+    whole = table.measure(run, config, 2)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    ran, shot = [], shots._LayerShots.shot
+
+    def stopped_in_shot_3(self, number, *args):
+        ran.append(number)
+        if number == 3 and len(ran) == 3:
+            raise KeyboardInterrupt
+        return shot(self, number, *args)
+
+    monkeypatch.setattr(shots._LayerShots, "shot", stopped_in_shot_3)
+    with pytest.raises(KeyboardInterrupt):
+        table.measure(run, config, 2, tmp_path / "row")
+    continued = table.measure(run, config, 2, tmp_path / "row")
+    assert ran == [1, 2, 3, 3]  # the continued run began at the shot that was stopped
+    assert continued["ppl"] == whole["ppl"] and len(continued["shots"]) == 3
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+    assert not (tmp_path / "row" / "checkpoint.json").exists()  # the finished row leaves no checkpoint
+    other = table.measure(run, config, 2, tmp_path / "row")  # nothing saved: the row runs whole again
+    assert other["ppl"] == whole["ppl"] and ran[4:] == [1, 2, 3]

@@ -26,8 +26,9 @@ CLI's own).
 
 Each run is saved as bench/results/quality/<row>@<commit>.json (another model or calibration budget:
 bench/results/quality-<model>-<n>x<seqlen>/) and skipped where a run of it on the same machine at a commit with the
-same pruning code exists, so an interrupted table resumes; `python -m bench.results_md` writes the tables into
-RESULTS.md.
+same pruning code exists, so an interrupted table resumes; with `--checkpoints DIR` a row also writes a checkpoint
+after every shot into DIR/<row> and continues from it, so that a row of several hours spreads over several runs.
+`python -m bench.results_md` writes the tables into RESULTS.md.
 
     python -m bench.quality.table                        # every row (1.5-3 hours on 2 cores)
     python -m bench.quality.table --only structured-0.8  # rows whose id contains this text
@@ -36,6 +37,8 @@ RESULTS.md.
     python -m bench.quality.table --row 2of4-0.5-surgeon --row 2of4-0.5-sparsegpt --seeds 0 1 2  # seeds' spread
     python -m bench.quality.table --calib-windows 128 --calib-seqlen 2048 --weigh-apart --row 2of4-0.5-surgeon-alone \
         --row 2of4-0.5-sparsegpt-refine                  # the default row from its two parts, each run once
+    python -m bench.quality.table --calib-windows 128 --calib-seqlen 2048 --checkpoints /tmp/rows \
+        --row structured-0.8-surgeon                     # stopped, it continues after the row's last shot
     python -m bench.quality.table --calib-windows 32 --calib-seqlen 1024 --row 2of4-0.5-surgeon-alone-sampled
                                                          # a candidate setting (`CANDIDATES`), run where named
 """
@@ -44,12 +47,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import logging
 import os
 import platform
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,9 +73,11 @@ from surgeon.app.data import (
 )
 from surgeon.app.evaluate import perplexity
 from surgeon.config import parse_nm
+from surgeon.errors import SurgeonError
 from surgeon.io import write_json
 from surgeon.models.adapter import load_model
 from surgeon.pruning.held_out import held_out_loss
+from surgeon.pruning.resume import Checkpoint, has_state, read_state
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 ROOT = RESULTS / "quality"
@@ -221,18 +226,39 @@ def load_protocol(model_name: str = "smollm2-135m", calib_windows: int | None = 
                     held_out_windows(tokenize(tokenizer, aside), calib_windows, calib_seqlen, bos))
 
 
-def measure(run: Protocol, config: PruneConfig, eval_windows: int) -> dict[str, Any]:
+def row_checkpoint(folder: Path | None, run: Protocol, config: PruneConfig) -> Checkpoint | None:
+    """The checkpoint of a row in `folder` (None: none), holding the saved state of an unfinished run of the same
+    configuration, windows and commit where one is there; any other is removed and the row starts again."""
+    if folder is None:
+        return None
+    fingerprint = {"config": config.resolved(), "commit": head_commit(),
+                   "windows": hashlib.sha256(run.windows.numpy().tobytes()).hexdigest()}
+    state = None
+    if has_state(folder):
+        try:
+            state = read_state(folder, fingerprint)
+        except SurgeonError as error:
+            logging.warning("%s: the row starts again", error)
+    checkpoint = Checkpoint(folder, fingerprint, state=state)
+    if state is None:
+        checkpoint.remove()
+    return checkpoint
+
+
+def measure(run: Protocol, config: PruneConfig, eval_windows: int, checkpoints: Path | None = None) -> dict[str, Any]:
     """Prune the dense model with `config` (weighed against sparsegpt-refine on the held-out windows, as `surgeon
     prune` does) and evaluate it: perplexity on the test windows and on as many tuning windows, the loss on the
-    held-out windows by which `surgeon prune` weighs models, seconds of the pruning, and the report."""
+    held-out windows by which `surgeon prune` weighs models, seconds of the pruning (those of the runs it continued
+    included), and the report. With `checkpoints` (a row's folder), a checkpoint after every shot, continued from."""
     run.model.load_state_dict(run.dense_state)
-    start = time.perf_counter()
-    report = prune(run.model, run.windows, config, progress=False, held_out_ids=run.held_out)
-    seconds = time.perf_counter() - start
+    checkpoint = row_checkpoint(checkpoints, run, config)
+    report = prune(run.model, run.windows, config, progress=False, held_out_ids=run.held_out, checkpoint=checkpoint)
     result = perplexity(run.model, run.test_ids, 2048, eval_windows, progress=False)
     tuning = perplexity(run.model, run.tuning_ids, 2048, eval_windows, progress=False)
     held = {} if run.held_out is None else {"held_out_loss": held_out_loss(run.model, run.held_out, config.batch_size)}
-    return {"ppl": result.ppl, "tuning_ppl": tuning.ppl, **held, "seconds": seconds, **report.to_dict()}
+    if checkpoint is not None:
+        checkpoint.remove()
+    return {"ppl": result.ppl, "tuning_ppl": tuning.ppl, **held, **report.to_dict()}
 
 
 def weighed(alone: dict[str, Any], refine: dict[str, Any]) -> dict[str, Any]:
@@ -285,6 +311,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
                         help="calibration seeds: each row runs once per seed, a seed s > 0 as the row <id>-seed<s>")
     parser.add_argument("--row", action="append", default=[], help="run this row (its whole id; repeatable)")
+    parser.add_argument("--checkpoints", type=Path, help="write each row's checkpoint after every shot into "
+                        "DIR/<row> and continue an unfinished row from it")
     parser.add_argument("--weigh-apart", action="store_true",
                         help="write each unstructured and N:M default row from its -surgeon-alone and "
                              "-sparsegpt-refine rows (`weighed`) instead of running it")
@@ -309,7 +337,8 @@ def main() -> None:
             path = root / f"{name}@{commit}.json"
             if args.only not in row or (args.row and row not in args.row) or measured(path, protocol["machine"]):
                 continue
-            result = measure(seeded, dataclasses.replace(config, seed=seed), args.eval_windows)
+            result = measure(seeded, dataclasses.replace(config, seed=seed), args.eval_windows,
+                             args.checkpoints / name if args.checkpoints else None)
             logging.info("%s: ppl %.3f sparsity %.4f (%.0f s)", name, result["ppl"], result["sparsity"],
                          result["seconds"])
             write_json(path, {**result, **protocol, "seed": seed})
