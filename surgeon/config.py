@@ -1,51 +1,37 @@
-"""`PruneConfig`, the settings of one pruning run, and `opt`, the field every command's settings are made of.
+"""`PruneConfig`, the settings of one pruning run.
 
-The CLI builds its options from the fields of the settings dataclasses (help text in each field's metadata), so a
-setting exists in exactly one place. Each validates itself in `__post_init__`; which method serves which structure
-comes from the method table (`surgeon.methods`).
+The CLI builds its options from the fields (`surgeon.fields.opt`: help, choices and least value in each field), so a
+setting exists in exactly one place. `__post_init__` checks the fields' bounds, then what the settings ask of each
+other; which method serves which structure comes from the method table (`surgeon.methods`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
-from dataclasses import dataclass, field
-from typing import Any, Literal
+import typing
+from dataclasses import dataclass
+from typing import Literal
 
+from surgeon.fields import check, opt
 from surgeon.methods import (
     DEFAULT_DAMP_A,
     DEFAULT_DAMP_G,
+    DEFAULT_SHOTS,
+    DEFAULT_TARGET_SIZE,
     METHODS,
     PROPAGATED_DAMP_G,
     SHOTS,
     Method,
     Shot,
+    kind_of,
     method_help,
+    parse_nm,
     serving,
 )
 
-DEFAULT_TARGET_SIZE = 0.8
-# shots by structure (N:M: 1): the least time within about 2% of the best perplexity measured on the
-# time-to-quality curve (docs/DESIGN.md, "Defaults")
-DEFAULT_SHOTS = {"structured": 4, "coupled": 4, "unstructured": 2, "experts": 1}
 # where the curvature pass and the prune phase keep their tensors: they change time and memory, never a result
 MEMORY_OPTIONS = ("activation_checkpointing", "offload", "block_groups")
-EXPORT_FORMATS = ("standard", "decilm")
-FISHERS = ("empirical", "sampled")  # G's labels: the data's next tokens, or drawn from the model (eq. 6)
-LAYOUTS = ("per-block", "uniform", "decilm")  # coupled: how units may leave, by the export format that holds them
 Correlation = Literal["joint", "within"]
-_NM = re.compile(r"^(\d+):(\d+)$")
-
-
-def parse_nm(structure: str) -> tuple[int, int] | None:
-    """`"2:4"` -> (2, 4): keep at most N of every M consecutive weights of a row; else None."""
-    match = _NM.match(structure)
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-def opt(default: Any, help: str, choices: tuple[str, ...] | None = None, shown: str | None = None) -> Any:
-    """A config field with its CLI help; `shown` describes the default that `None` stands for."""
-    return field(default=default, metadata={"help": help, "choices": choices, "shown": shown})
 
 
 @dataclass(frozen=True)
@@ -63,20 +49,21 @@ class PruneConfig:
         shown=f"{DEFAULT_TARGET_SIZE}; N:M structures keep N/M",
     )
     shots: int | None = opt(None, "number of pruning shots (linear schedule)",
-                             shown="4 structured and coupled, 2 unstructured, 1 N:M and experts")
+                             shown="4 structured and coupled, 2 unstructured, 1 N:M and experts", least=1)
     layout: str = opt(
         "per-block", "coupled: per-block (each block its own widths; query heads leave in rounds, one of every KV "
         "head at a time), uniform (the same number of neurons and heads in every block, which the standard export "
         "holds exactly), or decilm (each block its own MLP width, its attention kept whole or removed, which the "
-        "decilm export, and vLLM, hold exactly)", LAYOUTS,
+        "decilm export, and vLLM, hold exactly)", ("per-block", "uniform", "decilm"),
     )
     width_multiple: int = opt(
-        1, "coupled: every block keeps a multiple of this many neurons, and heads whose width is one (64, 128, 256)"
+        1, "coupled: every block keeps a multiple of this many neurons, and heads whose width is one (64, 128, 256)",
+        least=1,
     )
     speed_context: int | None = opt(
         None, "coupled: rank units by cost per multiply-accumulate their removal saves a token decoded after this "
         "many tokens of context (a head or KV group also saves its attention over the context)",
-        shown="none: by cost alone",
+        shown="none: by cost alone", least=1,
     )
     leave_out: str = opt(
         "router", "comma-separated parts of the decoder blocks not to prune: router (the Mixture-of-Experts routers) "
@@ -84,26 +71,28 @@ class PruneConfig:
         "cannot prune and does not leave out makes it refuse; the target and sparsity count what is pruned"
     )
     method: str = opt("surgeon", f"pruning method ({method_help()})", tuple(METHODS))
-    correlation: Correlation = opt("joint", "structured surgeon update: joint rows+columns, or within rows / columns")
+    correlation: Correlation = opt("joint", "structured surgeon update: joint rows+columns, or within rows / columns",
+                                   typing.get_args(Correlation))
     max_correlate: int | None = opt(
         0, "unstructured/N:M surgeon: at most this many weights solved jointly, the chunks' updates summed (the "
-        "paper's m, sec. 3.4) (0 = all, exact, by CG)"
+        "paper's m, sec. 3.4) (0 = all, exact, by CG)", least=0,
     )
-    cg_tol: float = opt(1e-3, "max-correlate 0: relative residual at which conjugate gradients stop")
-    cg_max_iter: int = opt(40, "max-correlate 0: at most this many conjugate-gradient iterations per layer")
+    cg_tol: float = opt(1e-3, "max-correlate 0: relative residual at which conjugate gradients stop", least=0)
+    cg_max_iter: int = opt(40, "max-correlate 0: at most this many conjugate-gradient iterations per layer", least=1)
     cg_dtype: str | None = opt(None, "max-correlate 0: run the conjugate-gradient products G⁻¹ V A⁻¹ in this dtype",
                                 ("bfloat16", "float16"), shown="the model's dtype")
     damp_a: float | None = opt(None, "relative damping of A: A + λ·mean(diag A)·I",
                                 shown=f"{DEFAULT_DAMP_A}; " + "; ".join(
                                     f"{m.coupled_damp_a} for structure coupled with {name}" for name, m in
-                                    METHODS.items() if m.coupled_damp_a != DEFAULT_DAMP_A))
+                                    METHODS.items() if m.coupled_damp_a != DEFAULT_DAMP_A), least=0)
     damp_g: float | None = opt(None, "relative damping of G: G + λ·mean(diag G)·I",
-                                shown=f"{DEFAULT_DAMP_G}; {PROPAGATED_DAMP_G} with propagate")
+                                shown=f"{DEFAULT_DAMP_G}; {PROPAGATED_DAMP_G} with propagate", least=0)
     fisher: str = opt(
         "empirical", "G's labels: the data's next tokens (empirical, as the paper uses in practice) or tokens drawn "
-        "from the model's own predictions (sampled: eq. 6's Fisher, one draw per position, seeded)", FISHERS,
+        "from the model's own predictions (sampled: eq. 6's Fisher, one draw per position, seeded)",
+        ("empirical", "sampled"),
     )
-    batch_size: int = opt(1, "calibration windows per forward/backward pass")
+    batch_size: int = opt(1, "calibration windows per forward/backward pass", least=1)
     propagate: bool | None = opt(
         None, "N:M: prune the last shot block by block, each block's A from the inputs of the blocks already pruned "
         "(as SparseGPT; G from the shot's pass)", shown="on for N:M with surgeon, kobd or lobd"
@@ -129,7 +118,8 @@ class PruneConfig:
     )
     block_groups: int = opt(
         1, "with offload: split the decoder blocks into N groups and run the curvature pass once per group, each "
-        "accumulating only its group's factors before they move to host memory (N passes, 1/N of the factors)"
+        "accumulating only its group's factors before they move to host memory (N passes, 1/N of the factors)",
+        least=1,
     )
     lora_steps: int = opt(0, "interleaved LoRA steps between shots (0 = off; paper 3.6)")
     lora_rank: int = opt(8, "rank of the interleaved LoRA adapters")
@@ -141,32 +131,16 @@ class PruneConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.fisher not in FISHERS:
-            raise ValueError(f"fisher={self.fisher!r}: choose one of {', '.join(FISHERS)}")
-        nm = parse_nm(self.structure)
-        if self.structure not in DEFAULT_SHOTS and nm is None:
-            raise ValueError(f"structure={self.structure!r}: use structured, coupled, unstructured, experts, or N:M "
-                             "such as 2:4")
-        if nm is not None and not 0 < nm[0] < nm[1]:
-            raise ValueError(f"structure={self.structure!r}: N:M needs 0 < N < M")
+        check(self)
+        nm = self.nm if kind_of(self.structure) == "N:M" else None
         if nm is not None and self.target_size is not None and abs(self.target_size - nm[0] / nm[1]) > 1e-9:
             raise ValueError(f"target_size={self.target_size}: structure {self.structure} keeps {nm[0] / nm[1]:g} of "
                              "the weights; leave target_size out")
         if self.target_size is not None and not 0.0 < self.target_size <= 1.0:
             raise ValueError(f"target_size={self.target_size}: must be in (0, 1]")
-        if self.width_multiple < 1:
-            raise ValueError(f"width_multiple={self.width_multiple}: must be at least 1")
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"layout={self.layout!r}: choose one of {', '.join(LAYOUTS)}")
         if (self.layout != "per-block" or self.width_multiple > 1 or self.speed_context is not None) \
                 and self.structure != "coupled":
             raise ValueError("layout, width_multiple and speed_context allocate coupled units: use structure coupled")
-        if self.speed_context is not None and self.speed_context < 1:
-            raise ValueError(f"speed_context={self.speed_context}: must be at least 1")
-        if self.shots is not None and self.shots < 1:
-            raise ValueError(f"shots={self.shots}: must be at least 1")
-        if self.method not in METHODS:
-            raise ValueError(f"method={self.method!r}: choose one of {', '.join(METHODS)}")
         if self.kind not in self.spec.structures:
             raise ValueError(f"method={self.method!r} prunes {', '.join(self.spec.structures)}, not {self.structure}: "
                              f"for {self.kind} use {' or '.join(serving(self.kind))}")
@@ -177,30 +151,16 @@ class PruneConfig:
         if self.fisher == "sampled" and (not self.spec.needs_g or self.shot is Shot.EXPERTS):
             raise ValueError(f"fisher=sampled draws the labels of G: method {self.method!r} with structure "
                              f"{self.structure} uses no G from the curvature pass")
-        if self.max_correlate is not None and self.max_correlate < 0:
-            raise ValueError(f"max_correlate={self.max_correlate}: must be >= 0 (0 = all)")
-        if self.cg_tol < 0 or self.cg_max_iter < 1:
-            raise ValueError(f"cg_tol={self.cg_tol}, cg_max_iter={self.cg_max_iter}: need tol >= 0, max_iter >= 1")
-        for name in ("damp_a", "damp_g"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{name}={value}: must be >= 0")
         if self.propagate and (self.nm is None or not self.spec.needs_a):
             raise ValueError("propagate prunes the last N:M shot of a method with a curvature pass block by block ("
                              f"{', '.join(n for n, m in METHODS.items() if m.needs_a)}): use an N:M structure")
-        if self.held_out_choice and not self._can_choose:
+        if self.held_out_choice and not (self.spec.alternative is not None and self.elements):
             raise ValueError("held_out_choice weighs an unstructured or N:M run against its method's alternative ("
                              + ", ".join(f"{n} against {m.alternative}" for n, m in METHODS.items() if m.alternative)
                              + "): use such a method with structure unstructured or N:M")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size={self.batch_size}: must be at least 1")
-        if self.cg_dtype not in (None, "bfloat16", "float16"):
-            raise ValueError(f"cg_dtype={self.cg_dtype!r}: use bfloat16, float16, or None (the model's)")
         if self.cg_dtype is not None and self.max_correlate not in (0, None):
             raise ValueError("cg_dtype sets the precision of the joint conjugate-gradient solve: it needs "
                              "max_correlate 0")
-        if self.block_groups < 1:
-            raise ValueError(f"block_groups={self.block_groups}: must be at least 1")
         if self.block_groups > 1 and not self.offload:
             raise ValueError(f"block_groups={self.block_groups}: each group's factors move to host memory after its "
                              "pass; add offload")
@@ -222,16 +182,12 @@ class PruneConfig:
     @property
     def target(self) -> float:
         """α, the fraction of prunable weights kept at the end: `target_size`, N/M for N:M, else its default."""
-        nm = self.nm
-        return nm[0] / nm[1] if nm is not None else DEFAULT_TARGET_SIZE if self.target_size is None \
-            else self.target_size
+        return nm[0] / nm[1] if (nm := self.nm) is not None else self.target_size or DEFAULT_TARGET_SIZE
 
     @property
     def shot_count(self) -> int:
-        """T, the number of shots: `shots`, else the structure's default (`DEFAULT_SHOTS`; N:M: 1)."""
-        if self.shots is not None:
-            return self.shots
-        return DEFAULT_SHOTS[self.structure] if self.nm is None else 1
+        """T, the number of shots: `shots`, else the structure's default (`DEFAULT_SHOTS`)."""
+        return self.shots if self.shots is not None else DEFAULT_SHOTS[self.kind]
 
     @property
     def elements(self) -> bool:
@@ -254,15 +210,11 @@ class PruneConfig:
         return damp_g, damp_a
 
     @property
-    def _can_choose(self) -> bool:
-        """Whether the method has an alternative (`Method.alternative`) and the run prunes elements, as it does."""
-        return self.spec.alternative is not None and self.elements
-
-    @property
     def chooses(self) -> bool:
         """Whether the run is weighed against its method's alternative by held-out loss: `held_out_choice`, else on for
-        unstructured and N:M surgeon."""
-        return self.held_out_choice if self.held_out_choice is not None else self._can_choose
+        unstructured and N:M surgeon (a method with an alternative, `Method.alternative`, pruning elements)."""
+        return self.held_out_choice if self.held_out_choice is not None else \
+            self.spec.alternative is not None and self.elements
 
     def resolved(self) -> dict[str, object]:
         """Every field, those left at None replaced by the value the run uses (what report.json records)."""
@@ -279,7 +231,7 @@ class PruneConfig:
     @property
     def kind(self) -> str:
         """The structure as the method table names it: N:M for any N:M structure (`surgeon.methods.STRUCTURES`)."""
-        return "N:M" if self.nm is not None else self.structure
+        return kind_of(self.structure)
 
     @property
     def shot(self) -> Shot:

@@ -8,6 +8,7 @@ here plus its mathematics in `surgeon.method`. Imports nothing heavy, so `surgeo
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 # The damping defaults, for every method and API (`solve`, the SparseGPT drop-in's `percdamp`, SparseGPT's own
@@ -29,6 +30,28 @@ class Shot(enum.Enum):
 SHOTS = {"structured": Shot.STRUCTURED, "coupled": Shot.STRUCTURED, "unstructured": Shot.ELEMENTS,
          "N:M": Shot.ELEMENTS, "experts": Shot.EXPERTS}
 STRUCTURES = tuple(SHOTS)
+DEFAULT_TARGET_SIZE = 0.8
+# shots by structure: the least time within about 2% of the best perplexity measured on the time-to-quality curve
+# (docs/DESIGN.md, "Defaults")
+DEFAULT_SHOTS = {"structured": 4, "coupled": 4, "unstructured": 2, "N:M": 1, "experts": 1}
+_NM = re.compile(r"^(\d+):(\d+)$")
+
+
+def parse_nm(structure: str) -> tuple[int, int] | None:
+    """`"2:4"` -> (2, 4): keep at most N of every M consecutive weights of a row; else None."""
+    match = _NM.match(structure)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def kind_of(structure: str) -> str:
+    """The structure as the table names it (one of `STRUCTURES`: N:M for any N:M such as 2:4); ValueError naming it
+    where it is none."""
+    nm = parse_nm(structure)
+    if nm is None and structure not in STRUCTURES or structure == "N:M":
+        raise ValueError(f"structure={structure!r}: use structured, coupled, unstructured, experts, or N:M such as 2:4")
+    if nm is not None and not 0 < nm[0] < nm[1]:
+        raise ValueError(f"structure={structure!r}: N:M needs 0 < N < M")
+    return "N:M" if nm is not None else structure
 
 
 class Pass(enum.Enum):

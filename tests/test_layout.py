@@ -14,7 +14,7 @@ KERNELS = PACKAGE.parent / "surgeon_kernels"
 # Bottom to top: a module may import its own layer and those before it. The base modules (errors, settings,
 # file helpers) sit below every layer; the facade `surgeon/__init__.py` and `__main__` above them all.
 LAYERS = ("base", "method", "models", "scale", "pruning", "recovery", "export", "app", "integrations")
-BASE = ("errors", "config", "methods", "io")
+BASE = ("errors", "fields", "config", "methods", "io")
 # What the method's mathematics must not know: modules, Hugging Face, the process group.
 NOT_IN_METHOD = ("torch.nn", "torch.distributed", "transformers", "tqdm")
 MAX_LINES = 450

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from surgeon.app.tasks import task_names
-from surgeon.config import EXPORT_FORMATS, opt
 from surgeon.errors import SurgeonError
+from surgeon.export.compact import EXPORT_FORMATS
+from surgeon.fields import check, opt
 from surgeon.recovery import LOSSES, Distill
 
 
@@ -24,10 +25,10 @@ class RunConfig:
         "calibration text: wikitext2 (hub train split, else packaged validation), wikitext2-valid, c4, ptb, "
         "or a text file",
     )
-    nsamples: int = opt(128, "calibration windows")
-    seqlen: int = opt(2048, "tokens per calibration and evaluation window")
-    eval_windows: int | None = opt(None, "evaluate only the first N test windows", shown="all")
-    eval_seqlen: int | None = opt(None, "tokens per evaluation window", shown="--seqlen")
+    nsamples: int = opt(128, "calibration windows", least=1)
+    seqlen: int = opt(2048, "tokens per calibration and evaluation window", least=2)
+    eval_windows: int | None = opt(None, "evaluate only the first N test windows", shown="all", least=1)
+    eval_seqlen: int | None = opt(None, "tokens per evaluation window", shown="--seqlen", least=2)
     device: str = opt("cpu", "cpu or cuda")
     dtype: str = opt("float32", "model dtype", ("float32", "bfloat16", "float16"))
     output: str | None = opt(
@@ -39,17 +40,17 @@ class RunConfig:
     eval_every_shot: bool = opt(False, "also evaluate perplexity after every shot (per shot in report.json)")
     resume: bool = opt(False, "continue the unfinished run in --output after its last checkpoint (same options)")
     checkpoint_shots: int = opt(
-        1, "write a checkpoint into --output after every N shots and the last, for --resume (0: never)"
+        1, "write a checkpoint into --output after every N shots and the last, for --resume (0: never)", least=0,
     )
     recover_tokens: int = opt(0, "then distill the pruned model from the dense one on N tokens into "
-                              "OUTPUT/recovered, as surgeon recover does with its defaults (0: no recovery)")
+                              "OUTPUT/recovered, as surgeon recover does with its defaults (0: no recovery)", least=0)
     tasks: str | None = opt(
         None, "zero-shot lm-eval tasks, comma-separated, or default (boolq, piqa, hellaswag, winogrande, arc_easy, "
         "arc_challenge, openbookqa); accuracies go into the result (needs the tasks extra)", shown="none",
     )
     task_path: str | None = opt(None, "a folder of lm-eval task YAML files added to lm-eval's own",
                                  shown="lm-eval's tasks only")
-    task_limit: int | None = opt(None, "score only the first N documents of each task", shown="all")
+    task_limit: int | None = opt(None, "score only the first N documents of each task", shown="all", least=1)
     fsdp: bool = opt(False, "under torchrun, shard the weights over the ranks with FSDP2 (for a model larger than "
                       "one device; every rank evaluates)")
 
@@ -59,20 +60,9 @@ class RunConfig:
         return self.eval_seqlen or self.seqlen
 
     def __post_init__(self) -> None:
-        if self.nsamples < 1:
-            raise ValueError(f"nsamples={self.nsamples}: must be at least 1")
-        if self.seqlen < 2:
-            raise ValueError(f"seqlen={self.seqlen}: must be at least 2")
-        if self.eval_seqlen is not None and self.eval_seqlen < 2:
-            raise ValueError(f"eval_seqlen={self.eval_seqlen}: must be at least 2")
-        if self.eval_windows is not None and self.eval_windows < 1:
-            raise ValueError(f"eval_windows={self.eval_windows}: must be at least 1")
-        if self.checkpoint_shots < 0:
-            raise ValueError(f"checkpoint_shots={self.checkpoint_shots}: must be at least 0 (0: never)")
+        check(self)
         if self.tasks is not None:
             task_names(self.tasks)
-        if self.task_limit is not None and self.task_limit < 1:
-            raise ValueError(f"task_limit={self.task_limit}: must be at least 1")
         if (self.task_path is not None or self.task_limit is not None) and self.tasks is None:
             raise ValueError("task_path and task_limit need tasks")
         if self.fsdp and self.tasks is not None:
@@ -104,10 +94,9 @@ class ExportConfig:
     overwrite: bool = opt(False, "export into an existing non-empty --output folder, replacing only its files")
 
     def __post_init__(self) -> None:
+        check(self)
         if not self.compact:
             raise ValueError("nothing to export: pass --compact to write the model without its removed units")
-        if self.format not in EXPORT_FORMATS:
-            raise ValueError(f"format {self.format!r} is not one of {', '.join(EXPORT_FORMATS)}")
         if self.ffn_mult and self.format != "decilm":
             raise ValueError("--ffn-mult is a setting of --format decilm")
 
@@ -129,8 +118,7 @@ class QuantizeConfig:
     overwrite: bool = opt(False, "write into an existing non-empty --output folder, replacing only its files")
 
     def __post_init__(self) -> None:
-        if self.scheme not in QUANTIZE_SCHEMES:
-            raise ValueError(f"scheme {self.scheme!r} is not one of {', '.join(QUANTIZE_SCHEMES)}")
+        check(self)
 
 
 @dataclass(frozen=True)
@@ -155,8 +143,8 @@ class RecoverConfig:
     text: str | None = opt(None, "training text: wikitext2 (hub train split, else packaged validation), "
                            "wikitext2-valid, c4, ptb, or a text file; never the evaluation text",
                            shown="the pruning run's calibration text")
-    seqlen: int = opt(512, "tokens per training window")
-    batch_size: int = opt(1, "training windows per step")
+    seqlen: int = opt(512, "tokens per training window", least=2)
+    batch_size: int = opt(1, "training windows per step", least=1)
     lr: float = opt(1e-4, "AdamW's peak learning rate (linear warm-up over a tenth of the steps, then a cosine to 0)")
     seed: int = opt(0, "random seed (training windows, their order, the adapters)")
     loss: str = opt("kl", "kl: match the dense model's next-token distributions; next-token: the text's tokens",
@@ -170,28 +158,22 @@ class RecoverConfig:
                              "student trains; the KL is then over those K and the rest as one (0: the dense model "
                              "runs beside the student)")
     resume: bool = opt(False, "continue the unfinished recovery in --output after its last checkpoint (same options)")
-    checkpoint_steps: int = opt(100, "write a checkpoint into --output after every N steps, for --resume (0: never)")
-    eval_windows: int | None = opt(None, "evaluate only the first N test windows", shown="the pruning run's")
-    eval_seqlen: int | None = opt(None, "tokens per evaluation window", shown="the pruning run's")
+    checkpoint_steps: int = opt(100, "write a checkpoint into --output after every N steps, for --resume (0: never)",
+                                least=0)
+    eval_windows: int | None = opt(None, "evaluate only the first N test windows", shown="the pruning run's", least=1)
+    eval_seqlen: int | None = opt(None, "tokens per evaluation window", shown="the pruning run's", least=2)
     device: str = opt("cpu", "cpu or cuda")
     dtype: str = opt("float32", "dtype of the student and the teacher", ("float32", "bfloat16"))
 
     def __post_init__(self) -> None:
-        if self.seqlen < 2 or self.batch_size < 1:
-            raise ValueError(f"seqlen={self.seqlen}, batch_size={self.batch_size}: need seqlen >= 2, batch_size >= 1")
+        check(self)
         if self.tokens < self.seqlen * self.batch_size:
             raise ValueError(f"tokens={self.tokens}: fewer than one step of {self.batch_size} windows of "
                              f"{self.seqlen}")
-        if self.checkpoint_steps < 0:
-            raise ValueError(f"checkpoint_steps={self.checkpoint_steps}: must be >= 0")
         try:
             self.distill()  # the training settings check themselves
         except SurgeonError as error:
             raise ValueError(str(error)) from error
-        if self.eval_windows is not None and self.eval_windows < 1:
-            raise ValueError(f"eval_windows={self.eval_windows}: must be at least 1")
-        if self.eval_seqlen is not None and self.eval_seqlen < 2:
-            raise ValueError(f"eval_seqlen={self.eval_seqlen}: must be at least 2")
 
     def distill(self) -> Distill:
         """The recovery's training settings."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from surgeon.config import opt
+from surgeon.fields import check, opt
 
 
 def parse_bytes(text: str) -> int:
@@ -25,15 +25,12 @@ class PlanConfig:
                       "smollm2-135m, gemma3-270m; "
                       "only its configuration is read")
     dtype: str = opt("bfloat16", "model dtype", ("float32", "bfloat16", "float16"))
-    nsamples: int = opt(128, "calibration windows")
-    seqlen: int = opt(2048, "tokens per calibration window")
+    nsamples: int = opt(128, "calibration windows", least=1)
+    seqlen: int = opt(2048, "tokens per calibration window", least=2)
     gpu_memory: str = opt("80GB", "memory of one GPU, such as 80GB (GB and GiB both read as 2^30 bytes)")
-    gpus: int = opt(1, "GPUs to share the work")
+    gpus: int = opt(1, "GPUs to share the work", least=1)
     output: str | None = opt(None, "also write the plan as JSON to this file", shown="print only")
 
     def __post_init__(self) -> None:
-        if self.nsamples < 1 or self.seqlen < 2:
-            raise ValueError(f"nsamples={self.nsamples}, seqlen={self.seqlen}: need nsamples >= 1, seqlen >= 2")
-        if self.gpus < 1:
-            raise ValueError(f"gpus={self.gpus}: must be at least 1")
+        check(self)
         parse_bytes(self.gpu_memory)
