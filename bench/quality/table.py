@@ -72,9 +72,9 @@ from surgeon.app.data import (
     tokenize,
 )
 from surgeon.app.evaluate import perplexity
-from surgeon.config import parse_nm
 from surgeon.errors import SurgeonError
 from surgeon.io import write_json
+from surgeon.methods import parse_nm
 from surgeon.models.adapter import load_model
 from surgeon.pruning.held_out import held_out_loss
 from surgeon.pruning.resume import Checkpoint, has_state, read_state
