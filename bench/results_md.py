@@ -130,11 +130,10 @@ def headline_cells(runs: Runs, prefix: str) -> tuple[str, list[str]]:
     # The lower in bold, a second decimal where one would print them alike, the method whose model the default kept
     # where the held-out choice kept another's ("sparsegpt-refine (kept)"). A run ran the defaults where its SETTINGS
     # are `PruneConfig.resolved`'s for its structure and target (those it predates count)
-    from surgeon.config import PruneConfig
+    from bench.quality.table import cli_defaults
 
     def ran_defaults(c: Run) -> bool:
-        nm = ":" in c["structure"]
-        default = PruneConfig(structure=c["structure"], target_size=None if nm else c["target_size"]).resolved()
+        default = cli_defaults(c["structure"], c["target_size"]).resolved()
         return all(c[key] == default[key] for key in SETTINGS if key in c)
 
     rows = {name[len(prefix) + 1:]: run for name, run in runs.items() if name.startswith(prefix + "-")}

@@ -261,14 +261,18 @@ def measure(run: Protocol, config: PruneConfig, eval_windows: int, checkpoints: 
     return {"ppl": result.ppl, "tuning_ppl": tuning.ppl, **held, **report.to_dict()}
 
 
+def cli_defaults(structure: str, target_size: float) -> PruneConfig:
+    """`surgeon prune`'s defaults at `structure` and `target_size` (an N:M structure keeps N/M, its own target)."""
+    return PruneConfig(structure=structure, target_size=None if parse_nm(structure) else target_size)
+
+
 def weighed(alone: dict[str, Any], refine: dict[str, Any]) -> dict[str, Any]:
     """The CLI's unstructured or N:M default from its two parts measured apart: LLM Surgeon's model alone and one
     sparsegpt-refine shot, the one with the lower held-out loss kept (LLM Surgeon's on a tie), as `prune` keeps it
     bit for bit (tests/test_prune.py); its seconds are both runs'."""
     losses = {"surgeon": alone["held_out_loss"], "sparsegpt-refine": refine["held_out_loss"]}
     kept = alone if losses["surgeon"] <= losses["sparsegpt-refine"] else refine
-    config = PruneConfig(structure=alone["config"]["structure"], target_size=alone["config"]["target_size"]
-                         if parse_nm(alone["config"]["structure"]) is None else None)
+    config = cli_defaults(alone["config"]["structure"], alone["config"]["target_size"])
     return {**kept, "config": config.resolved(), "seconds": alone["seconds"] + refine["seconds"],
             "choice": {"kept": min(losses, key=losses.__getitem__), "held_out_loss": losses,
                        "seconds": refine["seconds"], "from_rows_apart": True}}

@@ -57,11 +57,11 @@ def timed_run(command: list[str]) -> tuple[float, str, float]:
         now = time.perf_counter()
         line = (line + chunk)[-400:]
         if now - last > gap:
-            gap, after = now - last, line.decode(errors="replace").replace("\r", "\n").strip().splitlines()[-1:]
+            gap, after = now - last, line.decode(errors="replace").replace("\r", "\n").strip().rpartition("\n")[2]
         last = now
     if process.wait():
         raise SystemExit(f"{' '.join(command)} failed:\n{line.decode(errors='replace')}")
-    return gap, (after or [""])[0], time.perf_counter() - start
+    return gap, after, time.perf_counter() - start
 
 
 def main() -> None:
