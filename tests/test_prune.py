@@ -327,7 +327,38 @@ def test_every_phase_of_a_run_shows_its_progress(monkeypatch):
           held_out_ids=calibration(seed=1)[:2])
     phases = {"shot 1/1 · " + phase for phase in ("curvature", "costs", "updates", "LoRA",
                                                   "threshold (layers' costs read)")}
-    assert phases | {"shots", "blocks (layers pruned)", "held-out loss"} <= set(shown), shown
+    assert phases | {"shots", "blocks (layers pruned)", "block inputs (batches, twice)", "held-out loss"} \
+        <= set(shown), shown
+
+
+@pytest.mark.parametrize("structure", ["2:4", "unstructured"])
+def test_a_block_by_block_pass_counts_each_blocks_two_runs_over_the_batches(structure, monkeypatch):
+    """Below the layers pruned, a bar counts each block's runs over its batches (its inputs' factors, then the next
+    block's inputs), which at the CLI's calibration budget take minutes on a wide block: it reaches its total."""
+    from surgeon.pruning import elements
+
+    bars = []
+
+    class Recorded:  # a bar that counts its updates
+        def __init__(self, *, total: int, desc: str, **kwargs):
+            self.total, self.desc, self.n = total, desc, 0
+            bars.append(self)
+
+        def update(self, n: int = 1) -> None:
+            self.n += n
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+    monkeypatch.setattr(elements, "tqdm", Recorded)
+    model, ids = tiny_model("llama"), calibration()
+    method = "surgeon" if structure == "2:4" else "sparsegpt"
+    prune(model, ids, PruneConfig(structure=structure, method=method, shots=1), progress=True)
+    runs = [bar for bar in bars if bar.desc == "block inputs (batches, twice)"]
+    assert len(runs) == len(prunable_layers(model)) and all(bar.n == bar.total == 2 * len(ids) for bar in runs)
 
 
 @pytest.mark.parametrize("structure", ["unstructured", "structured", "2:4"])

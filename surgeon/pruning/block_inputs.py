@@ -44,18 +44,27 @@ class BlockInputs:
         finally:
             handle.remove()
 
-    def forwards(self) -> list[Callable[[], object]]:
-        """One callable per batch that runs the current block on its cached inputs."""
+    def forwards(self, done: Callable[[], object] = lambda: None) -> list[Callable[[], object]]:
+        """One callable per batch that runs the current block on its cached inputs, then calls `done` (a progress
+        bar's update)."""
         block = self.blocks[self.index]
-        return [functools.partial(block, *args, **kwargs) for args, kwargs in self.batches]
+
+        def run(args: tuple[Any, ...], kwargs: dict[str, Any]) -> object:
+            output = block(*args, **kwargs)
+            done()
+            return output
+
+        return [functools.partial(run, args, kwargs) for args, kwargs in self.batches]
 
     @torch.no_grad()
-    def advance(self) -> None:
-        """Run the current block (as it is now, e.g. pruned) on its inputs: they become the next block's."""
+    def advance(self, done: Callable[[], object] = lambda: None) -> None:
+        """Run the current block (as it is now, e.g. pruned) on its inputs, calling `done` after each batch: they
+        become the next block's."""
         block = self.blocks[self.index]
         advanced = []
         for args, kwargs in self.batches:
             output = block(*args, **kwargs)
+            done()
             hidden = output[0] if isinstance(output, (tuple, list)) else output
             if args:
                 advanced.append(((hidden, *args[1:]), kwargs))
