@@ -1,4 +1,5 @@
-"""Which commit a result file measured, and whether the code it measures has changed since.
+"""Which commit a result file measured, whether the code it measures has changed since, and the CLI's defaults a run
+is compared with.
 
 A result is saved as `bench/results/<folder>/<row>@<commit>.json`. It goes stale when the code it measures changed
 between that commit and the working tree beyond Python comments and docstrings: `surgeon/`, `surgeon_kernels/` and
@@ -127,3 +128,12 @@ def kernel_code(op: str) -> Paths:
     """The code a kernel microbenchmark measures: the op's folders and `KERNEL_CODE`'s, or where it has none, all."""
     own = tuple(name for name in (f"surgeon_kernels/{op}", f"csrc/{op}") if (ROOT / name).exists())
     return (*own, *KERNEL_CODE.get(op, ())) or CODE
+
+
+def cli_defaults(structure: str, target_size: float) -> Any:
+    """`surgeon prune`'s settings (a `PruneConfig`) at `structure` and `target_size`, all else its defaults (an N:M
+    structure keeps N/M, its own target)."""
+    from surgeon.config import PruneConfig
+    from surgeon.methods import parse_nm
+
+    return PruneConfig(structure=structure, target_size=None if parse_nm(structure) else target_size)

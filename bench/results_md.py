@@ -32,6 +32,7 @@ from bench.provenance import (
     Paths,
     Run,
     Runs,
+    cli_defaults,
     code_changed,
     commit_of,
     commit_order,
@@ -130,8 +131,6 @@ def headline_cells(runs: Runs, prefix: str) -> tuple[str, list[str]]:
     # The lower in bold, a second decimal where one would print them alike, the method whose model the default kept
     # where the held-out choice kept another's ("sparsegpt-refine (kept)"). A run ran the defaults where its SETTINGS
     # are `PruneConfig.resolved`'s for its structure and target (those it predates count)
-    from bench.quality.table import cli_defaults
-
     def ran_defaults(c: Run) -> bool:
         default = cli_defaults(c["structure"], c["target_size"]).resolved()
         return all(c[key] == default[key] for key in SETTINGS if key in c)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -229,21 +230,33 @@ def test_a_row_stopped_after_a_shot_continues_from_its_checkpoint_to_the_same_mo
     config = PruneConfig(structure="structured", target_size=0.5, shots=3, method="kobd")
     whole = table.measure(run, config, 2)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
-    ran, shot = [], shots._LayerShots.shot
+    ran, stop, shot = [], [3], shots._LayerShots.shot
 
-    def stopped_in_shot_3(self, number, *args):
+    def stopped(self, number, *args):
         ran.append(number)
-        if number == 3 and len(ran) == 3:
+        if stop and number == stop[0]:
+            stop.pop()
             raise KeyboardInterrupt
         return shot(self, number, *args)
 
-    monkeypatch.setattr(shots._LayerShots, "shot", stopped_in_shot_3)
+    monkeypatch.setattr(shots._LayerShots, "shot", stopped)
+    row = tmp_path / "row"
     with pytest.raises(KeyboardInterrupt):
-        table.measure(run, config, 2, tmp_path / "row")
-    continued = table.measure(run, config, 2, tmp_path / "row")
+        table.measure(run, config, 2, row)
+    continued = table.measure(run, config, 2, row)
     assert ran == [1, 2, 3, 3]  # the continued run began at the shot that was stopped
     assert continued["ppl"] == whole["ppl"] and len(continued["shots"]) == 3
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
-    assert not (tmp_path / "row" / "checkpoint.json").exists()  # the finished row leaves no checkpoint
-    other = table.measure(run, config, 2, tmp_path / "row")  # nothing saved: the row runs whole again
-    assert other["ppl"] == whole["ppl"] and ran[4:] == [1, 2, 3]
+    assert not (row / "checkpoint.json").exists()  # the finished row leaves no checkpoint
+    stop.append(2)
+    with pytest.raises(KeyboardInterrupt):
+        table.measure(run, config, 2, row)
+    for tensors in row.glob("*.safetensors"):  # a checkpoint whose tensors are gone: the row starts again
+        tensors.unlink()
+    again = table.measure(run, config, 2, row)
+    assert ran[4:] == [1, 2, 1, 2, 3] and again["ppl"] == whole["ppl"]
+    stop.append(2)
+    with pytest.raises(KeyboardInterrupt):
+        table.measure(run, config, 2, row)
+    other = table.measure(run, dataclasses.replace(config, shots=2), 2, row)  # another configuration's checkpoint
+    assert ran[9:] == [1, 2, 1, 2] and len(other["shots"]) == 2  # is not continued: the row starts again

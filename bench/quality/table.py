@@ -27,8 +27,8 @@ CLI's own).
 Each run is saved as bench/results/quality/<row>@<commit>.json (another model or calibration budget:
 bench/results/quality-<model>-<n>x<seqlen>/) and skipped where a run of it on the same machine at a commit with the
 same pruning code exists, so an interrupted table resumes; with `--checkpoints DIR` a row also writes a checkpoint
-after every shot into DIR/<row> and continues from it, so that a row of several hours spreads over several runs.
-`python -m bench.results_md` writes the tables into RESULTS.md.
+after every shot into DIR/<results folder>/<row> and continues from it, so that a row of several hours spreads over
+several runs. `python -m bench.results_md` writes the tables into RESULTS.md.
 
     python -m bench.quality.table                        # every row (1.5-3 hours on 2 cores)
     python -m bench.quality.table --only structured-0.8  # rows whose id contains this text
@@ -60,6 +60,7 @@ from typing import Any
 import torch
 
 from bench.machine import cpu_machine
+from bench.provenance import cli_defaults
 from surgeon import PruneConfig, prune
 from surgeon.app.data import (
     calibration_text,
@@ -74,10 +75,9 @@ from surgeon.app.data import (
 from surgeon.app.evaluate import perplexity
 from surgeon.errors import SurgeonError
 from surgeon.io import write_json
-from surgeon.methods import parse_nm
 from surgeon.models.adapter import load_model
 from surgeon.pruning.held_out import held_out_loss
-from surgeon.pruning.resume import Checkpoint, has_state, read_state
+from surgeon.pruning.resume import STATE, Checkpoint, has_state, read_state
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 ROOT = RESULTS / "quality"
@@ -228,17 +228,26 @@ def load_protocol(model_name: str = "smollm2-135m", calib_windows: int | None = 
 
 def row_checkpoint(folder: Path | None, run: Protocol, config: PruneConfig) -> Checkpoint | None:
     """The checkpoint of a row in `folder` (None: none), holding the saved state of an unfinished run of the same
-    configuration, windows and commit where one is there; any other is removed and the row starts again."""
+    configuration, model and windows at a commit with the same pruning code where one is there (`measured`'s rule);
+    any other, or one whose tensors are gone, is removed and the row starts again."""
+    from bench.provenance import same_code
+
     if folder is None:
         return None
-    fingerprint = {"config": config.resolved(), "commit": head_commit(),
-                   "windows": hashlib.sha256(run.windows.numpy().tobytes()).hexdigest()}
+    fingerprint = {"config": config.resolved(), "model": run.model.config.name_or_path,
+                   "windows": hashlib.sha256(run.windows.numpy().tobytes()).hexdigest(), "commit": head_commit()}
     state = None
     if has_state(folder):
+        saved = json.loads((folder / STATE).read_text()).get("config", {}).get("commit", "")
+        if saved and same_code(saved, fingerprint["commit"]):
+            fingerprint["commit"] = saved
         try:
             state = read_state(folder, fingerprint)
         except SurgeonError as error:
             logging.warning("%s: the row starts again", error)
+        if state is not None and not (folder / state["tensors"]).is_file():
+            logging.warning("%s lacks its checkpoint's tensors: the row starts again", folder)
+            state = None
     checkpoint = Checkpoint(folder, fingerprint, state=state)
     if state is None:
         checkpoint.remove()
@@ -248,8 +257,9 @@ def row_checkpoint(folder: Path | None, run: Protocol, config: PruneConfig) -> C
 def measure(run: Protocol, config: PruneConfig, eval_windows: int, checkpoints: Path | None = None) -> dict[str, Any]:
     """Prune the dense model with `config` (weighed against sparsegpt-refine on the held-out windows, as `surgeon
     prune` does) and evaluate it: perplexity on the test windows and on as many tuning windows, the loss on the
-    held-out windows by which `surgeon prune` weighs models, seconds of the pruning (those of the runs it continued
-    included), and the report. With `checkpoints` (a row's folder), a checkpoint after every shot, continued from."""
+    held-out windows by which `surgeon prune` weighs models, seconds of the pruning, and the report. With `checkpoints`
+    (a row's folder), a checkpoint after every shot, continued from: the seconds are then those of the shots it kept
+    and of each run's start (a held-out alternative is pruned again in each)."""
     run.model.load_state_dict(run.dense_state)
     checkpoint = row_checkpoint(checkpoints, run, config)
     report = prune(run.model, run.windows, config, progress=False, held_out_ids=run.held_out, checkpoint=checkpoint)
@@ -259,11 +269,6 @@ def measure(run: Protocol, config: PruneConfig, eval_windows: int, checkpoints: 
     if checkpoint is not None:
         checkpoint.remove()
     return {"ppl": result.ppl, "tuning_ppl": tuning.ppl, **held, **report.to_dict()}
-
-
-def cli_defaults(structure: str, target_size: float) -> PruneConfig:
-    """`surgeon prune`'s defaults at `structure` and `target_size` (an N:M structure keeps N/M, its own target)."""
-    return PruneConfig(structure=structure, target_size=None if parse_nm(structure) else target_size)
 
 
 def weighed(alone: dict[str, Any], refine: dict[str, Any]) -> dict[str, Any]:
@@ -316,7 +321,7 @@ def main() -> None:
                         help="calibration seeds: each row runs once per seed, a seed s > 0 as the row <id>-seed<s>")
     parser.add_argument("--row", action="append", default=[], help="run this row (its whole id; repeatable)")
     parser.add_argument("--checkpoints", type=Path, help="write each row's checkpoint after every shot into "
-                        "DIR/<row> and continue an unfinished row from it")
+                        "DIR/<results folder>/<row> and continue an unfinished row from it")
     parser.add_argument("--weigh-apart", action="store_true",
                         help="write each unstructured and N:M default row from its -surgeon-alone and "
                              "-sparsegpt-refine rows (`weighed`) instead of running it")
@@ -342,7 +347,7 @@ def main() -> None:
             if args.only not in row or (args.row and row not in args.row) or measured(path, protocol["machine"]):
                 continue
             result = measure(seeded, dataclasses.replace(config, seed=seed), args.eval_windows,
-                             args.checkpoints / name if args.checkpoints else None)
+                             args.checkpoints / root.name / name if args.checkpoints else None)
             logging.info("%s: ppl %.3f sparsity %.4f (%.0f s)", name, result["ppl"], result["sparsity"],
                          result["seconds"])
             write_json(path, {**result, **protocol, "seed": seed})

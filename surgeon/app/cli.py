@@ -1,6 +1,6 @@
 """Command line: `surgeon eval|prune|recover|plan|export|quantize|report …` (also `python -m surgeon`).
 
-Options are generated from the fields of the config dataclasses (`surgeon.config`). Bad input, argparse's
+Options are generated from the fields of the settings dataclasses (`surgeon.fields.opt`). Bad input, argparse's
 own complaints included, ends with one line `surgeon: error: …` and exit status 2 (`--debug`
 shows the traceback instead). Ctrl-C and SIGTERM end with `surgeon: interrupted` and exit status
 130 or 143, leaving no half-written output. Heavy libraries are imported only by the commands,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from surgeon.app.tasks import task_names
 from surgeon.errors import SurgeonError
-from surgeon.export.compact import EXPORT_FORMATS
+from surgeon.export import EXPORT_FORMATS
 from surgeon.fields import check, opt
 from surgeon.recovery import LOSSES, Distill
 

@@ -37,13 +37,13 @@ import torch
 from torch import nn
 
 from surgeon.errors import SurgeonError
+from surgeon.export import EXPORT_FORMATS
 from surgeon.models import compact_modeling
 from surgeon.models.adapter import attention_layout, causal_lm_class, decoder_blocks
 from surgeon.models.channels import maps_zero_to_zero
 from surgeon.models.experts import fused_weights, is_fused_experts, kept_neurons
 from surgeon.models.families import family_of, supporting
 
-EXPORT_FORMATS = ("standard", "decilm")  # the model's own architecture, or DeciLM's widths per layer
 # transformers runs fused experts with torch's grouped GEMM, whose operands need rows of a multiple of 16 bytes:
 # the experts keep a multiple of 8 neurons (padding with removable ones), enough for 16-bit weights and wider
 EXPERT_ALIGN = 8
