@@ -62,10 +62,10 @@ test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm.py
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" --durations=15
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m slow
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m slow --durations=15
 
 lint: $(STAMP)
 	$(BIN)/pre-commit run --all-files --show-diff-on-failure
