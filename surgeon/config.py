@@ -86,7 +86,7 @@ class PruneConfig:
                                     f"{m.coupled_damp_a} for structure coupled with {name}" for name, m in
                                     METHODS.items() if m.coupled_damp_a != DEFAULT_DAMP_A), least=0)
     damp_g: float | None = opt(None, "relative damping of G: G + λ·mean(diag G)·I",
-                                shown=f"{DEFAULT_DAMP_G}; {PROPAGATED_DAMP_G} with propagate", least=0)
+                                shown=f"{DEFAULT_DAMP_G}; {PROPAGATED_DAMP_G} for N:M with propagate", least=0)
     fisher: str = opt(
         "empirical", "G's labels: the data's next tokens (empirical, as the paper uses in practice) or tokens drawn "
         "from the model's own predictions (sampled: eq. 6's Fisher, one draw per position, seeded)",
@@ -94,8 +94,9 @@ class PruneConfig:
     )
     batch_size: int = opt(1, "calibration windows per forward/backward pass", least=1)
     propagate: bool | None = opt(
-        None, "N:M: prune the last shot block by block, each block's A from the inputs of the blocks already pruned "
-        "(as SparseGPT; G from the shot's pass)", shown="on for N:M with surgeon, kobd or lobd"
+        None, "N:M and unstructured: prune the last shot block by block, each block's A from the inputs of the blocks "
+        "already pruned (as SparseGPT; G from the shot's pass; unstructured: as many weights of each layer as the "
+        "global threshold takes)", shown="on for N:M with surgeon, kobd or lobd"
     )
     held_out_choice: bool | None = opt(
         None, "unstructured and N:M surgeon: also prune the dense model in one shot with sparsegpt-refine "
@@ -151,9 +152,9 @@ class PruneConfig:
         if self.fisher == "sampled" and (not self.spec.needs_g or self.shot is Shot.EXPERTS):
             raise ValueError(f"fisher=sampled draws the labels of G: method {self.method!r} with structure "
                              f"{self.structure} uses no G from the curvature pass")
-        if self.propagate and (self.nm is None or not self.spec.needs_a):
-            raise ValueError("propagate prunes the last N:M shot of a method with a curvature pass block by block ("
-                             f"{', '.join(n for n, m in METHODS.items() if m.needs_a)}): use an N:M structure")
+        if self.propagate and (not self.elements or not self.spec.needs_a):
+            raise ValueError("propagate prunes the last element shot of a method with a curvature pass block by block ("
+                             f"{', '.join(n for n, m in METHODS.items() if m.needs_a)}): use unstructured or N:M")
         if self.held_out_choice and not (self.spec.alternative is not None and self.elements):
             raise ValueError("held_out_choice weighs an unstructured or N:M run against its method's alternative ("
                              + ", ".join(f"{n} against {m.alternative}" for n, m in METHODS.items() if m.alternative)
@@ -197,13 +198,13 @@ class PruneConfig:
 
     @property
     def propagates(self) -> bool:
-        """Whether the last N:M shot runs block by block: `propagate`, else on for N:M with a curvature pass."""
+        """Whether the last element shot runs block by block: `propagate`, else on for N:M with a curvature pass."""
         return self.propagate if self.propagate is not None else self.nm is not None and self.spec.needs_a
 
     @property
     def strengths(self) -> tuple[float, float]:
         """(λ_G, λ_A), the relative damping of G and A: `damp_g`, `damp_a`, else their defaults (docs/DESIGN.md)."""
-        damp_g = self.damp_g if self.damp_g is not None else PROPAGATED_DAMP_G if self.propagates \
+        damp_g = self.damp_g if self.damp_g is not None else PROPAGATED_DAMP_G if self.propagates and self.nm \
             else DEFAULT_DAMP_G
         damp_a = self.damp_a if self.damp_a is not None else self.spec.coupled_damp_a \
             if self.structure == "coupled" else DEFAULT_DAMP_A

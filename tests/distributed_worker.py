@@ -32,6 +32,8 @@ CASES = {
     "llama-2:4": ("llama", dict(structure="2:4", **TIGHT)),
     "opt-2:4": ("opt", dict(structure="2:4", **TIGHT)),  # the last shot propagated block by block (the default)
     "llama-2:4-unpropagated": ("llama", dict(structure="2:4", propagate=False, **TIGHT)),
+    "llama-unstructured-propagated": ("llama", dict(structure="unstructured", target_size=0.5, propagate=True,
+                                                     **TIGHT)),
     "llama-coupled": ("llama", dict(structure="coupled", target_size=0.7)),
     "llama-coupled-offload": ("llama", dict(structure="coupled", target_size=0.7, activation_checkpointing=True,
                                             offload=True, block_groups=2)),
@@ -52,7 +54,7 @@ BLOCKS = {
 }
 CASES.update(BLOCKS)
 FSDP = ["llama-structured", "opt-structured", "llama-unstructured", "opt-unstructured", "llama-2:4", "opt-2:4",
-        "llama-coupled-offload", *BLOCKS]
+        "llama-unstructured-propagated", "llama-coupled-offload", *BLOCKS]
 
 
 class Stop(Exception):

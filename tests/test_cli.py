@@ -223,8 +223,9 @@ def test_a_setting_resolved_by_structure_is_switched_either_way():
     assert config("--structure", "2:4").propagates
     assert not config("--structure", "2:4", "--no-propagate").propagates
     assert not config("--structure", "unstructured").propagates
-    with pytest.raises(SurgeonError, match="propagate prunes the last N:M shot"):
-        config("--structure", "unstructured", "--propagate")
+    assert config("--structure", "unstructured", "--propagate").propagates
+    with pytest.raises(SurgeonError, match="propagate prunes the last element shot"):
+        config("--structure", "coupled", "--propagate")
 
 
 @pytest.mark.slow  # a subprocess: what the command prints is the point

@@ -550,6 +550,33 @@ def test_the_propagated_last_nm_shot_prunes_later_blocks_on_pruned_inputs(arch):
     assert any(not torch.allclose(value, a[name]) for name, value in b.items() if ".1." in name)
 
 
+@pytest.mark.parametrize("arch", ["llama", "opt"])
+def test_the_propagated_last_unstructured_shot_keeps_the_global_thresholds_count_per_layer(arch):
+    """Each layer loses as many weights as the shot's global threshold takes from it, chosen by its costs on the
+    inputs of the blocks already pruned: block 0, on the embeddings, prunes as the unpropagated shot; block 1
+    differs."""
+    config = PruneConfig(structure="unstructured", target_size=0.6, shots=2, propagate=False, damp_g=0.1)
+    plain, propagated = tiny_model(arch), tiny_model(arch)
+    prune(plain, calibration(), config, progress=False)
+    report = prune(propagated, calibration(), dataclasses.replace(config, propagate=True), progress=False)
+    a, b = weights(plain), weights(propagated)
+    assert report.sparsity == pytest.approx(0.4, abs=1e-3)
+    for name, value in b.items():
+        assert int((value == 0).sum()) == int((a[name] == 0).sum()), name
+        if "layers.0." in name:
+            torch.testing.assert_close(value, a[name], **FLOAT32)
+    assert any(not torch.allclose(value, a[name]) for name, value in b.items() if "layers.1." in name)
+
+
+def test_a_counted_selection_takes_each_layers_cheapest_weights_those_pruned_first():
+    from surgeon.models.layer import Layer
+    from surgeon.pruning.elements import counted_selection
+
+    layer = Layer.unpruned("x", torch.nn.Linear(4, 2), elements=True)
+    costs = torch.tensor([[3.0, float("-inf"), 1.0, 5.0], [0.5, 4.0, 2.0, 6.0]])
+    assert counted_selection({"x": 3}, "torch")(layer, costs).tolist() == [[False, True, True, False],
+                                                                            [True, False, False, False]]
+
 def test_nm_defaults_to_one_propagated_shot_with_stronger_damping_of_g():
     """N:M's defaults are the measured best (bench/RESULTS.md); other structures keep theirs; given values stay."""
     nm = PruneConfig(structure="2:4")
@@ -643,8 +670,9 @@ def test_coupled_surgeon_damps_a_more_by_default():
     assert PruneConfig(structure="coupled", damp_a=0.05).strengths == (0.1, 0.05)
 
 
-def test_propagate_needs_an_nm_structure():
-    with pytest.raises(ValueError, match="propagate prunes the last N:M shot"):
-        PruneConfig(structure="unstructured", target_size=0.5, propagate=True)
+def test_propagate_needs_an_element_structure():
+    with pytest.raises(ValueError, match="propagate prunes the last element shot"):
+        PruneConfig(structure="structured", target_size=0.5, propagate=True)
+    assert PruneConfig(structure="unstructured", propagate=True).propagates
     with pytest.raises(ValueError, match="propagate"):
         PruneConfig(structure="2:4", method="sparsegpt", shots=1, propagate=True)

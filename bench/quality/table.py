@@ -133,19 +133,25 @@ def defaults_rows() -> list[tuple[str, PruneConfig]]:
 
 
 # Candidate settings for LLM Surgeon's own models, run only where named (`--row`), each beside its row of
-# `defaults_rows` and judged on the tuning windows: G from labels drawn from the model (eq. 6's Fisher), the update
-# stopped early (as sparsegpt-refine stops its own, but with G), and A shrunk more
-CANDIDATES = {"sampled": dict(fisher="sampled"), "cg8": dict(cg_max_iter=8), "damp-a0.1": dict(damp_a=0.1)}
+# `defaults_rows` and judged on the tuning windows, with the structures each applies to: G from labels drawn from the
+# model (eq. 6's Fisher), the update stopped early (as sparsegpt-refine stops its own, but with G), A shrunk more, and
+# the last unstructured shot pruned block by block on propagated inputs (as N:M's is by default)
+CANDIDATES = {"sampled": (dict(fisher="sampled"), ("structured", "unstructured", "2:4")),
+              "cg8": (dict(cg_max_iter=8), ("unstructured", "2:4")),  # a structured update solves no CG
+              "damp-a0.1": (dict(damp_a=0.1), ("structured", "unstructured", "2:4")),
+              "propagated": (dict(propagate=True), ("unstructured",)),
+              "propagated-g1": (dict(propagate=True, damp_g=1.0), ("unstructured",))}  # N:M's propagated λ_G
 
 
 def candidate_rows() -> list[tuple[str, PruneConfig]]:
     """(id, config) of each candidate setting on LLM Surgeon's structured 80% and its own unstructured and 2:4."""
-    out = [("structured-0.8-surgeon-" + name, PruneConfig(structure="structured", target_size=0.8, **settings))
-           for name, settings in CANDIDATES.items() if "cg_max_iter" not in settings]  # its update solves no CG
-    for structure in ("unstructured", "2:4"):
+    out = []
+    for name, (settings, structures) in CANDIDATES.items():
+        out += [("structured-0.8-surgeon-" + name, PruneConfig(structure="structured", target_size=0.8, **settings))
+                ] if "structured" in structures else []
         out += [(f"{structure.replace(':', 'of')}-0.5-surgeon-alone-{name}",
                  PruneConfig(structure=structure, target_size=0.5, held_out_choice=False, **settings))
-                for name, settings in CANDIDATES.items()]
+                for structure in ("unstructured", "2:4") if structure in structures]
     return out
 
 

@@ -43,10 +43,34 @@ def element_shot(layers: list[Layer], raw: list[InputGroup], target_zeros: int, 
     the seconds spent on costs, threshold and updates. With `desc`, a progress bar per phase, named
     after it.
     """
+    times = [clock(layers[0].mask.device)]
+    plans, masks = _thresholded(layers, raw, target_zeros, update, nm, ranks, desc, times)
+    with bar(inverses.unpacked(plans), desc and f"{desc} · updates", desc is not None,
+             total=sum(len(kept) for _, kept in plans)) as updating:
+        for i, inverse in updating:
+            _element_update(layers[i], masks[i](), inverse, update, ticker(updating, "CG iteration"))
+    ranks.broadcast_layers(layers, masks=True)
+    times.append(clock(layers[0].mask.device))
+    return phases(times)
+
+
+def element_zeros(layers: list[Layer], raw: list[InputGroup], target_zeros: int, update: Update, ranks: Ranks,
+                  desc: str | None) -> dict[str, int]:
+    """How many weights of each of this rank's layers an unstructured shot leaves zero: its costs under the global
+    threshold (those pruned before included), where the propagated last shot then prunes each layer by its costs
+    on the inputs of the blocks already pruned (`propagated_shot`)."""
+    _, masks = _thresholded(layers, list(raw), target_zeros, update, None, ranks, desc, [])  # raw kept for its G
+    return {layer.name: int(mask().sum()) for layer, mask in zip(layers, masks) if not isinstance(mask, Elsewhere)}
+
+
+def _thresholded(layers: list[Layer], raw: list[InputGroup], target_zeros: int, update: Update,
+                 nm: tuple[int, int] | None, ranks: Ranks, desc: str | None, times: list[float]
+                 ) -> tuple[list[inverses.Shared], list[Deferred]]:
+    """An element shot's costs and global threshold: the inverses each layer's update reads (by input group) and
+    each layer's mask, computed when called; `times` gets the clock after each phase."""
     device = layers[0].mask.device
     plans: list[inverses.Shared] = []
     element_costs: list[Deferred] = [Elsewhere(layer.module.weight.numel(), device) for layer in layers]
-    times = [clock(device)]
     ranks.gather_layers(layers)
     with bar(None, desc and f"{desc} · costs", desc is not None, total=len(layers)) as progress:
         for group, members in grouped([layer.name for layer in layers], raw):  # each group freed once used
@@ -69,13 +93,8 @@ def element_shot(layers: list[Layer], raw: list[InputGroup], target_zeros: int, 
         masks = (threshold.nm_selection(counted, *nm, target_zeros, update.backend, ranks.reduce()) if nm
                  else threshold.smallest_k(counted, target_zeros, update.backend, ranks.reduce()))
     times.append(clock(device))
-    with bar(inverses.unpacked(plans), desc and f"{desc} · updates", desc is not None,
-             total=sum(len(kept) for _, kept in plans)) as updating:
-        for i, inverse in updating:
-            _element_update(layers[i], masks[i](), inverse, update, ticker(updating, "CG iteration"))
-    ranks.broadcast_layers(layers, masks=True)
-    times.append(clock(device))
-    return phases(times)
+    return plans, [Elsewhere(c.numel(), device) if isinstance(c, Elsewhere) else m
+                   for c, m in zip(element_costs, masks)]
 
 
 def _counted(costs: Deferred, reads: Any) -> Callable[[], torch.Tensor]:
@@ -129,17 +148,29 @@ def _layer_element_costs(layer: Layer, weigh: Callable[[torch.Tensor], torch.Ten
     return e.masked_fill(layer.mask, float("-inf"))
 
 
-def propagated_shot(model: nn.Module, layers: list[Layer], raw: list[InputGroup], calibration: torch.Tensor,
-                    update: Update, nm: tuple[int, int], blocks: Blocks, ranks: Ranks, progress: bool) -> None:
-    """The N:M shot that prunes every group left, block by block (`PruneConfig.propagate`).
+Selection = Callable[[Layer, torch.Tensor], torch.Tensor]  # a layer and its costs -> its mask
 
-    Every group goes, so each layer's mask is its own N of every M (no global threshold, sec. 3.3);
-    each block's A is estimated again from the inputs the blocks before it give, already pruned and
-    updated in this shot (as SparseGPT prunes), G is the shot's (docs/DESIGN.md). Over `ranks`, the
-    block's owner, which holds its G, prunes it (`_pruned_block_by_block`), with the method's mask and
-    update (eqs. 4-5).
+
+def nm_selection(nm: tuple[int, int], backend: str) -> Selection:
+    """Each layer's own N of every M cheapest weights."""
+    return lambda layer, layer_costs: ops.nm_select(layer_costs, *nm, backend)[1]
+
+
+def counted_selection(zeros: dict[str, int], backend: str) -> Selection:
+    """Each layer's `zeros[name]` cheapest weights (those pruned before, priced −inf, first)."""
+    return lambda layer, layer_costs: threshold.smallest_k([layer_costs], zeros[layer.name], backend)[0]()
+
+
+def propagated_shot(model: nn.Module, layers: list[Layer], raw: list[InputGroup], calibration: torch.Tensor,
+                    update: Update, select: Selection, blocks: Blocks, ranks: Ranks, progress: bool) -> None:
+    """The last shot, which prunes every layer block by block (`PruneConfig.propagate`).
+
+    Each layer's mask is `select`ed from its own costs: N of every M (no global threshold, sec. 3.3), or as many
+    weights as the shot's global threshold took from it (`element_zeros`); each block's A is estimated again from
+    the inputs the blocks before it give, already pruned and updated in this shot (as SparseGPT prunes), G is the
+    shot's (docs/DESIGN.md). Over `ranks`, the block's owner, which holds its G, prunes it
+    (`_pruned_block_by_block`), with the method's mask and update (eqs. 4-5).
     """
-    n, m = nm
     shot = by_layer(raw)  # G of the shot's pass; each block's A comes from its propagated inputs
     raw.clear()  # each layer's factors freed once it is pruned
     for block in _pruned_block_by_block(model, layers, calibration, blocks, ranks, progress):
@@ -149,7 +180,7 @@ def propagated_shot(model: nn.Module, layers: list[Layer], raw: list[InputGroup]
             for layer in members:
                 entry = dataclasses.replace(shot.pop(layer.name), A=fresh.A)  # methods with a curvature pass
                 G, layer_costs = _element_plan(layer, entry, update, A)
-                mask = ops.nm_select(layer_costs(), n, m, update.backend)[1]
+                mask = select(layer, layer_costs())
                 inverse = None if G is None or A is None else inverses.kronecker(G.dense(), A)
                 _element_update(layer, mask, inverse, update)
 

@@ -30,7 +30,14 @@ from surgeon.models.adapter import block_weights, check_prunable, decoder_blocks
 from surgeon.models.experts import experts_as_layers, is_fused_experts
 from surgeon.models.layer import Layer
 from surgeon.pruning import curvature, held_out, phases
-from surgeon.pruning.elements import element_shot, per_layer_shot, propagated_shot
+from surgeon.pruning.elements import (
+    counted_selection,
+    element_shot,
+    element_zeros,
+    nm_selection,
+    per_layer_shot,
+    propagated_shot,
+)
 from surgeon.pruning.report import PruneReport, ShotReport, clock, peak_memory_gb, removed_fractions, zero_fraction
 from surgeon.pruning.resume import Checkpoint
 from surgeon.pruning.structured import structured_shot
@@ -234,8 +241,9 @@ class _LayerShots:
             return structured_shot(layers, raw, target_zeros, self.update, self.units, config.offload, run.coupled,
                                    run.kinds, ranks, desc)
         if config.propagates and shot == config.shot_count:
-            assert config.nm is not None  # PruneConfig propagates N:M runs only
-            propagated_shot(self.model, layers, raw, self.calibration_ids, self.update, config.nm, self.blocks, ranks,
+            select = nm_selection(config.nm, config.backend) if config.nm is not None else counted_selection(
+                element_zeros(layers, raw, target_zeros, self.update, ranks, desc), config.backend)
+            propagated_shot(self.model, layers, raw, self.calibration_ids, self.update, select, self.blocks, ranks,
                             progress)
             return {}, 0
         return element_shot(layers, raw, target_zeros, self.update, config.nm, ranks, desc), 0
