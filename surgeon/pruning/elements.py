@@ -58,7 +58,8 @@ def element_zeros(layers: list[Layer], raw: list[InputGroup], target_zeros: int,
                   desc: str | None) -> dict[str, int]:
     """How many weights of each of this rank's layers an unstructured shot leaves zero: its costs under the global
     threshold (those pruned before included), where the propagated last shot then prunes each layer by its costs
-    on the inputs of the blocks already pruned (`propagated_shot`)."""
+    on the inputs of the blocks already pruned (`propagated_shot`). The shot's factors stay for that pass, so the
+    costs' inverses are held beside them until the threshold is chosen."""
     _, masks = _thresholded(layers, list(raw), target_zeros, update, None, ranks, desc, [])  # raw kept for its G
     return {layer.name: int(mask().sum()) for layer, mask in zip(layers, masks) if not isinstance(mask, Elsewhere)}
 
