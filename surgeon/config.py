@@ -133,8 +133,8 @@ class PruneConfig:
 
     def __post_init__(self) -> None:
         check(self)
-        nm = self.nm if kind_of(self.structure) == "N:M" else None
-        if nm is not None and self.target_size is not None and abs(self.target_size - nm[0] / nm[1]) > 1e-9:
+        kind_of(self.structure)  # one the method table names, else a ValueError naming it
+        if (nm := self.nm) and self.target_size is not None and abs(self.target_size - nm[0] / nm[1]) > 1e-9:
             raise ValueError(f"target_size={self.target_size}: structure {self.structure} keeps {nm[0] / nm[1]:g} of "
                              "the weights; leave target_size out")
         if self.target_size is not None and not 0.0 < self.target_size <= 1.0:
@@ -204,8 +204,8 @@ class PruneConfig:
     @property
     def strengths(self) -> tuple[float, float]:
         """(λ_G, λ_A), the relative damping of G and A: `damp_g`, `damp_a`, else their defaults (docs/DESIGN.md)."""
-        damp_g = self.damp_g if self.damp_g is not None else PROPAGATED_DAMP_G if self.propagates and self.nm \
-            else DEFAULT_DAMP_G
+        damp_g = self.damp_g if self.damp_g is not None else \
+            PROPAGATED_DAMP_G if self.propagates and self.nm is not None else DEFAULT_DAMP_G
         damp_a = self.damp_a if self.damp_a is not None else self.spec.coupled_damp_a \
             if self.structure == "coupled" else DEFAULT_DAMP_A
         return damp_g, damp_a

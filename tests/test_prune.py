@@ -577,6 +577,7 @@ def test_a_counted_selection_takes_each_layers_cheapest_weights_those_pruned_fir
     assert counted_selection({"x": 3}, "torch")(layer, costs).tolist() == [[False, True, True, False],
                                                                             [True, False, False, False]]
 
+
 def test_nm_defaults_to_one_propagated_shot_with_stronger_damping_of_g():
     """N:M's defaults are the measured best (bench/RESULTS.md); other structures keep theirs; given values stay."""
     nm = PruneConfig(structure="2:4")
