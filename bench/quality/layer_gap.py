@@ -1,4 +1,4 @@
-"""Where two pruned models part: each layer's relative output error on calibration and on held-out tokens.
+r"""Where two pruned models part: each layer's relative output error on calibration and on held-out tokens.
 
     python -m bench.quality.layer_gap --model gemma3-270m --pruned surgeon=OUT/a sparsegpt=OUT/b \
         --nsamples 8 --seqlen 256 --output bench/results/findings/NAME.json

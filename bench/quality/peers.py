@@ -1,4 +1,4 @@
-"""Peers on the quality table's protocol: llm-compressor's SparseGPTModifier and WandaPruningModifier.
+r"""Peers on the quality table's protocol: llm-compressor's SparseGPTModifier and WandaPruningModifier.
 
 Beside them run surgeon's own modifiers inside the same llm-compressor `oneshot`:
 `SurgeonSparseGPTModifier` (SparseGPT's mask in llm-compressor's sequential pipeline, then its default

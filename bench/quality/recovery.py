@@ -1,4 +1,4 @@
-"""Recovery curves: perplexity against distillation tokens and seconds, after pruning with the CLI's defaults.
+r"""Recovery curves: perplexity against distillation tokens and seconds, after pruning with the CLI's defaults.
 
 Protocol: the quality table's model and pruning (bench/quality/table.py: SmolLM2-135M, 8 calibration windows of 512
 tokens of the packaged WikiText-2 validation split, the structure's default method and shots), then `surgeon

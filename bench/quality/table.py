@@ -1,4 +1,4 @@
-"""Quality table on SmolLM2-135M, and on Gemma-3-270M the rows that decide the defaults, one command each.
+r"""Quality table on SmolLM2-135M, and on Gemma-3-270M the rows that decide the defaults, one command each.
 
 Protocol (runs on a 2-core CPU): the packaged WikiText-2 validation split (`wiki.valid.tokens`) less its last
 articles, at least 8 × 2048 tokens set aside for tuning, is the calibration text: of it `surgeon prune` sets aside

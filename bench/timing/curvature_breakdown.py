@@ -1,4 +1,4 @@
-"""Where a curvature pass's time goes on a model of a paper's shape with random weights.
+r"""Where a curvature pass's time goes on a model of a paper's shape with random weights.
 
     python -m bench.timing.curvature_breakdown --config bench/configs/llama-2-7b.json --layers 8 --device cuda \
         --output out/curvature-breakdown.json

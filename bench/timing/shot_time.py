@@ -1,4 +1,4 @@
-"""End-to-end time and memory of pruning shots on a model of a paper's shape with random weights.
+r"""End-to-end time and memory of pruning shots on a model of a paper's shape with random weights.
 
     python -m bench.timing.shot_time --config bench/configs/llama-2-7b.json --device cuda --dtype bfloat16 \
         --nsamples 128 --seqlen 2048 --shots 4 --target-size 0.8 --output bench/results/shot-llama2-7b.json
