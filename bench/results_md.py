@@ -383,10 +383,11 @@ SECTIONS: dict[str, Callable[[], list[str]]] = {
              per_batch(run["decode_tokens_per_s"]), per_batch(run["end_to_end_tokens_per_s"]), run["rounds"])],
         SERVING, command=recorded),
     "recovery": Section(
-        "recovery/*.json", "run | dense | pruned | perplexity at tokens (training seconds) | lr | batch | "
-        "last-quarter loss | passes over the text", lambda path, run: [
+        "recovery/*.json", "run | dense | pruned | perplexity (tuning perplexity) at tokens (training seconds) | lr | "
+        "batch | last-quarter loss | passes over the text", lambda path, run: [
             (link(path, row_of(path)), f"{run['ppl_dense']:.2f}", f"{run['curve'][0]['ppl']:.2f}",
-             ", ".join(f"{p['ppl']:.2f} at {p['tokens']} ({p['seconds']:.0f} s)" for p in run["curve"][1:]),
+             ", ".join(f"{p['ppl']:.2f}" + (f" ({p['tuning_ppl']:.2f})" if "tuning_ppl" in p else "")
+                       + f" at {p['tokens']} ({p['seconds']:.0f} s)" for p in run["curve"][1:]),
              f"{run['lr']:g}", run.get("batch_size", 1), f"{sum(tail) / len(tail):.4f}", f"{run['passes']:.2f}")
             for tail in [run["losses"][-max(1, len(run["losses"]) // 4):]]],  # the last quarter of the steps' losses
         CPU_RECOVERED, command=recorded),

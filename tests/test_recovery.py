@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import json
+import math
+import sys
 
 import pytest
 import torch
@@ -340,3 +342,21 @@ def test_prune_recovers_in_one_flag_into_its_output(tiny_model_dir, tmp_path, ca
     report = json.loads((out / "recovered" / "report.json").read_text())
     assert report["tokens"] == 1024 and report["pruned_from"] == str(out)
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("recovered: perplexity")
+
+
+def test_the_recovery_benchmark_scores_each_point_on_the_test_and_on_the_tuning_articles(tiny_model_dir, tmp_path,
+                                                                                          monkeypatch):
+    """Each point of a recovery curve has the test perplexity and the tuning articles' (which settings are chosen
+    by, and no training window reads), both moved by the training."""
+    from bench.quality import recovery
+
+    output = tmp_path / "curve.json"
+    monkeypatch.setattr(sys, "argv", ["recovery", "--model", str(tiny_model_dir), "--structure", "unstructured",
+                                      "--target-size", "0.5", "--tokens", "256", "--every", "128", "--seqlen", "64",
+                                      "--lr", "1e-2", "--eval-windows", "1", "--eval-seqlen", "64",
+                                      "--calib-windows", "2", "--calib-seqlen", "64", "--output", str(output)])
+    recovery.main()
+    curve = json.loads(output.read_text())["curve"]
+    assert [point["tokens"] for point in curve] == [0, 128, 256]
+    assert all(math.isfinite(point["ppl"]) and math.isfinite(point["tuning_ppl"]) for point in curve)
+    assert curve[-1]["tuning_ppl"] != curve[0]["tuning_ppl"] and curve[0]["tuning_ppl"] != curve[0]["ppl"]

@@ -4,8 +4,10 @@ Protocol: the quality table's model and pruning (bench/quality/table.py: SmolLM2
 tokens of the packaged WikiText-2 validation split, the structure's default method and shots), then `surgeon
 recover`'s distillation (`surgeon.recovery.distill`: KL to the dense model, pruned zeros kept) on windows of
 `--seqlen` tokens drawn with seed 1 from the same validation split, which shares no passage with the test split.
-Perplexity on the first 4 test windows of 2048 tokens before recovery and every `--every` tokens of one run
-scheduled for `--tokens` (the points of one cosine schedule, not separate runs); seconds count the training alone.
+Perplexity on the first 4 test windows of 2048 tokens, and on as many windows of the validation split's tuning
+articles (which no window trains on: settings are chosen by them), before recovery and every `--every` tokens of one
+run scheduled for `--tokens` (the points of one cosine schedule, not separate runs); seconds count the training
+alone.
 
 One prune, then one run with the first value of each of --lr, --batch-size, --loss, --hidden-weight and
 --lora-rank, and one more for each further value of one of them, the others at their first. Each is saved as
@@ -111,23 +113,24 @@ def train(args: argparse.Namespace, run: Any, student: torch.nn.Module, teacher:
     """Distill `student` on `args.tokens` tokens; the perplexity curve, the loss per step (each on windows not yet
     trained on: the validation measure the settings are chosen by) and the passes over the text."""
 
-    def evaluate() -> float:
-        return perplexity(student, run.test_ids, args.eval_seqlen, args.eval_windows, progress=False).ppl
+    def evaluate() -> dict[str, float]:  # on the test windows, and on the tuning articles settings are chosen by
+        return {key: perplexity(student, ids, args.eval_seqlen, args.eval_windows, progress=False).ppl
+                for key, ids in (("ppl", run.test_ids), ("tuning_ppl", run.tuning_ids))}
 
-    curve = [{"tokens": 0, "seconds": 0.0, "ppl": evaluate()}]
+    curve = [{"tokens": 0, "seconds": 0.0, **evaluate()}]
     evaluation = [0.0]  # seconds spent evaluating inside the training run, left out of its seconds
 
     def after_step(report: DistillReport) -> None:
         if report.tokens // args.every > curve[-1]["tokens"] // args.every or report.tokens >= args.tokens:
             began = time.perf_counter()
             student.eval()
-            ppl = evaluate()
+            measured = evaluate()
             student.train()
             evaluation[0] += time.perf_counter() - began
             curve.append({"tokens": report.tokens, "seconds": time.perf_counter() - trained - evaluation[0],
-                          "ppl": ppl, "loss": report.losses[-1]})
-            logging.info("%s: %d tokens, %.0f s: ppl %.3f", settings,
-                         report.tokens, curve[-1]["seconds"], ppl)
+                          **measured, "loss": report.losses[-1]})
+            logging.info("%s: %d tokens, %.0f s: ppl %.3f, tuning ppl %.3f", settings, report.tokens,
+                         curve[-1]["seconds"], measured["ppl"], measured["tuning_ppl"])
 
     windows = calibration_windows(run.ids, -(-args.tokens // args.seqlen), args.seqlen, 1, run.bos)
     trained = time.perf_counter()
