@@ -90,8 +90,9 @@ class PruneConfig:
     fisher: str = opt(
         "empirical", "G's labels: the data's next tokens (empirical, as the paper uses in practice) or tokens drawn "
         "from the model's own predictions (sampled: eq. 6's Fisher, one draw per position, seeded)",
-        ("empirical", "sampled"),
-    )
+        ("empirical", "sampled"))
+    allocation: str = opt("global", "unstructured: one threshold over all layers' costs (sec. 3.3), or each layer "
+                          "the shot's fraction of its own weights by its costs (per-layer)", ("global", "per-layer"))
     batch_size: int = opt(1, "calibration windows per forward/backward pass", least=1)
     propagate: bool | None = opt(
         None, "N:M and unstructured: prune the last shot block by block, each block's A from the inputs of the blocks "
@@ -111,12 +112,10 @@ class PruneConfig:
     )
     activation_checkpointing: bool = opt(
         False, "surgeon/kobd curvature pass: each decoder block keeps only its inputs and runs again in the backward "
-        "pass (the same factors; one block's activations instead of all, for one more forward)"
-    )
+        "pass (the same factors; one block's activations instead of all, for one more forward)")
     offload: bool = opt(
         False, "structured/coupled: hold the factors, and between costs and updates the packed inverses, in host "
-        "memory; the device holds those of a layer and the one before it"
-    )
+        "memory; the device holds those of a layer and the one before it")
     block_groups: int = opt(
         1, "with offload: split the decoder blocks into N groups and run the curvature pass once per group, each "
         "accumulating only its group's factors before they move to host memory (N passes, 1/N of the factors)",
@@ -128,8 +127,7 @@ class PruneConfig:
     seed: int = opt(0, "random seed (calibration sampling, LoRA)")
     backend: str = opt(
         "auto", "kernels: auto (Triton on CUDA, the compiled op on the CPU when built, else PyTorch), or one of them",
-        ("auto", "triton", "cpp", "torch"),
-    )
+        ("auto", "triton", "cpp", "torch"))
 
     def __post_init__(self) -> None:
         check(self)
@@ -152,6 +150,8 @@ class PruneConfig:
         if self.fisher == "sampled" and (not self.spec.needs_g or self.shot is Shot.EXPERTS):
             raise ValueError(f"fisher=sampled draws the labels of G: method {self.method!r} with structure "
                              f"{self.structure} uses no G from the curvature pass")
+        if self.allocation != "global" and (self.structure != "unstructured" or not self.spec.needs_a):
+            raise ValueError("allocation per-layer spreads an unstructured shot of a method with a curvature pass")
         if self.propagate and (not self.elements or not self.spec.needs_a):
             raise ValueError("propagate prunes the last element shot of a method with a curvature pass block by block ("
                              f"{', '.join(n for n, m in METHODS.items() if m.needs_a)}): use unstructured or N:M")

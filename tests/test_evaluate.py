@@ -31,6 +31,31 @@ def test_perplexity_matches_manual_computation(chunk, monkeypatch):
     assert perplexity(model, ids, seqlen=32, progress=False).ppl == result.ppl  # deterministic
 
 
+def test_windows_begin_with_bos_where_the_text_does():
+    """A text the tokenizer began with BOS is scored with BOS before every window, on the same targets; a text
+    without it is scored as cut."""
+    model = tiny_model("llama")
+    ids = torch.randint(3, 96, (1, 96), generator=torch.Generator().manual_seed(1))
+    begun = ids.clone()
+    begun[0, 0] = model.config.bos_token_id
+
+    def manual(text: torch.Tensor, bos: int | None) -> float:
+        nlls = []
+        with torch.no_grad():
+            for i in range(3):
+                window = text[:, i * 32:(i + 1) * 32].clone()
+                if bos is not None:
+                    window[0, 0] = bos
+                nlls.append(F.cross_entropy(model(window).logits[0, :-1], window[0, 1:]).item())
+        return math.exp(sum(nlls) / 3)
+
+    scored = perplexity(model, begun, seqlen=32, progress=False).ppl
+    assert scored == pytest.approx(manual(begun, model.config.bos_token_id), rel=FLOAT32["rtol"])
+    assert scored != pytest.approx(manual(begun, None), rel=1e-4)  # the later windows did change
+    assert perplexity(model, ids, seqlen=32, progress=False).ppl == pytest.approx(manual(ids, None),
+                                                                                 rel=FLOAT32["rtol"])
+
+
 def test_perplexity_errors():
     model = tiny_model("llama")
     ids = torch.randint(0, 96, (1, 100))

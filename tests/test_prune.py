@@ -568,6 +568,27 @@ def test_the_propagated_last_unstructured_shot_keeps_the_global_thresholds_count
     assert any(not torch.allclose(value, a[name]) for name, value in b.items() if "layers.1." in name)
 
 
+@pytest.mark.parametrize("propagate", [False, True])
+def test_a_per_layer_allocation_prunes_every_layer_by_the_same_fraction_where_the_global_threshold_does_not(
+        propagate):
+    """Each shot takes the shot's fraction of every layer's weights, by the layer's own costs, the propagated last
+    shot included; the global threshold (the default) spreads the same count unevenly."""
+    config = PruneConfig(structure="unstructured", target_size=0.6, shots=2, propagate=propagate)
+    spread, even = tiny_model("llama"), tiny_model("llama")
+    prune(spread, calibration(), config, progress=False)
+    report = prune(even, calibration(), dataclasses.replace(config, allocation="per-layer"), progress=False)
+    assert report.sparsity == pytest.approx(0.4, abs=1e-3)
+    fractions = {name: float((value == 0).float().mean()) for name, value in weights(even).items()}
+    assert all(fraction == pytest.approx(0.4, abs=1e-2) for fraction in fractions.values()), fractions
+    assert max(abs(float((value == 0).float().mean()) - 0.4) for value in weights(spread).values()) > 0.05
+
+
+def test_a_per_layer_allocation_is_refused_where_no_global_threshold_spreads_an_unstructured_shot():
+    for settings in (dict(structure="2:4"), dict(structure="structured"), dict(method="sparsegpt")):
+        with pytest.raises(ValueError, match="allocation per-layer"):
+            PruneConfig(**{"structure": "unstructured", **settings, "allocation": "per-layer"})
+
+
 def test_a_counted_selection_takes_each_layers_cheapest_weights_those_pruned_first():
     from surgeon.models.layer import Layer
     from surgeon.pruning.elements import counted_selection

@@ -135,12 +135,14 @@ def defaults_rows() -> list[tuple[str, PruneConfig]]:
 # Candidate settings for LLM Surgeon's own models, run only where named (`--row`), each beside its row of
 # `defaults_rows` and judged on the tuning windows, with the structures each applies to: G from labels drawn from the
 # model (eq. 6's Fisher), the update stopped early (as sparsegpt-refine stops its own, but with G), A shrunk more, and
-# the last unstructured shot pruned block by block on propagated inputs (as N:M's is by default)
+# the last unstructured shot pruned block by block on propagated inputs (as N:M's is by default), and each layer
+# pruned by the same fraction (as SparseGPT's are) instead of one threshold over all layers
 CANDIDATES = {"sampled": (dict(fisher="sampled"), ("structured", "unstructured", "2:4")),
               "cg8": (dict(cg_max_iter=8), ("unstructured", "2:4")),  # a structured update solves no CG
               "damp-a0.1": (dict(damp_a=0.1), ("structured", "unstructured", "2:4")),
               "propagated": (dict(propagate=True), ("unstructured",)),
-              "propagated-g1": (dict(propagate=True, damp_g=1.0), ("unstructured",))}  # N:M's propagated λ_G
+              "propagated-g1": (dict(propagate=True, damp_g=1.0), ("unstructured",)),  # N:M's propagated λ_G
+              "per-layer": (dict(allocation="per-layer"), ("unstructured",))}
 
 
 def candidate_rows() -> list[tuple[str, PruneConfig]]:

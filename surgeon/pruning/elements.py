@@ -91,8 +91,14 @@ def _thresholded(layers: list[Layer], raw: list[InputGroup], target_zeros: int, 
     with bar(None, desc and f"{desc} · threshold (layers' costs read)", desc is not None) as reads:
         counted = [c if isinstance(c, Elsewhere) else Deferred(c.numel(), c.device, _counted(c, reads))
                    for c in element_costs]
-        masks = (threshold.nm_selection(counted, *nm, target_zeros, update.backend, ranks.reduce()) if nm
-                 else threshold.smallest_k(counted, target_zeros, update.backend, ranks.reduce()))
+        if nm:
+            masks = threshold.nm_selection(counted, *nm, target_zeros, update.backend, ranks.reduce())
+        elif update.allocation == "per-layer":  # each layer the shot's fraction of its weights, no reduction
+            total = sum(c.numel() for c in counted)
+            masks = [c if isinstance(c, Elsewhere) else threshold.smallest_k(
+                [c], round(target_zeros * c.numel() / total), update.backend)[0] for c in counted]
+        else:
+            masks = threshold.smallest_k(counted, target_zeros, update.backend, ranks.reduce())
     times.append(clock(device))
     return plans, [Elsewhere(c.numel(), device) if isinstance(c, Elsewhere) else m
                    for c, m in zip(element_costs, masks)]
