@@ -97,7 +97,7 @@ class PruneConfig:
     propagate: bool | None = opt(
         None, "N:M and unstructured: prune the last shot block by block, each block's A from the inputs of the blocks "
         "already pruned (as SparseGPT; G from the shot's pass; unstructured: as many weights of each layer as the "
-        "global threshold takes)", shown="on for N:M with surgeon, kobd or lobd"
+        "allocation takes)", shown="on for N:M with surgeon, kobd or lobd"
     )
     held_out_choice: bool | None = opt(
         None, "unstructured and N:M surgeon: also prune the dense model in one shot with sparsegpt-refine "
@@ -150,8 +150,8 @@ class PruneConfig:
         if self.fisher == "sampled" and (not self.spec.needs_g or self.shot is Shot.EXPERTS):
             raise ValueError(f"fisher=sampled draws the labels of G: method {self.method!r} with structure "
                              f"{self.structure} uses no G from the curvature pass")
-        if self.allocation != "global" and (self.structure != "unstructured" or not self.spec.needs_a):
-            raise ValueError("allocation per-layer spreads an unstructured shot of a method with a curvature pass")
+        if self.allocation != "global" and (self.structure != "unstructured" or self.spec.layer_rule is not None):
+            raise ValueError("allocation per-layer parts an unstructured shot of a globally thresholded method")
         if self.propagate and (not self.elements or not self.spec.needs_a):
             raise ValueError("propagate prunes the last element shot of a method with a curvature pass block by block ("
                              f"{', '.join(n for n, m in METHODS.items() if m.needs_a)}): use unstructured or N:M")

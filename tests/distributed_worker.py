@@ -34,6 +34,8 @@ CASES = {
     "llama-2:4-unpropagated": ("llama", dict(structure="2:4", propagate=False, **TIGHT)),
     "llama-unstructured-propagated": ("llama", dict(structure="unstructured", target_size=0.5, propagate=True,
                                                      **TIGHT)),
+    "llama-unstructured-per-layer": ("llama", dict(structure="unstructured", target_size=0.5, propagate=True,
+                                                    allocation="per-layer", **TIGHT)),
     "llama-coupled": ("llama", dict(structure="coupled", target_size=0.7)),
     "llama-coupled-offload": ("llama", dict(structure="coupled", target_size=0.7, activation_checkpointing=True,
                                             offload=True, block_groups=2)),

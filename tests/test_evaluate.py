@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from surgeon.app import evaluate
-from surgeon.app.evaluate import perplexity
+from surgeon.app.evaluate import perplexity, windows_of
 from surgeon.errors import SurgeonError
 from tests._helpers import tiny_model
 from tests._tolerances import FLOAT32
@@ -31,29 +31,30 @@ def test_perplexity_matches_manual_computation(chunk, monkeypatch):
     assert perplexity(model, ids, seqlen=32, progress=False).ppl == result.ppl  # deterministic
 
 
-def test_windows_begin_with_bos_where_the_text_does():
-    """A text the tokenizer began with BOS is scored with BOS before every window, on the same targets; a text
-    without it is scored as cut."""
+def test_with_bos_every_window_begins_with_it_on_the_same_targets_and_without_it_only_the_text_does():
+    """The published protocol cuts windows from the whole text (only the first begins with BOS); with `bos` every
+    window's first token becomes it, and the scored tokens stay those after it."""
     model = tiny_model("llama")
+    bos = model.config.bos_token_id
     ids = torch.randint(3, 96, (1, 96), generator=torch.Generator().manual_seed(1))
-    begun = ids.clone()
-    begun[0, 0] = model.config.bos_token_id
+    ids[0, 0] = bos
 
-    def manual(text: torch.Tensor, bos: int | None) -> float:
+    def manual(begin: bool) -> float:
         nlls = []
         with torch.no_grad():
             for i in range(3):
-                window = text[:, i * 32:(i + 1) * 32].clone()
-                if bos is not None:
+                window = ids[:, i * 32:(i + 1) * 32].clone()
+                if begin:
                     window[0, 0] = bos
                 nlls.append(F.cross_entropy(model(window).logits[0, :-1], window[0, 1:]).item())
         return math.exp(sum(nlls) / 3)
 
-    scored = perplexity(model, begun, seqlen=32, progress=False).ppl
-    assert scored == pytest.approx(manual(begun, model.config.bos_token_id), rel=FLOAT32["rtol"])
-    assert scored != pytest.approx(manual(begun, None), rel=1e-4)  # the later windows did change
-    assert perplexity(model, ids, seqlen=32, progress=False).ppl == pytest.approx(manual(ids, None),
-                                                                                 rel=FLOAT32["rtol"])
+    begun, cut = manual(True), manual(False)
+    assert begun != pytest.approx(cut, rel=1e-4)  # the later windows did change
+    assert perplexity(model, ids, seqlen=32, progress=False, bos=bos).ppl == pytest.approx(begun, rel=FLOAT32["rtol"])
+    assert perplexity(model, ids, seqlen=32, progress=False).ppl == pytest.approx(cut, rel=FLOAT32["rtol"])
+    assert windows_of(ids, 32, 2, bos)[:, 0].tolist() == [bos, bos]
+    assert torch.equal(windows_of(ids, 32, 2), ids[0, :64].reshape(2, 32))
 
 
 def test_perplexity_errors():

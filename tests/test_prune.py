@@ -583,10 +583,23 @@ def test_a_per_layer_allocation_prunes_every_layer_by_the_same_fraction_where_th
     assert max(abs(float((value == 0).float().mean()) - 0.4) for value in weights(spread).values()) > 0.05
 
 
-def test_a_per_layer_allocation_is_refused_where_no_global_threshold_spreads_an_unstructured_shot():
+def test_a_per_layer_allocation_is_refused_where_no_global_threshold_parts_an_unstructured_shot():
     for settings in (dict(structure="2:4"), dict(structure="structured"), dict(method="sparsegpt")):
         with pytest.raises(ValueError, match="allocation per-layer"):
             PruneConfig(**{"structure": "unstructured", **settings, "allocation": "per-layer"})
+    for method in ("surgeon", "kobd", "lobd", "magnitude"):  # every method the global threshold serves
+        assert PruneConfig(structure="unstructured", method=method, allocation="per-layer").allocation == "per-layer"
+
+
+def test_shares_part_a_count_in_proportion_and_sum_to_it():
+    from surgeon.method.threshold import shares
+
+    assert shares(10, [4, 4, 4]) == [4, 3, 3]  # 3.33 each: the first largest remainder takes the one left
+    assert shares(7, [1, 2, 11]) == [1, 1, 5]  # 0.5, 1.0, 5.5: of the remainders 0.5 the first in order
+    assert shares(0, [5, 5]) == [0, 0] and shares(10, [5, 5]) == [5, 5]
+    assert all(sum(shares(k, [3, 17, 29, 64])) == k for k in range(0, 114))
+    with pytest.raises(SurgeonError, match="cannot select 11 of 10"):
+        shares(11, [5, 5])
 
 
 def test_a_counted_selection_takes_each_layers_cheapest_weights_those_pruned_first():

@@ -69,7 +69,7 @@ def main() -> None:
     root = folder(args.model, args.calib_windows, args.calib_seqlen)
     root.mkdir(parents=True, exist_ok=True)
     run = load_protocol(args.model, args.calib_windows, args.calib_seqlen, args.weights)
-    model, test_ids, windows = run.model, run.test_ids, run.windows
+    model, test_ids, windows, bos = run.model, run.test_ids, run.windows, run.bos
     protocol = protocol_of(args)
     commit = protocol["commit"]
     protocol["machine"] += f", llm-compressor {llmcompressor_version}"
@@ -96,7 +96,7 @@ def main() -> None:
                 oneshot(model=model, dataset=calibration, recipe=[recipe], num_calibration_samples=len(windows),
                         max_seq_length=windows.shape[1], shuffle_calibration_samples=False, pipeline="sequential")
                 seconds = time.perf_counter() - start
-                result = perplexity(model, test_ids, 2048, args.eval_windows, progress=False)
+                result = perplexity(model, test_ids, 2048, args.eval_windows, progress=False, bos=bos)
                 config = {"structure": structure, "target_size": 0.5, "method": f"llm-compressor {modifier.__name__}",
                           "shots": 1, "damp_g": "-",
                           "damp_a": settings.get("dampening_frac", "-")}

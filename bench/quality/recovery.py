@@ -81,7 +81,7 @@ def main() -> None:
     start = time.perf_counter()
     prune(run.model, run.windows, config, progress=False, held_out_ids=run.held_out)
     prune_seconds = time.perf_counter() - start
-    dense = perplexity(teacher, run.test_ids, args.eval_seqlen, args.eval_windows, progress=False).ppl
+    dense = perplexity(teacher, run.test_ids, args.eval_seqlen, args.eval_windows, progress=False, bos=run.bos).ppl
     pruned = run.model
     for index, path in runs.items():
         student = copy.deepcopy(pruned)
@@ -114,7 +114,7 @@ def train(args: argparse.Namespace, run: Any, student: torch.nn.Module, teacher:
     trained on: the validation measure the settings are chosen by) and the passes over the text."""
 
     def evaluate() -> dict[str, float]:  # on the test windows, and on the tuning articles settings are chosen by
-        return {key: perplexity(student, ids, args.eval_seqlen, args.eval_windows, progress=False).ppl
+        return {key: perplexity(student, ids, args.eval_seqlen, args.eval_windows, progress=False, bos=run.bos).ppl
                 for key, ids in (("ppl", run.test_ids), ("tuning_ppl", run.tuning_ids))}
 
     curve = [{"tokens": 0, "seconds": 0.0, **evaluate()}]

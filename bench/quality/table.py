@@ -271,8 +271,8 @@ def measure(run: Protocol, config: PruneConfig, eval_windows: int, checkpoints: 
     run.model.load_state_dict(run.dense_state)
     checkpoint = row_checkpoint(checkpoints, run, config)
     report = prune(run.model, run.windows, config, progress=False, held_out_ids=run.held_out, checkpoint=checkpoint)
-    result = perplexity(run.model, run.test_ids, 2048, eval_windows, progress=False)
-    tuning = perplexity(run.model, run.tuning_ids, 2048, eval_windows, progress=False)
+    result = perplexity(run.model, run.test_ids, 2048, eval_windows, progress=False, bos=run.bos)
+    tuning = perplexity(run.model, run.tuning_ids, 2048, eval_windows, progress=False, bos=run.bos)
     held = {} if run.held_out is None else {"held_out_loss": held_out_loss(run.model, run.held_out, config.batch_size)}
     if checkpoint is not None:
         checkpoint.remove()
@@ -342,8 +342,8 @@ def main() -> None:
     commit = protocol["commit"]
     dense_path = root / f"dense@{commit}.json"
     if not measured(dense_path, protocol["machine"]):
-        result = perplexity(run.model, run.test_ids, 2048, args.eval_windows, progress=False)
-        tuning = perplexity(run.model, run.tuning_ids, 2048, args.eval_windows, progress=False)
+        result = perplexity(run.model, run.test_ids, 2048, args.eval_windows, progress=False, bos=run.bos)
+        tuning = perplexity(run.model, run.tuning_ids, 2048, args.eval_windows, progress=False, bos=run.bos)
         write_json(dense_path, {"ppl": result.ppl, "tuning_ppl": tuning.ppl, "seconds": result.seconds, **protocol})
     table = rows(args.shots_structured, args.shots_element) if root == ROOT else defaults_rows()
     table += [(row, config) for row, config in candidate_rows() if row in args.row]

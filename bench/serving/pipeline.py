@@ -35,6 +35,8 @@ from bench.timing import serve_speed  # noqa: E402
 from bench.timing.in_turn import median_of, run_in_turn  # noqa: E402
 from surgeon import evaluation_text, tokenize  # noqa: E402
 from surgeon.app.cli import main as surgeon  # noqa: E402
+from surgeon.app.data import leading_token  # noqa: E402
+from surgeon.app.evaluate import windows_of  # noqa: E402
 from surgeon.app.quantize import weight_bytes  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
 
@@ -56,8 +58,9 @@ def evaluation_windows(folder: Path, report: dict) -> list[list[int]]:
 
     windows = report["eval"]["after"]["windows"]
     seqlen = report["eval"]["after"]["tokens"] // windows
-    ids = tokenize(AutoTokenizer.from_pretrained(folder), evaluation_text(report["run"]["dataset"]))
-    return [ids[0, i * seqlen:(i + 1) * seqlen].tolist() for i in range(windows)]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    bos = leading_token(tokenizer) if report["run"].get("eval_bos") else None
+    return windows_of(tokenize(tokenizer, evaluation_text(report["run"]["dataset"])), seqlen, windows, bos).tolist()
 
 
 def served_perplexity(folder: Path, windows: list[list[int]]) -> float:

@@ -28,8 +28,8 @@ from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
 from surgeon.scale.plan_config import PlanConfig
 
-EVAL_FIELDS = ("model", "tokenizer", "dataset", "seqlen", "eval_windows", "eval_seqlen", "device", "dtype", "output",
-               "tasks", "task_path", "task_limit")
+EVAL_FIELDS = ("model", "tokenizer", "dataset", "seqlen", "eval_windows", "eval_seqlen", "eval_bos", "device", "dtype",
+               "output", "tasks", "task_path", "task_limit")
 OUTPUT_HELP = {
     "eval": "write the result as JSON to this file",
     "prune": "a new or empty folder for the pruned checkpoint and report.json",
@@ -104,7 +104,7 @@ def _build(cls: type, args: argparse.Namespace, only: Sequence[str] | None = Non
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     run = _build(RunConfig, args, EVAL_FIELDS)
-    from surgeon.app.data import evaluation_text, tokenize
+    from surgeon.app.data import evaluation_text, leading_token, tokenize
     from surgeon.app.evaluate import perplexity
     from surgeon.app.tasks import load_tasks, zero_shot
     from surgeon.io import check_writable_file, write_json
@@ -116,7 +116,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     tasks = load_tasks(run.task_list, run.task_path) if run.tasks else None
     model, tokenizer = load_model(run.model, run.tokenizer, run.dtype, run.device)
     ids = tokenize(tokenizer, text)
-    result = perplexity(model, ids, run.test_seqlen, run.eval_windows, progress=not args.quiet)
+    result = perplexity(model, ids, run.test_seqlen, run.eval_windows, not args.quiet,
+                        leading_token(tokenizer) if run.eval_bos else None)
     print(f"perplexity {result.ppl:.4f} on {result.windows} windows of {run.test_seqlen} tokens "
           f"({run.dataset}, {result.seconds:.1f} s)")
     output: dict[str, Any] = result.to_dict()

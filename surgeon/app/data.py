@@ -161,8 +161,8 @@ def tokenize(tokenizer: PreTrainedTokenizerBase, text: Text) -> torch.Tensor:
 
 
 def leading_token(tokenizer: PreTrainedTokenizerBase) -> int | None:
-    """The token the tokenizer puts before every text, its BOS (Gemma, Llama), or None (SmolLM2, OPT's GPT-2 style
-    tokenizers put none)."""
+    """The token the tokenizer puts before every text, its BOS (Gemma, Llama, OPT's `</s>`), or None (SmolLM2's
+    tokenizer puts none)."""
     ids: list[int] = tokenizer("").input_ids
     return ids[0] if len(ids) == 1 and ids[0] == tokenizer.bos_token_id else None
 

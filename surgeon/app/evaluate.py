@@ -1,10 +1,10 @@
 """Perplexity with the standard LLM-pruning protocol (SparseGPT, LLM Surgeon).
 
 The test text is tokenized whole and cut into consecutive non-overlapping windows of `seqlen`
-tokens; PPL = exp(mean over windows of the mean next-token NLL inside each window). Where the text begins with the
-model's BOS (Gemma's and Llama's tokenizers put it first), every window begins with it in place of its first token, as
-the first window, the calibration windows and every input the model was trained on do; without it Gemma-3 scores its
-later windows far worse than its first (bench/RESULTS.md). lm-eval likewise begins each document with the prefix token.
+tokens; PPL = exp(mean over windows of the mean next-token NLL inside each window). Only the first window begins
+with the tokenizer's BOS, as the published tables measure. With `bos` (`eval_bos`) every window begins with it in
+place of its first token, the scored tokens unchanged, as the calibration windows and the model's inputs in use do:
+Gemma-3 scores windows cut from mid-text without it far worse than its first (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -49,12 +49,19 @@ def window_count(total_tokens: int, seqlen: int, windows: int | None) -> int:
     return available if windows is None else min(windows, available)
 
 
+def windows_of(ids: torch.Tensor, seqlen: int, count: int, bos: int | None = None) -> torch.Tensor:
+    """The first `count` consecutive windows [count, seqlen] of `ids` [1, T], each begun with `bos` where given."""
+    windows = ids[0, : count * seqlen].reshape(count, seqlen).clone()
+    if bos is not None:
+        windows[:, 0] = bos
+    return windows
+
+
 @torch.no_grad()  # not inference mode: an FSDP2 model's gathered weights must stay usable for autograd later
-def perplexity(
-    model: nn.Module, ids: torch.Tensor, seqlen: int, windows: int | None = None, progress: bool = True
-) -> EvalResult:
-    """Perplexity of `model` on the first `windows` consecutive windows of `ids` [1, T], each begun with the model's
-    BOS where `ids` begins with it."""
+def perplexity(model: nn.Module, ids: torch.Tensor, seqlen: int, windows: int | None = None, progress: bool = True,
+               bos: int | None = None) -> EvalResult:
+    """Perplexity of `model` on the first `windows` consecutive windows of `ids` [1, T], each begun with `bos`
+    where given (`windows_of`)."""
     limit = max_seqlen(model)
     if limit is not None and seqlen > limit:
         raise SurgeonError(f"seqlen {seqlen} is longer than the model allows ({limit})")
@@ -62,13 +69,8 @@ def perplexity(
     device = next(model.parameters()).device
     start = time.perf_counter()
     nll_sum = 0.0
-    bos = getattr(getattr(model, "config", None), "bos_token_id", None)
-    leading = int(ids[0, 0]) if bos is not None and int(ids[0, 0]) == bos else None
-    for i in tqdm(range(count), desc="eval", disable=not progress, leave=False):
-        window = ids[:, i * seqlen : (i + 1) * seqlen].clone()
-        if leading is not None:
-            window[0, 0] = leading  # the targets stay the window's tokens after its first, as without it
-        window = window.to(device)
+    for window in tqdm(windows_of(ids, seqlen, count, bos), desc="eval", disable=not progress, leave=False):
+        window = window.unsqueeze(0).to(device)
         logits, targets = model(window).logits[0, :-1], window[0, 1:]
         chunks = [F.cross_entropy(logits[s:s + NLL_CHUNK].float(), targets[s:s + NLL_CHUNK], reduction="sum")
                   for s in range(0, targets.numel(), NLL_CHUNK)]

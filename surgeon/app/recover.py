@@ -116,6 +116,7 @@ def _recover(config: RecoverConfig, source: Path, pruned: dict[str, Any], folder
     run = pruned["run"]
     eval_seqlen = config.eval_seqlen or run.get("eval_seqlen") or run["seqlen"]
     eval_windows = config.eval_windows or run.get("eval_windows")
+    eval_bos = config.eval_bos if config.eval_bos is not None else run.get("eval_bos", False)
     test = evaluation_text(run["dataset"])
     text = calibration_text(config.text or run["calibration"])
     if shared := shared_passages(text, test):
@@ -125,9 +126,9 @@ def _recover(config: RecoverConfig, source: Path, pruned: dict[str, Any], folder
     start = time.perf_counter()
     device = config.device if group is None else local_device(config.device)
     student, tokenizer = load_pruned(source, config.dtype)
-    ids = tokenize(tokenizer, text)
-    windows = calibration_windows(ids, -(-config.tokens // config.seqlen), config.seqlen, config.seed,
-                                  leading_token(tokenizer))
+    ids, bos = tokenize(tokenizer, text), leading_token(tokenizer)
+    windows = calibration_windows(ids, -(-config.tokens // config.seqlen), config.seqlen, config.seed, bos)
+    bos = bos if eval_bos else None  # the evaluation's
     teacher, targets = None, None
     if settings.loss == "kl":
         teacher, _ = load_model(pruned["model"], run.get("tokenizer"), config.dtype,
@@ -145,7 +146,7 @@ def _recover(config: RecoverConfig, source: Path, pruned: dict[str, Any], folder
     else:
         shard_model(student, device)
     test_ids = tokenize(tokenizer, test)
-    before = perplexity(student, test_ids, eval_seqlen, eval_windows, progress)
+    before = perplexity(student, test_ids, eval_seqlen, eval_windows, progress, bos)
     logger.info("pruned perplexity %.4f; distilling on %d windows of %d tokens (%s, %.1f passes over it)",
                 before.ppl, windows.shape[0], config.seqlen, text.source, windows.numel() / ids.shape[1])
     distillation = Distillation(student, teacher, windows, settings, group, targets)
@@ -162,7 +163,7 @@ def _recover(config: RecoverConfig, source: Path, pruned: dict[str, Any], folder
     trained = distillation.run(progress, checkpoint)
     del teacher
     student.eval()
-    after = perplexity(student, test_ids, eval_seqlen, eval_windows, progress)
+    after = perplexity(student, test_ids, eval_seqlen, eval_windows, progress, bos)
     weights = whole_state_dict(student) if group is not None else None
     report = {
         "model": pruned["model"],

@@ -144,6 +144,7 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
     # the last articles are set aside whether or not the run weighs, so that every method calibrates on one text
     drawn, aside = set_aside(tokenizer, calibration, held_out_count(run.nsamples) * run.seqlen)
     bos = leading_token(tokenizer)
+    eval_bos = bos if run.eval_bos else None
     windows = calibration_windows(tokenize(tokenizer, drawn), run.nsamples, run.seqlen, config.seed, bos)
     held_out = held_out_windows(tokenize(tokenizer, aside), run.nsamples, run.seqlen, bos) \
         if config.chooses and aside is not None else None  # the held-out choice scores both models on them
@@ -152,7 +153,7 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
     elif not evaluates:
         before = {}
     else:
-        dense = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress)
+        dense = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress, eval_bos)
         logger.info("dense perplexity %.4f (%d windows)", dense.ppl, dense.windows)
         before = {"eval": dense.to_dict()}
         if tasks:
@@ -161,12 +162,12 @@ def _prune_and_evaluate(run: RunConfig, config: PruneConfig, progress: bool,
             checkpoint.before = before
 
     def evaluate_shot(shot: ShotReport) -> None:
-        shot.ppl = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress).ppl
+        shot.ppl = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress, eval_bos).ppl
         logger.info("perplexity after shot %d: %.4f", shot.shot, shot.ppl)
 
     report = prune(model, windows, config, progress, evaluate_shot if run.eval_every_shot and evaluates else None,
                    checkpoint, group, held_out)
-    after = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress) if evaluates else None
+    after = perplexity(model, test_ids, run.test_seqlen, run.eval_windows, progress, eval_bos) if evaluates else None
     if after is None or not lead:
         return {}, model, tokenizer
     logger.info("pruned perplexity %.4f (%d windows)", after.ppl, after.windows)

@@ -29,6 +29,8 @@ class RunConfig:
     seqlen: int = opt(2048, "tokens per calibration and evaluation window", least=2)
     eval_windows: int | None = opt(None, "evaluate only the first N test windows", shown="all", least=1)
     eval_seqlen: int | None = opt(None, "tokens per evaluation window", shown="--seqlen", least=2)
+    eval_bos: bool = opt(False, "begin every evaluation window with the tokenizer's BOS where it puts one, as the "
+                         "model's inputs begin (Gemma), not only the first (the published tables' protocol)")
     device: str = opt("cpu", "cpu or cuda")
     dtype: str = opt("float32", "model dtype", ("float32", "bfloat16", "float16"))
     output: str | None = opt(
@@ -162,6 +164,8 @@ class RecoverConfig:
                                 least=0)
     eval_windows: int | None = opt(None, "evaluate only the first N test windows", shown="the pruning run's", least=1)
     eval_seqlen: int | None = opt(None, "tokens per evaluation window", shown="the pruning run's", least=2)
+    eval_bos: bool | None = opt(None, "begin every evaluation window with the tokenizer's BOS where it puts one",
+                                shown="the pruning run's")
     device: str = opt("cpu", "cpu or cuda")
     dtype: str = opt("float32", "dtype of the student and the teacher", ("float32", "bfloat16"))
 

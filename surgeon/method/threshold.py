@@ -81,6 +81,19 @@ def smallest_k(costs: Sequence[Lazy], k: int, backend: str = "auto", reduce: Red
     return [Deferred(c.numel(), c.device, functools.partial(mask, c, t)) for c, t in zip(costs, ties)]
 
 
+def shares(k: int, sizes: Sequence[int]) -> list[int]:
+    """k parted over tensors of `sizes` in proportion to them: each its floor, the rest one each to the largest
+    remainders (ties in order), so that the shares sum to k."""
+    total = sum(sizes)
+    if not 0 <= k <= total:
+        raise SurgeonError(f"cannot select {k} of {total} structures")
+    exact = [k * size / total for size in sizes]
+    floors = [int(share) for share in exact]
+    for index in sorted(range(len(sizes)), key=lambda i: floors[i] - exact[i])[: k - sum(floors)]:
+        floors[index] += 1
+    return floors
+
+
 Masks = list[torch.Tensor]
 
 
