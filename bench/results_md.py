@@ -179,7 +179,8 @@ def quality_block(folder: str) -> list[str]:
         raise SystemExit(f"no bench/results/{folder}/dense@<commit>.json: run `python -m bench.quality.table`")
     dense = runs["dense"]
     return [f"{dense.get('model', 'smollm2-135m')}, {dense['calib_windows']} × {dense['calib_seqlen']} calibration "
-            f"tokens, perplexity on the first {dense['eval_windows']} test windows of 2048.", "", quality_table(runs),
+            f"tokens, perplexity on the first {dense['eval_windows']} test windows of 2048"
+            + (", each begun with the tokenizer's BOS." if dense.get("eval_bos") else "."), "", quality_table(runs),
             *seed_spread(runs)]
 
 
@@ -433,7 +434,8 @@ def readme_with_headline(readme: str) -> str:
                              key=commit_order().__getitem__, reverse=True)
             columns.append([text for text, _ in cells])
             stale = any(code_changed(commit, None, CPU_PRUNING) for commit in commits)
-            notes.append(f"{short} (dense {runs['dense']['ppl']:.2f}) at " + ", ".join(f"`{c}`" for c in commits)
+            bos = ", every window begun with BOS" if runs["dense"].get("eval_bos") else ""
+            notes.append(f"{short} (dense {runs['dense']['ppl']:.2f}{bos}) at " + ", ".join(f"`{c}`" for c in commits)
                          + (" (stale)" if stale else ""))
     return between(readme, HEADLINE_START, HEADLINE_END, [
         *table("structure | " + " | ".join(f"{label}: best baseline | default run" for label in labels),

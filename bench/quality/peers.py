@@ -70,7 +70,7 @@ def main() -> None:
     root.mkdir(parents=True, exist_ok=True)
     run = load_protocol(args.model, args.calib_windows, args.calib_seqlen, args.weights)
     model, test_ids, windows, bos = run.model, run.test_ids, run.windows, run.bos
-    protocol = protocol_of(args)
+    protocol = protocol_of(args, run)
     commit = protocol["commit"]
     protocol["machine"] += f", llm-compressor {llmcompressor_version}"
     ones = torch.ones_like(windows)

@@ -311,14 +311,16 @@ def parse_protocol(parser: argparse.ArgumentParser) -> argparse.Namespace:
     return args
 
 
-def protocol_of(args: argparse.Namespace) -> dict[str, Any]:
-    """The protocol settings, machine and commit every result file records."""
+def protocol_of(args: argparse.Namespace, run: Protocol) -> dict[str, Any]:
+    """The protocol settings, machine and commit every result file records; `eval_bos`: whether every evaluation
+    window begins with the tokenizer's BOS (where it puts one)."""
     import transformers
 
     machine = (f"{cpu_machine(torch.get_num_threads())}, Python {platform.python_version()}, "
                f"transformers {transformers.__version__}")
     return {"model": args.model, "calib_windows": args.calib_windows, "calib_seqlen": args.calib_seqlen,
-            "eval_windows": args.eval_windows, "eval_seqlen": 2048, "machine": machine, "commit": head_commit()}
+            "eval_windows": args.eval_windows, "eval_seqlen": 2048, "eval_bos": run.bos is not None,
+            "machine": machine, "commit": head_commit()}
 
 
 def main() -> None:
@@ -338,7 +340,7 @@ def main() -> None:
     root = folder(args.model, args.calib_windows, args.calib_seqlen)
     root.mkdir(parents=True, exist_ok=True)
     run = load_protocol(args.model, args.calib_windows, args.calib_seqlen)
-    protocol = protocol_of(args)
+    protocol = protocol_of(args, run)
     commit = protocol["commit"]
     dense_path = root / f"dense@{commit}.json"
     if not measured(dense_path, protocol["machine"]):

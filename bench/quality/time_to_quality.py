@@ -75,7 +75,7 @@ def main() -> None:
     run = load_protocol(args.model, args.calib_windows, args.calib_seqlen)
     ROOT.mkdir(parents=True, exist_ok=True)
     for name, config in POINTS.items():
-        protocol = protocol_of(args)
+        protocol = protocol_of(args, run)
         path = ROOT / f"{name}@{protocol['commit']}.json"
         if args.only not in name or measured(path, protocol["machine"]):
             continue
