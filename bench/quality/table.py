@@ -142,7 +142,8 @@ CANDIDATES = {"sampled": (dict(fisher="sampled"), ("structured", "unstructured",
               "damp-a0.1": (dict(damp_a=0.1), ("structured", "unstructured", "2:4")),
               "propagated": (dict(propagate=True), ("unstructured",)),
               "propagated-g1": (dict(propagate=True, damp_g=1.0), ("unstructured",)),  # N:M's propagated λ_G
-              "per-layer": (dict(allocation="per-layer"), ("unstructured",))}
+              "per-layer": (dict(allocation="per-layer"), ("unstructured",)),
+              "per-layer-propagated": (dict(allocation="per-layer", propagate=True), ("unstructured",))}
 
 
 def candidate_rows() -> list[tuple[str, PruneConfig]]:
