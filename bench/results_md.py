@@ -55,7 +55,7 @@ MODIFIERS = {"sparsegpt": "SparseGPTModifier", "surgeon-sparsegpt": "SurgeonSpar
 # What sets a run's result apart from the CLI's defaults (`PruneConfig.resolved`); backends, batches, memory options
 # and the like do not
 SETTINGS = ("method", "shots", "correlation", "max_correlate", "cg_tol", "cg_dtype", "damp_a", "damp_g", "propagate",
-            "held_out_choice", "lora_steps", "kronecker_terms", "fisher", "allocation")
+            "held_out_choice", "lora_steps", "kronecker_terms", "fisher", "layer_deviation")
 # The quality rows the time-to-quality table sets beside its points
 TTQ_ROWS = ("structured-0.8-surgeon", "structured-0.8-surgeon-lora20", "unstructured-0.5-surgeon",
             "unstructured-0.5-surgeon-shots2", "2of4-0.5-surgeon", "2of4-0.5-surgeon-4shots", "4of8-0.5-surgeon",
@@ -98,6 +98,10 @@ def seeded(name: str) -> tuple[str, int] | None:
 def quality_table(runs: Runs) -> str:
     """The quality table: the dense run, then each pruned row's settings, sparsity, perplexity, seconds and commit."""
 
+    def bounded(c: Run) -> str:  # the layers' deviation, recorded before as an allocation: global or per-layer
+        deviation = c.get("layer_deviation", 0.0 if c.get("allocation") == "per-layer" else 1.0)
+        return "" if deviation >= 1 else ", per-layer allocation" if not deviation else f", layers ±{deviation:g}"
+
     def method(c: Run) -> str:  # as the table names it
         sampled = ", G of sampled labels" if c.get("fisher") == "sampled" else ""
         if c["method"] == "surgeon" and c["structure"] == "structured":
@@ -105,8 +109,7 @@ def quality_table(runs: Runs) -> str:
         name = c["method"] if c["method"] != "surgeon" else (
             f"surgeon/m={c['max_correlate']} {c.get('chunk_semantics', 'independent')}" if c["max_correlate"]
             else "surgeon/all jointly (CG)")
-        return name + (", last shot propagated" if c.get("propagate") else "") + sampled + (
-            ", per-layer allocation" if c.get("allocation") == "per-layer" else "")
+        return name + (", last shot propagated" if c.get("propagate") else "") + sampled + bounded(c)
 
     tuned = any("tuning_ppl" in run for run in runs.values())  # a column where the set measured it
 
@@ -134,7 +137,7 @@ def headline_cells(runs: Runs, prefix: str) -> tuple[str, list[str]]:
     # are `PruneConfig.resolved`'s for its structure and target (those it predates count)
     def ran_defaults(c: Run) -> bool:
         default = cli_defaults(c["structure"], c["target_size"]).resolved()
-        return all(c[key] == default[key] for key in SETTINGS if key in c)
+        return c.get("allocation", "global") == "global" and all(c[key] == default[key] for key in SETTINGS if key in c)
 
     rows = {name[len(prefix) + 1:]: run for name, run in runs.items() if name.startswith(prefix + "-")}
     baselines = {m: r["ppl"] for m, r in rows.items() if m in NAMES}

@@ -91,13 +91,13 @@ class PruneConfig:
         "empirical", "G's labels: the data's next tokens (empirical, as the paper uses in practice) or tokens drawn "
         "from the model's own predictions (sampled: eq. 6's Fisher, one draw per position, seeded)",
         ("empirical", "sampled"))
-    allocation: str = opt("global", "unstructured: one threshold over all layers' costs (sec. 3.3), or each layer "
-                          "the shot's fraction of its own weights by its costs (per-layer)", ("global", "per-layer"))
+    layer_deviation: float = opt(1.0, "unstructured: how far a layer's sparsity may stray from the shot's (1: one "
+                                 "threshold over all layers' costs, sec. 3.3; 0: every layer alike)", least=0)
     batch_size: int = opt(1, "calibration windows per forward/backward pass", least=1)
     propagate: bool | None = opt(
         None, "N:M and unstructured: prune the last shot block by block, each block's A from the inputs of the blocks "
         "already pruned (as SparseGPT; G from the shot's pass; unstructured: as many weights of each layer as the "
-        "allocation takes)", shown="on for N:M with surgeon, kobd or lobd"
+        "threshold takes)", shown="on for N:M with surgeon, kobd or lobd"
     )
     held_out_choice: bool | None = opt(
         None, "unstructured and N:M surgeon: also prune the dense model in one shot with sparsegpt-refine "
@@ -150,8 +150,9 @@ class PruneConfig:
         if self.fisher == "sampled" and (not self.spec.needs_g or self.shot is Shot.EXPERTS):
             raise ValueError(f"fisher=sampled draws the labels of G: method {self.method!r} with structure "
                              f"{self.structure} uses no G from the curvature pass")
-        if self.allocation != "global" and (self.structure != "unstructured" or self.spec.layer_rule is not None):
-            raise ValueError("allocation per-layer parts an unstructured shot of a globally thresholded method")
+        if self.layer_deviation < 1 and (self.structure != "unstructured" or self.spec.layer_rule is not None):
+            raise ValueError("layer_deviation bounds the layers of an unstructured shot of a globally thresholded "
+                             "method; N:M, structured and per-layer methods take no bounds")
         if self.propagate and (not self.elements or not self.spec.needs_a):
             raise ValueError("propagate prunes the last element shot of a method with a curvature pass block by block ("
                              f"{', '.join(n for n, m in METHODS.items() if m.needs_a)}): use unstructured or N:M")

@@ -36,6 +36,50 @@ def test_smallest_k_ties_and_previous():
     assert sum(int(m.sum()) for m in masks) == 3 and masks[1][0]
 
 
+def cheapest_total_within(costs, k, limits):
+    """The least sum of k costs taking between `limits` of each tensor: every admissible count per tensor tried,
+    each tensor's cheapest taken (the closed form `smallest_k_within` must reach)."""
+    ordered = [c.reshape(-1).double().sort().values for c in costs]
+    best = float("inf")
+    for first in range(limits[0][0], limits[0][1] + 1):
+        for second in range(limits[1][0], limits[1][1] + 1):
+            third = k - first - second
+            if limits[2][0] <= third <= limits[2][1]:
+                best = min(best, sum(float(o[:n].sum()) for o, n in zip(ordered, (first, second, third))))
+    return best
+
+
+@pytest.mark.parametrize("deviation", [0.0, 0.05, 0.2, 0.6])
+@pytest.mark.parametrize("k", [1, 17, 60, 119])
+def test_bounded_selection_is_the_cheapest_within_each_tensors_limits(deviation, k, gen):
+    """Every tensor's count lies within k's fraction ± `deviation` of its size (floor and ceiling), and no other
+    choice within those limits costs less; an entry already pruned (−inf) stays chosen."""
+    costs = random_costs(gen)
+    costs[2][0, :3] = float("-inf")
+    limits = threshold.bounds(k, [c.numel() for c in costs], deviation)
+    masks = [mask() for mask in threshold.smallest_k_within(costs, k, deviation)]
+    counts = [int(m.sum()) for m in masks]
+    assert sum(counts) == k and bool(masks[2][0, :3].all()) == (k >= 3)
+    for (low, high), count, c in zip(limits, counts, costs):
+        assert low <= count <= high
+        assert low >= (k / 120 - deviation) * c.numel() - 1 and high <= (k / 120 + deviation) * c.numel() + 1
+    finite = [c.masked_fill(torch.isinf(c), -1.0) for c in costs]  # −inf priced as any cost below the rest
+    chosen = sum(float(c[m].double().sum()) for c, m in zip(finite, masks))
+    assert chosen == pytest.approx(cheapest_total_within(finite, k, limits), rel=1e-9)
+
+
+def test_bounds_always_admit_the_count_and_a_full_deviation_is_one_global_threshold(gen):
+    for k in range(0, 121):
+        for deviation in (0.0, 0.1, 0.5):
+            limits = threshold.bounds(k, [35, 33, 52], deviation)
+            assert sum(low for low, _ in limits) <= k <= sum(high for _, high in limits)
+    costs = random_costs(gen)
+    for got, want in zip(threshold.smallest_k_within(costs, 50, 1.0), threshold.smallest_k(costs, 50)):
+        assert torch.equal(got(), want())
+    with pytest.raises(SurgeonError, match="cannot select 121 of 120"):
+        threshold.bounds(121, [35, 33, 52], 0.0)
+
+
 def zeros_of(rows, cols):
     return sum(R * C - (R - int(r.sum())) * (C - int(c.sum())) for (R, C), r, c in zip(SHAPES, rows, cols))
 
@@ -92,7 +136,7 @@ def counted(costs: list[torch.Tensor], calls: list[int]) -> list[Deferred]:
 
 
 @pytest.mark.parametrize("backend", available_backends("cpu", "kth_smallest"))
-@pytest.mark.parametrize("selection", ["smallest_k", "2:4"])
+@pytest.mark.parametrize("selection", ["smallest_k", "within", "2:4"])
 def test_deferred_costs_select_what_held_costs_select(selection, backend, gen):
     """Deferred costs (recomputed at each read, never all held) give the held costs' masks, with τ on ties
     spread over two tensors (some taken, some not) and −inf entries."""
@@ -102,6 +146,9 @@ def test_deferred_costs_select_what_held_costs_select(selection, backend, gen):
     if selection == "smallest_k":
         k = sum(int((c < 0.25).sum()) for c in costs) + 5  # τ = 0.25: all 4 ties of tensor 0, 1 of tensor 2
         select = functools.partial(threshold.smallest_k, k=k, backend=backend)
+    elif selection == "within":  # limits wide enough for the ties at τ to stay split alike; +∞ beyond them
+        k = sum(int((c < 0.25).sum()) for c in costs) + 5
+        select = functools.partial(threshold.smallest_k_within, k=k, deviation=0.45, backend=backend)
     else:
         k = 2 * (sum(int((ops.nm_select(c, 2, 4)[0] < 0.5).sum()) for c in costs) + 1)  # τ = 0.5: 1 of 2 groups
         select = functools.partial(threshold.nm_selection, n=2, m=4, target_zeros=k, backend=backend)
@@ -114,7 +161,7 @@ def test_deferred_costs_select_what_held_costs_select(selection, backend, gen):
         assert torch.equal(got(), want)
     assert calls == [reads + 1] * len(costs)  # a mask computes its costs once more
     assert sum(int(m.sum()) for m in held) == k
-    split = (4, 1) if selection == "smallest_k" else (2, 0)  # ties taken in tensor order (2:4: 2 of 4 per group)
+    split = (2, 0) if selection == "2:4" else (4, 1)  # ties taken in tensor order (2:4: 2 of 4 per group)
     assert (int(held[0][0, :4].sum()), int(held[2][1, :4].sum())) == split
 
 

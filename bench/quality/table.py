@@ -135,15 +135,15 @@ def defaults_rows() -> list[tuple[str, PruneConfig]]:
 # Candidate settings for LLM Surgeon's own models, run only where named (`--row`), each beside its row of
 # `defaults_rows` and judged on the tuning windows, with the structures each applies to: G from labels drawn from the
 # model (eq. 6's Fisher), the update stopped early (as sparsegpt-refine stops its own, but with G), A shrunk more, and
-# the last unstructured shot pruned block by block on propagated inputs (as N:M's is by default), and each layer
-# pruned by the same fraction (as SparseGPT's are) instead of one threshold over all layers
+# the last unstructured shot pruned block by block on propagated inputs (as N:M's is by default), and each layer's
+# sparsity kept within a deviation of the shot's (0: every layer alike, as SparseGPT's are) under the one threshold
 CANDIDATES = {"sampled": (dict(fisher="sampled"), ("structured", "unstructured", "2:4")),
               "cg8": (dict(cg_max_iter=8), ("unstructured", "2:4")),  # a structured update solves no CG
               "damp-a0.1": (dict(damp_a=0.1), ("structured", "unstructured", "2:4")),
               "propagated": (dict(propagate=True), ("unstructured",)),
               "propagated-g1": (dict(propagate=True, damp_g=1.0), ("unstructured",)),  # N:M's propagated λ_G
-              "per-layer": (dict(allocation="per-layer"), ("unstructured",)),
-              "per-layer-propagated": (dict(allocation="per-layer", propagate=True), ("unstructured",))}
+              "per-layer": (dict(layer_deviation=0.0), ("unstructured",)),
+              **{f"deviation{d}": (dict(layer_deviation=d), ("unstructured",)) for d in (0.05, 0.1, 0.2, 0.3)}}
 
 
 def candidate_rows() -> list[tuple[str, PruneConfig]]:

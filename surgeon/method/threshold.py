@@ -8,6 +8,7 @@ pruned carry cost −inf, so they are always kept pruned and count toward the ta
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -81,17 +82,46 @@ def smallest_k(costs: Sequence[Lazy], k: int, backend: str = "auto", reduce: Red
     return [Deferred(c.numel(), c.device, functools.partial(mask, c, t)) for c, t in zip(costs, ties)]
 
 
-def shares(k: int, sizes: Sequence[int]) -> list[int]:
-    """k parted over tensors of `sizes` in proportion to them: each its floor, the rest one each to the largest
-    remainders (ties in order), so that the shares sum to k."""
+def bounds(k: int, sizes: Sequence[int], deviation: float) -> list[tuple[int, int]]:
+    """How many of each tensor's structures a selection of k over tensors of `sizes` may take when each tensor's
+    fraction may stray at most `deviation` from k's fraction of all: the floor of its lower and the ceiling of its
+    upper limit, so that the limits always admit k."""
     total = sum(sizes)
     if not 0 <= k <= total:
         raise SurgeonError(f"cannot select {k} of {total} structures")
-    exact = [k * size / total for size in sizes]
-    floors = [int(share) for share in exact]
-    for index in sorted(range(len(sizes)), key=lambda i: floors[i] - exact[i])[: k - sum(floors)]:
-        floors[index] += 1
-    return floors
+    low, high = max(0.0, k / total - deviation), min(1.0, k / total + deviation)
+    return [(math.floor(low * size), min(size, math.ceil(high * size))) for size in sizes]
+
+
+def _clamped(costs: Lazy, low: int, high: int) -> torch.Tensor:
+    """`costs` with their `low` cheapest at −∞ and all but their `high` cheapest at +∞ (ties in order)."""
+    values = materialise(costs)
+    flat = values.float().reshape(-1).clone()
+    keep = _cheapest(flat, high)
+    flat[_cheapest(flat, low)] = float("-inf")
+    flat[~keep] = float("inf")
+    return flat.reshape(values.shape)
+
+
+def _cheapest(flat: torch.Tensor, count: int) -> torch.Tensor:
+    """The mask of the `count` cheapest of `flat` (ties in order)."""
+    if not count:
+        return torch.zeros_like(flat, dtype=torch.bool)
+    tau = float(flat.kthvalue(count).values)
+    return _below(flat, tau, count - int((flat < tau).sum()))
+
+
+def smallest_k_within(costs: Sequence[Lazy], k: int, deviation: float, backend: str = "auto",
+                      reduce: Reduce | None = None) -> list[Deferred]:
+    """`smallest_k` with every tensor's share of the k within `deviation` of k's fraction of all (`bounds`): the
+    cheapest choice under those limits, since each tensor's costs are taken cheapest first. `deviation` 1 is one
+    global threshold (sec. 3.3), 0 each tensor the same fraction (to one structure), its remainder by cost."""
+    if deviation >= 1:
+        return smallest_k(costs, k, backend, reduce)
+    limits = bounds(k, [c.numel() for c in costs], deviation)
+    clamped = [c if isinstance(c, Elsewhere) else Deferred(c.numel(), c.device, functools.partial(_clamped, c, *limit))
+               for c, limit in zip(costs, limits)]
+    return smallest_k(clamped, k, backend, reduce)
 
 
 Masks = list[torch.Tensor]

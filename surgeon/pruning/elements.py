@@ -57,13 +57,9 @@ def element_shot(layers: list[Layer], raw: list[InputGroup], target_zeros: int, 
 def element_zeros(layers: list[Layer], raw: list[InputGroup], target_zeros: int, update: Update, ranks: Ranks,
                   desc: str | None) -> dict[str, int]:
     """How many weights of each of this rank's layers an unstructured shot leaves zero: its costs under the global
-    threshold (those pruned before included), or with the per-layer allocation its share of the shot's count,
-    where the propagated last shot then prunes each layer by its costs on the inputs of the blocks already pruned
-    (`propagated_shot`). The shot's factors stay for that pass, so the costs' inverses are held beside them until
-    the threshold is chosen."""
-    if update.allocation == "per-layer":  # a count per layer that no cost decides
-        counts = threshold.shares(target_zeros, [layer.module.weight.numel() for layer in layers])
-        return {layer.name: k for layer, k in zip(layers, counts) if ranks.mine(layer.name)}
+    threshold (those pruned before included, each layer within the shot's deviation), where the propagated last
+    shot then prunes each layer by its costs on the inputs of the blocks already pruned (`propagated_shot`). The
+    shot's factors stay for that pass, so the costs' inverses are held beside them until the threshold is chosen."""
     _, masks = _thresholded(layers, list(raw), target_zeros, update, None, ranks, desc, [])  # raw kept for its G
     return {layer.name: int(mask().sum()) for layer, mask in zip(layers, masks) if not isinstance(mask, Elsewhere)}
 
@@ -97,11 +93,9 @@ def _thresholded(layers: list[Layer], raw: list[InputGroup], target_zeros: int, 
                    for c in element_costs]
         if nm:
             masks = threshold.nm_selection(counted, *nm, target_zeros, update.backend, ranks.reduce())
-        elif update.allocation == "per-layer":  # each layer the shot's fraction of its weights, no reduction
-            masks = [c if isinstance(c, Elsewhere) else threshold.smallest_k([c], k, update.backend)[0]
-                     for c, k in zip(counted, threshold.shares(target_zeros, [c.numel() for c in counted]))]
         else:
-            masks = threshold.smallest_k(counted, target_zeros, update.backend, ranks.reduce())
+            masks = threshold.smallest_k_within(counted, target_zeros, update.deviation, update.backend,
+                                                ranks.reduce())
     times.append(clock(device))
     return plans, [Elsewhere(c.numel(), device) if isinstance(c, Elsewhere) else m
                    for c, m in zip(element_costs, masks)]

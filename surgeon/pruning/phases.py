@@ -17,8 +17,8 @@ class Update:
 
     correlated: costs from F⁻¹ (eq. 7) and the correlated update (eqs. 4-5), else the diagonal costs and no update;
     strengths: (λ_G, λ_A); correlation: the structured update's (joint, within); max_correlate, cg_tol,
-    cg_max_iter, cg_dtype: the element update's chunks and conjugate gradients; backend: the kernels'; allocation:
-    one global threshold over all layers' element costs, or each layer's own share (per-layer).
+    cg_max_iter, cg_dtype: the element update's chunks and conjugate gradients; backend: the kernels'; deviation:
+    how far each layer's unstructured sparsity may stray from the shot's (1: one global threshold, sec. 3.3).
     """
 
     correlated: bool
@@ -29,7 +29,7 @@ class Update:
     cg_max_iter: int = 40
     cg_dtype: torch.dtype | None = None
     backend: str = "auto"
-    allocation: str = "global"
+    deviation: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def update_of(config: PruneConfig) -> Update:
     """The update settings of `config`."""
     cg_dtype = None if config.cg_dtype is None else getattr(torch, config.cg_dtype)
     return Update(config.spec.correlated, config.strengths, config.correlation, config.max_correlate or None,
-                  config.cg_tol, config.cg_max_iter, cg_dtype, config.backend, config.allocation)
+                  config.cg_tol, config.cg_max_iter, cg_dtype, config.backend, config.layer_deviation)
 
 
 def blocks_of(config: PruneConfig) -> Blocks:
