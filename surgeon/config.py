@@ -41,42 +41,35 @@ class PruneConfig:
     structure: str = opt(
         "structured", "structured (rows+columns), coupled (MLP neurons, attention heads and KV groups, each across "
         "the layers it spans), unstructured, N:M such as 2:4 (N kept of every M), or experts (whole routed experts "
-        "of a Mixture-of-Experts model, the same number kept in every block)"
-    )
+        "of a Mixture-of-Experts model, the same number kept in every block)")
     target_size: float | None = opt(
         None, "fraction of prunable weights kept (non-zero) at the end, in (0, 1]; 0.8 keeps 80%, removes 20% "
         "(experts: of each block's routed experts)",
-        shown=f"{DEFAULT_TARGET_SIZE}; N:M structures keep N/M",
-    )
+        shown=f"{DEFAULT_TARGET_SIZE}; N:M structures keep N/M")
     shots: int | None = opt(None, "number of pruning shots (linear schedule)",
                              shown="4 structured and coupled, 2 unstructured, 1 N:M and experts", least=1)
     layout: str = opt(
         "per-block", "coupled: per-block (each block its own widths; query heads leave in rounds, one of every KV "
         "head at a time), uniform (the same number of neurons and heads in every block, which the standard export "
         "holds exactly), or decilm (each block its own MLP width, its attention kept whole or removed, which the "
-        "decilm export, and vLLM, hold exactly)", ("per-block", "uniform", "decilm"),
-    )
+        "decilm export, and vLLM, hold exactly)", ("per-block", "uniform", "decilm"))
     width_multiple: int = opt(
         1, "coupled: every block keeps a multiple of this many neurons, and heads whose width is one (64, 128, 256)",
-        least=1,
-    )
+        least=1)
     speed_context: int | None = opt(
         None, "coupled: rank units by cost per multiply-accumulate their removal saves a token decoded after this "
         "many tokens of context (a head or KV group also saves its attention over the context)",
-        shown="none: by cost alone", least=1,
-    )
+        shown="none: by cost alone", least=1)
     leave_out: str = opt(
         "router", "comma-separated parts of the decoder blocks not to prune: router (the Mixture-of-Experts routers) "
         "or glob patterns over parameter names such as 'model.layers.*.mlp.experts.*'; a weight matrix the run "
-        "cannot prune and does not leave out makes it refuse; the target and sparsity count what is pruned"
-    )
+        "cannot prune and does not leave out makes it refuse; the target and sparsity count what is pruned")
     method: str = opt("surgeon", f"pruning method ({method_help()})", tuple(METHODS))
     correlation: Correlation = opt("joint", "structured surgeon update: joint rows+columns, or within rows / columns",
                                    typing.get_args(Correlation))
     max_correlate: int | None = opt(
         0, "unstructured/N:M surgeon: at most this many weights solved jointly, the chunks' updates summed (the "
-        "paper's m, sec. 3.4) (0 = all, exact, by CG)", least=0,
-    )
+        "paper's m, sec. 3.4) (0 = all, exact, by CG)", least=0)
     cg_tol: float = opt(1e-3, "max-correlate 0: relative residual at which conjugate gradients stop", least=0)
     cg_max_iter: int = opt(40, "max-correlate 0: at most this many conjugate-gradient iterations per layer", least=1)
     cg_dtype: str | None = opt(None, "max-correlate 0: run the conjugate-gradient products G⁻¹ V A⁻¹ in this dtype",
@@ -91,25 +84,24 @@ class PruneConfig:
         "empirical", "G's labels: the data's next tokens (empirical, as the paper uses in practice) or tokens drawn "
         "from the model's own predictions (sampled: eq. 6's Fisher, one draw per position, seeded)",
         ("empirical", "sampled"))
-    layer_deviation: float = opt(1.0, "unstructured: how far a layer's sparsity may stray from the shot's (1: one "
-                                 "threshold over all layers' costs, sec. 3.3; 0: every layer alike)", least=0)
+    layer_deviation: float | None = opt(
+        None, "unstructured: how far a layer's sparsity may stray from the shot's (1: one threshold over all layers' "
+        "costs, sec. 3.3; 0: every layer alike)", shown=f"{METHODS['surgeon'].layer_deviation} for surgeon, else 1",
+        least=0)
     batch_size: int = opt(1, "calibration windows per forward/backward pass", least=1)
     propagate: bool | None = opt(
         None, "N:M and unstructured: prune the last shot block by block, each block's A from the inputs of the blocks "
         "already pruned (as SparseGPT; G from the shot's pass; unstructured: as many weights of each layer as the "
-        "threshold takes)", shown="on for N:M with surgeon, kobd or lobd"
-    )
+        "threshold takes)", shown="on for N:M with surgeon, kobd or lobd")
     held_out_choice: bool | None = opt(
         None, "unstructured and N:M surgeon: also prune the dense model in one shot with sparsegpt-refine "
         "(SparseGPT's mask and weights, then 8 conjugate-gradient steps toward the exact row update) and keep "
         "whichever model has the lower loss on held-out calibration windows (LLM Surgeon's alone where none are "
-        "given, or over several processes)", shown="on for unstructured and N:M with surgeon",
-    )
+        "given, or over several processes)", shown="on for unstructured and N:M with surgeon")
     curvature_split: str = opt(
         "batches", "under torchrun: each rank runs a share of the calibration batches and the factors are summed onto "
         "each block's owner (batches: fastest), or each runs every batch and accumulates only its own blocks' factors "
-        "(blocks: 1/N of the factor memory, the one-process result)", ("batches", "blocks"),
-    )
+        "(blocks: 1/N of the factor memory, the one-process result)", ("batches", "blocks"))
     activation_checkpointing: bool = opt(
         False, "surgeon/kobd curvature pass: each decoder block keeps only its inputs and runs again in the backward "
         "pass (the same factors; one block's activations instead of all, for one more forward)")
@@ -119,8 +111,7 @@ class PruneConfig:
     block_groups: int = opt(
         1, "with offload: split the decoder blocks into N groups and run the curvature pass once per group, each "
         "accumulating only its group's factors before they move to host memory (N passes, 1/N of the factors)",
-        least=1,
-    )
+        least=1)
     lora_steps: int = opt(0, "interleaved LoRA steps between shots (0 = off; paper 3.6)")
     lora_rank: int = opt(8, "rank of the interleaved LoRA adapters")
     lora_lr: float = opt(1e-4, "learning rate of the interleaved LoRA adapters")
@@ -150,7 +141,7 @@ class PruneConfig:
         if self.fisher == "sampled" and (not self.spec.needs_g or self.shot is Shot.EXPERTS):
             raise ValueError(f"fisher=sampled draws the labels of G: method {self.method!r} with structure "
                              f"{self.structure} uses no G from the curvature pass")
-        if self.layer_deviation < 1 and (self.structure != "unstructured" or self.spec.layer_rule is not None):
+        if self.deviation < 1 and (self.structure != "unstructured" or self.spec.layer_rule is not None):
             raise ValueError("layer_deviation bounds the layers of an unstructured shot of a globally thresholded "
                              "method; N:M, structured and per-layer methods take no bounds")
         if self.propagate and (not self.elements or not self.spec.needs_a):
@@ -166,12 +157,9 @@ class PruneConfig:
         if self.block_groups > 1 and not self.offload:
             raise ValueError(f"block_groups={self.block_groups}: each group's factors move to host memory after its "
                              "pass; add offload")
-        if self.offload and self.shot is not Shot.STRUCTURED:
-            raise ValueError(f"offload holds the factors of a structured or coupled run, not {self.structure} (its "
-                             "element costs are read again and again while the threshold is selected)")
-        if self.offload and not self.spec.needs_a:
-            raise ValueError(f"offload holds the Kronecker factors of a curvature pass; method {self.method} "
-                             "has none to hold")
+        if self.offload and (self.shot is not Shot.STRUCTURED or not self.spec.needs_a):
+            raise ValueError(f"offload holds the Kronecker factors of a structured or coupled run's curvature pass, "
+                             f"not of {self.structure} with method {self.method}")
         if self.activation_checkpointing and not self.spec.needs_g:
             raise ValueError("activation_checkpointing recomputes the blocks in the backward pass of the curvature "
                              f"pass; method {self.method} runs none")
@@ -212,6 +200,12 @@ class PruneConfig:
         return damp_g, damp_a
 
     @property
+    def deviation(self) -> float:
+        """How far a layer's unstructured sparsity may stray from the shot's: `layer_deviation`, else the method's."""
+        return self.layer_deviation if self.layer_deviation is not None else \
+            self.spec.layer_deviation if self.structure == "unstructured" else 1.0
+
+    @property
     def chooses(self) -> bool:
         """Whether the run is weighed against its method's alternative by held-out loss: `held_out_choice`, else on for
         unstructured and N:M surgeon (a method with an alternative, `Method.alternative`, pruning elements)."""
@@ -223,7 +217,7 @@ class PruneConfig:
         damp_g, damp_a = self.strengths
         return {**dataclasses.asdict(self), "target_size": self.target, "shots": self.shot_count,
                 "propagate": self.propagates, "damp_g": damp_g, "damp_a": damp_a,
-                "held_out_choice": self.chooses}
+                "held_out_choice": self.chooses, "layer_deviation": self.deviation}
 
     @property
     def spec(self) -> Method:

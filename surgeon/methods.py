@@ -15,6 +15,9 @@ from dataclasses import dataclass
 # 0.01 of mean(diag H)): λ_G and λ_A of `M + λ·mean(diag M)·I` (docs/DESIGN.md, "Damping").
 DEFAULT_DAMP_G, PROPAGATED_DAMP_G = 0.1, 1.0  # λ_G; N:M propagated measured best at 1 (bench/RESULTS.md)
 DEFAULT_DAMP_A, COUPLED_DAMP_A = 0.01, 0.3  # λ_A; coupled LLM Surgeon measured best at 0.3 (bench/RESULTS.md)
+# How far a layer's unstructured sparsity may stray from the shot's under the one threshold (1: none bounded, sec.
+# 3.3); LLM Surgeon's, chosen on the tuning articles of two models (docs/DESIGN.md, "Defaults")
+GLOBAL_DEVIATION, SURGEON_DEVIATION = 1.0, 0.1
 
 
 
@@ -87,7 +90,8 @@ class Method:
     else its costs read the curvature's diagonal (the weights' squares without a pass) and nothing moves;
     layer_rule: a per-layer method's rule, which prunes block by block and estimates each block's inputs itself;
     expert_price: how it prices a whole expert; coupled_damp_a: λ_A's default for structure coupled;
-    alternative: the method its unstructured and N:M runs are weighed against by held-out loss.
+    layer_deviation: the default for unstructured (`PruneConfig.layer_deviation`); alternative: the method its
+    unstructured and N:M runs are weighed against by held-out loss.
     """
 
     help: str
@@ -97,6 +101,7 @@ class Method:
     layer_rule: LayerRule | None = None
     expert_price: ExpertPrice | None = None
     coupled_damp_a: float = DEFAULT_DAMP_A
+    layer_deviation: float = GLOBAL_DEVIATION
     alternative: str | None = None
 
     @property
@@ -116,7 +121,8 @@ _WEIGHTS = ("structured", "coupled", "unstructured", "N:M")
 METHODS: dict[str, Method] = {
     "surgeon": Method("LLM Surgeon, Kronecker-factored curvature G ⊗ A with correlated weight updates",
                       (*_WEIGHTS, "experts"), Pass.KRONECKER, correlated=True, expert_price=ExpertPrice.REROUTE,
-                      coupled_damp_a=COUPLED_DAMP_A, alternative="sparsegpt-refine"),
+                      coupled_damp_a=COUPLED_DAMP_A, layer_deviation=SURGEON_DEVIATION,
+                      alternative="sparsegpt-refine"),
     "magnitude": Method("|w|, no update", _WEIGHTS),
     "lobd": Method("L-OBD, optimal brain damage with the layer's input curvature diag(A) only, no update", _WEIGHTS,
                    Pass.INPUTS),

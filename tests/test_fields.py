@@ -11,7 +11,8 @@ from surgeon.config import PruneConfig
 from surgeon.scale.plan_config import PlanConfig
 
 # the settings a class, or a field, needs beside it to be valid at all, so that a bad field is the only fault
-VALID = {ExportConfig: {"compact": True}, "speed_context": {"structure": "coupled"}, "task_limit": {"tasks": "boolq"}}
+VALID = {ExportConfig: {"compact": True}, "speed_context": {"structure": "coupled"}, "task_limit": {"tasks": "boolq"},
+         "layer_deviation": {"structure": "unstructured"}}
 BOUNDED = [(cls, f) for cls in (PruneConfig, RunConfig, RecoverConfig, PlanConfig, ExportConfig, QuantizeConfig)
            for f in dataclasses.fields(cls) if f.metadata.get("least") is not None or f.metadata.get("choices")]
 

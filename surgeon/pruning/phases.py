@@ -110,7 +110,7 @@ def update_of(config: PruneConfig) -> Update:
     """The update settings of `config`."""
     cg_dtype = None if config.cg_dtype is None else getattr(torch, config.cg_dtype)
     return Update(config.spec.correlated, config.strengths, config.correlation, config.max_correlate or None,
-                  config.cg_tol, config.cg_max_iter, cg_dtype, config.backend, config.layer_deviation)
+                  config.cg_tol, config.cg_max_iter, cg_dtype, config.backend, config.deviation)
 
 
 def blocks_of(config: PruneConfig) -> Blocks:
