@@ -93,22 +93,32 @@ def bounds(k: int, sizes: Sequence[int], deviation: float) -> list[tuple[int, in
     return [(math.floor(low * size), min(size, math.ceil(high * size))) for size in sizes]
 
 
-def _clamped(costs: Lazy, low: int, high: int) -> torch.Tensor:
-    """`costs` with their `low` cheapest at −∞ and all but their `high` cheapest at +∞ (ties in order)."""
-    values = materialise(costs)
-    flat = values.float().reshape(-1).clone()
-    keep = _cheapest(flat, high)
-    flat[_cheapest(flat, low)] = float("-inf")
-    flat[~keep] = float("inf")
-    return flat.reshape(values.shape)
+def _clamped(costs: Lazy, low: int, high: int, backend: str) -> Deferred:
+    """`costs` with their `low` cheapest at −∞ and all but their `high` cheapest at +∞ (ties in order), computed when
+    called; where the two limits cut is selected once, on the first call (`ops.kth_smallest`, no sort)."""
+    @functools.cache
+    def cuts() -> tuple[tuple[float, int], tuple[float, int]]:
+        flat = materialise(costs).float().reshape(-1)
+        return _cut(flat, low, backend), _cut(flat, high, backend)
+
+    def compute() -> torch.Tensor:
+        values = materialise(costs)
+        flat = values.float().reshape(-1).clone()
+        (tau_low, ties_low), (tau_high, ties_high) = cuts()
+        keep = _below(flat, tau_high, ties_high)
+        flat[_below(flat, tau_low, ties_low)] = float("-inf")
+        flat[~keep] = float("inf")
+        return flat.reshape(values.shape)
+
+    return Deferred(costs.numel(), costs.device, compute)
 
 
-def _cheapest(flat: torch.Tensor, count: int) -> torch.Tensor:
-    """The mask of the `count` cheapest of `flat` (ties in order)."""
+def _cut(flat: torch.Tensor, count: int, backend: str) -> tuple[float, int]:
+    """τ and the ties at τ that `_below` takes for the `count` cheapest of `flat`."""
     if not count:
-        return torch.zeros_like(flat, dtype=torch.bool)
-    tau = float(flat.kthvalue(count).values)
-    return _below(flat, tau, count - int((flat < tau).sum()))
+        return float("-inf"), 0
+    tau = ops.kth_smallest([flat], count, backend, device=flat.device)
+    return tau, count - int((flat < tau).sum())
 
 
 def smallest_k_within(costs: Sequence[Lazy], k: int, deviation: float, backend: str = "auto",
@@ -119,8 +129,7 @@ def smallest_k_within(costs: Sequence[Lazy], k: int, deviation: float, backend: 
     if deviation >= 1:
         return smallest_k(costs, k, backend, reduce)
     limits = bounds(k, [c.numel() for c in costs], deviation)
-    clamped = [c if isinstance(c, Elsewhere) else Deferred(c.numel(), c.device, functools.partial(_clamped, c, *limit))
-               for c, limit in zip(costs, limits)]
+    clamped = [c if isinstance(c, Elsewhere) else _clamped(c, *limit, backend) for c, limit in zip(costs, limits)]
     return smallest_k(clamped, k, backend, reduce)
 
 
