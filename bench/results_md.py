@@ -155,11 +155,11 @@ def headline_cells(runs: Runs, prefix: str) -> tuple[str, list[str]]:
 
 
 def seed_spread(runs: Runs) -> list[str]:
-    """Per row also run with other calibration seeds: each seed's perplexity, their mean and range, on the test and,
-    where measured, on the tuning windows."""
+    """Per row also run with other calibration seeds at its commit: each seed's perplexity, their mean and range, on
+    the test and, where measured, on the tuning windows."""
     spread: dict[str, dict[int, Run]] = {}
     for name, run in runs.items():
-        if (found := seeded(name)) is not None and found[0] in runs:
+        if (found := seeded(name)) is not None and found[0] in runs and run["commit"] == runs[found[0]]["commit"]:
             spread.setdefault(found[0], {0: runs[found[0]]})[found[1]] = run
 
     def summary(values: list[float]) -> tuple[str, str]:  # mean, range

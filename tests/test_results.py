@@ -197,6 +197,8 @@ def test_rows_run_over_calibration_seeds_show_their_spread_and_leave_the_quality
     assert "| 30.000 | 28.000 | 60 |" in quality_table(runs)
     assert "-seed" not in quality_table(runs) and "| y |" in quality_table(runs)
     assert seed_spread({"dense": runs["dense"], "y": runs["y"]}) == []
+    runs["x"]["commit"] = "1111111"  # seed 0 run again at a later commit: the other seeds are not its spread
+    assert seed_spread(runs) == []
 
 
 def test_a_default_weighed_from_its_rows_run_apart_keeps_the_lower_held_out_loss():
