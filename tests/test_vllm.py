@@ -95,7 +95,8 @@ def require_llmcompressor() -> None:
     if not LLMCOMPRESSOR_PYTHON.is_file():
         pytest.skip(f"`surgeon quantize` runs in llm-compressor's environment, and {LLMCOMPRESSOR_PYTHON} is "
                     "missing: make install-llmcompressor")
-    if " amx_int8" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else False:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file() and " amx_int8" in cpuinfo.read_text():
         pytest.skip("vLLM's CPU int8 GEMM on an AMX host takes bfloat16 or half activations, not float32")
 
 
