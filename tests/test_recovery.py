@@ -119,6 +119,13 @@ def test_kl_needs_a_teacher_and_settings_are_checked():
     from surgeon.app.settings import RecoverConfig
 
     assert RecoverConfig(run="run", lr=3e-4, lora_rank=4).distill() == Distill(lr=3e-4, lora_rank=4)
+    assert RecoverConfig(run="run").distill().lr == 1e-4  # each mode's own default learning rate
+    assert RecoverConfig(run="run", lora_rank=4).distill().lr == 1e-3
+    from surgeon.app.recover import recover_fingerprint
+
+    # --resume continues a run whether its default learning rate was written out, and no other rate's
+    assert recover_fingerprint(RecoverConfig(run="run")) == recover_fingerprint(RecoverConfig(run="run", lr=1e-4))
+    assert recover_fingerprint(RecoverConfig(run="run")) != recover_fingerprint(RecoverConfig(run="run", lr=1e-3))
     for bad, message in ((dict(lr=-1.0), "lr=-1.0"), (dict(lora_rank=-1), "lora_rank=-1"),
                          (dict(loss="next-token", hidden_weight=0.5), "hidden_weight=0.5")):
         with pytest.raises(ValueError, match=message):  # the command's settings refuse what the training would

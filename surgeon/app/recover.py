@@ -48,10 +48,10 @@ TENSORS = "recovery-state-rank{}.pt"
 
 def recover_fingerprint(config: RecoverConfig) -> dict[str, Any]:
     """The settings a continued recovery must share with the one it continues: all but where its output goes and
-    how often it is saved."""
+    how often it is saved, the learning rate as resolved (the same run whether its default was written out)."""
     own = {key: value for key, value in dataclasses.asdict(config).items()
            if key not in ("output", "overwrite", "resume", "checkpoint_steps")}
-    return {"surgeon": __version__, "recover": own}
+    return {"surgeon": __version__, "recover": {**own, "lr": config.distill().lr}}
 
 
 def _save(folder: Path, fingerprint: dict[str, Any], state: dict[str, Any], group: dist.ProcessGroup | None

@@ -134,6 +134,11 @@ class ReportConfig:
     overwrite: bool = opt(False, "write into an existing non-empty --output folder, replacing only its files")
 
 
+# `surgeon recover`'s peak learning rate where none is given: for the weights, and for LoRA adapters, which start
+# from zero and move only through their low rank (chosen on the tuning articles: bench/RESULTS.md, "Recovery")
+WEIGHTS_LR, LORA_LR = 1e-4, 1e-3
+
+
 @dataclass(frozen=True)
 class RecoverConfig:
     """Settings of `surgeon recover`: which pruning run, how much text to distill it on, how to evaluate it."""
@@ -147,7 +152,8 @@ class RecoverConfig:
                            shown="the pruning run's calibration text")
     seqlen: int = opt(512, "tokens per training window", least=2)
     batch_size: int = opt(1, "training windows per step", least=1)
-    lr: float = opt(1e-4, "AdamW's peak learning rate (linear warm-up over a tenth of the steps, then a cosine to 0)")
+    lr: float | None = opt(None, "AdamW's peak learning rate (linear warm-up over a tenth of the steps, then a cosine "
+                           "to 0)", shown=f"{WEIGHTS_LR:g} for the weights, {LORA_LR:g} with --lora-rank")
     seed: int = opt(0, "random seed (training windows, their order, the adapters)")
     loss: str = opt("kl", "kl: match the dense model's next-token distributions; next-token: the text's tokens",
                     LOSSES)
@@ -181,5 +187,6 @@ class RecoverConfig:
 
     def distill(self) -> Distill:
         """The recovery's training settings."""
-        return Distill(self.lr, batch_size=self.batch_size, seed=self.seed, loss=self.loss,
+        lr = self.lr if self.lr is not None else LORA_LR if self.lora_rank else WEIGHTS_LR
+        return Distill(lr, batch_size=self.batch_size, seed=self.seed, loss=self.loss,
                        hidden_weight=self.hidden_weight, lora_rank=self.lora_rank, teacher_top_k=self.teacher_top_k)
