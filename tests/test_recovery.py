@@ -277,10 +277,11 @@ def test_recover_on_the_teachers_top_k_trains_without_the_teacher(tiny_model_dir
                  "--nsamples", "2", "--seqlen", "32", "--calibration", "wikitext2-valid", "--eval-windows", "1",
                  "--output", str(pruned)]) == 0
     assert main(["--quiet", "recover", str(pruned), "--output", str(recovered), "--tokens", "128", "--seqlen", "32",
-                 "--lr", "1e-3", "--teacher-top-k", "8"]) == 0
+                 "--teacher-top-k", "8"]) == 0
     report = json.loads((recovered / "report.json").read_text())
     assert made == [(None, 4)]  # the teacher's targets for the 4 steps, and no teacher beside the student
     assert report["recover"]["teacher_top_k"] == 8 and len(report["losses"]) == 4 and report["kept_zeros"] > 0
+    assert report["recover"]["lr"] == 1e-4  # the rate it trained at, its default written out
 
 
 def test_recover_refuses_training_text_that_the_evaluation_reads(tiny_model_dir, tmp_path, capsys):

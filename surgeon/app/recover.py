@@ -168,7 +168,7 @@ def _recover(config: RecoverConfig, source: Path, pruned: dict[str, Any], folder
     report = {
         "model": pruned["model"],
         "pruned_from": str(source),
-        "recover": dataclasses.asdict(config),
+        "recover": {**dataclasses.asdict(config), "lr": settings.lr},
         "training_source": text.source,
         "passes": windows.numel() / ids.shape[1],
         "ppl_dense": pruned["ppl_before"],
