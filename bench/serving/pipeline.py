@@ -8,11 +8,11 @@ figures written by `surgeon prune … --recover-tokens N` (the command is in RUN
 in the vLLM environment (`make install-vllm`): it exports RUN (`surgeon export --compact`) and quantizes the export
 (`surgeon quantize --scheme SCHEME` in llm-compressor's environment, `make install-llmcompressor`) into `--work`.
 Perplexity: dense, pruned and recovered as RUN's report measured them in transformers; the export and the quantized
-checkpoint served by vLLM (float32, prompt log-probabilities) on the same test windows. Speed: RUN's masked model
-(the dense model's shapes, so the dense model's speed), the export and the quantized checkpoint timed with
-`bench.timing.serve_speed`'s measurement, each in a fresh process, in turn over `--rounds` (decode tokens/s leaves
-the prefill out). Sizes are those of the weight files (*.safetensors); RUN's masked model has the
-dense model's shapes and size. The result goes to bench/results/pipeline/<label>@<commit>.json.
+checkpoint served by vLLM (in `--dtype`, float32 unless given; prompt log-probabilities) on the same test windows.
+Speed: RUN's masked model (the dense model's shapes, so the dense model's speed), the export and the quantized
+checkpoint timed with `bench.timing.serve_speed`'s measurement, in the same dtype, each in a fresh process, in turn
+over `--rounds` (decode tokens/s leaves the prefill out). Sizes are those of the weight files (*.safetensors); RUN's
+masked model has the dense model's shapes and size. The result goes to bench/results/pipeline/<label>@<commit>.json.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def evaluation_windows(folder: Path, report: dict) -> list[list[int]]:
     return windows_of(tokenize(tokenizer, evaluation_text(report["run"]["dataset"])), seqlen, windows, bos).tolist()
 
 
-def served_perplexity(folder: Path, windows: list[list[int]]) -> float:
+def served_perplexity(folder: Path, windows: list[list[int]], dtype: str) -> float:
     """Perplexity of the checkpoint in `folder` served by vLLM on `windows` (as `surgeon.app.evaluate.perplexity`:
     the mean over windows of each window's mean negative log-likelihood)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -71,7 +71,7 @@ def served_perplexity(folder: Path, windows: list[list[int]]) -> float:
     from vllm.inputs import TokensPrompt
 
     seqlen = len(windows[0])
-    llm = LLM(model=str(folder), trust_remote_code=True, dtype="float32", enforce_eager=True, max_model_len=seqlen + 1,
+    llm = LLM(model=str(folder), trust_remote_code=True, dtype=dtype, enforce_eager=True, max_model_len=seqlen + 1,
               kv_cache_memory_bytes=1 << 30, seed=0)
     try:
         outputs = llm.generate([TokensPrompt(prompt_token_ids=window) for window in windows],
@@ -98,6 +98,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per figure, after one untimed warm-up")
     parser.add_argument("--rounds", type=int, default=2, help="measure the checkpoints this many times, in turn")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="vLLM's, for every "
+                        "stage (bfloat16 on hosts with AMX, whose int8 GEMM takes no float32 activations)")
     args = parser.parse_args()
     if not args.llmcompressor_python.is_file():
         parser.error(f"{args.llmcompressor_python} is missing: make install-llmcompressor")
@@ -107,11 +109,12 @@ def main() -> None:
     ppl = ({"dense": report["ppl_dense"], "pruned": report["ppl_before"], "recovered": report["ppl_after"]}
            if recovered else {"dense": report["ppl_before"], "pruned": report["ppl_after"]})
     windows = evaluation_windows(export, report)
-    ppl |= {"export": served_perplexity(export, windows), "quantized": served_perplexity(quantized, windows)}
+    ppl |= {"export": served_perplexity(export, windows, args.dtype),
+            "quantized": served_perplexity(quantized, windows, args.dtype)}
     timed = {"run": args.run, "export": export, "quantized": quantized}
     rounds = run_in_turn("bench.timing.serve_speed", list(map(str, timed.values())), args.rounds, [
         "--batch", *map(str, args.batch), "--prompt", str(args.prompt), "--new-tokens", str(args.new_tokens),
-        "--repeats", str(args.repeats)])
+        "--repeats", str(args.repeats), "--dtype", args.dtype])
     speed = {name: median_of(runs, serve_speed.FIELDS) for name, runs in zip(timed, rounds)}
     commit = head_commit()
     label = args.label or args.run.name
@@ -123,7 +126,8 @@ def main() -> None:
                         "quantized": weight_bytes(quantized)},
               "speed": speed, "machine": cpu_machine(os.cpu_count() or 1), "commit": commit,
               "command": " ".join(["python -m bench.serving.pipeline", *sys.argv[1:]]),
-              **{k: v for k, v in vars(args).items() if k in ("batch", "prompt", "new_tokens", "repeats", "rounds")}}
+              **{k: v for k, v in vars(args).items()
+                 if k in ("batch", "prompt", "new_tokens", "repeats", "rounds", "dtype")}}
     write_json(ROOT / "bench" / "results" / "pipeline" / f"{label}@{commit}.json", result)
     sizes = ", ".join(f"{stage} {size / 1e6:.1f} MB" for stage, size in result["bytes"].items())
     print(f"{label}: {sizes}; perplexity " + ", ".join(f"{stage} {value:.2f}" for stage, value in ppl.items()))

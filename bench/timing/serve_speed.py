@@ -56,7 +56,7 @@ def measure(name: str, args: argparse.Namespace) -> dict:
     from vllm.inputs import TokensPrompt
 
     cpu = args.device == "cpu"
-    settings = dict(dtype="float32", enforce_eager=True, kv_cache_memory_bytes=4 << 30) if cpu else {}
+    settings = dict(dtype=args.dtype, enforce_eager=True, kv_cache_memory_bytes=4 << 30) if cpu else {}
     llm = LLM(model=name, trust_remote_code=True, max_model_len=args.prompt + args.new_tokens,
               max_num_seqs=max(args.batch), seed=0, **settings)
     vocab = llm.llm_engine.model_config.get_vocab_size()
@@ -87,6 +87,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, "hub ids or saved directories", rounds=2)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="on the CPU (bfloat16 "
+                        "for int8 checkpoints on hosts with AMX, whose int8 GEMM takes no float32 activations)")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--prompt", type=int, default=512, help="prompt tokens")
     parser.add_argument("--new-tokens", type=int, default=128)
