@@ -115,13 +115,19 @@ def newest(paths: Iterable[Path]) -> Path | None:
     return min((p for p in paths if commit_of(p) in order), key=lambda p: order[commit_of(p)], default=None)
 
 
+def newest_each_row(paths: Iterable[Path]) -> list[Path]:
+    """Each row's result file at the newest commit of this history, by row."""
+    order, found = commit_order(), {}
+    for path in sorted(paths, key=lambda p: -order.get(commit_of(p), -1)):
+        if commit_of(path) in order:  # oldest first: each row's newest stays
+            found[row_of(path)] = path
+    return [found[row] for row in sorted(found, key=lambda row: row + "@")]
+
+
 def newest_runs(folder: str, pattern: str = "*@*.json") -> Runs:
     """Each row's run in `bench/results/<folder>` at the newest commit of this history, its `commit` that one."""
-    order, runs = commit_order(), {}
-    for path in sorted((RESULTS / folder).glob(pattern), key=lambda p: -order.get(commit_of(p), -1)):
-        if commit_of(path) in order:  # oldest first: each row's newest stays
-            runs[row_of(path)] = {**load(path), "commit": commit_of(path)}
-    return dict(sorted(runs.items(), key=lambda item: item[0] + "@"))
+    return {row_of(path): {**load(path), "commit": commit_of(path)}
+            for path in newest_each_row((RESULTS / folder).glob(pattern))}
 
 
 def kernel_code(op: str) -> Paths:
