@@ -157,21 +157,17 @@ def machines() -> list[str]:
 
 
 def time_to_quality() -> list[str]:
-    """Each structure's LLM Surgeon rows and time-to-quality points by seconds, and the peer's rows."""
+    """Each structure's LLM Surgeon rows and time-to-quality points by seconds."""
     runs = pv.newest_runs("quality")
     found = sorted([(name, runs[name]) for name in TTQ_ROWS if name in runs] + list(pv.newest_runs("ttq").items()),
                    key=lambda item: (item[0].split("-")[0], item[1]["seconds"]))
-    peers = ", ".join(f"{name} {run['ppl']:.3f} in {run['seconds']:.0f} s ({pv.mark(run['commit'], pv.CPU_PRUNING)})"
-                      for name, run in runs.items() if name.endswith("-llmc-sparsegpt"))
-    return [*table(
-        "point | structure | shots | CG tolerance | damping G | propagated | LoRA steps | kept by held-out loss | "
-        "perplexity | seconds | commit", [
-            (name, c["structure"], c["shots"], f"{c['cg_tol']:g}", f"{c['damp_g']:g}",
-             "yes" if c.get("propagate") else "no", c["lora_steps"], (run.get("choice") or {}).get("kept", "–"),
-             f"{run['ppl']:.3f}", f"{run['seconds']:.0f}", pv.mark(run["commit"], pv.CPU_PRUNING))
-            for name, run in found for c in [run["config"]]]),
-            *(["", f"The peer on the same protocol, llm-compressor's SparseGPTModifier (`bench/quality/peers.py`): "
-               f"{peers}."] if peers else [])]
+    return table("point | structure | shots | CG tolerance | damping G | propagated | LoRA steps | kept by held-out "
+                 "loss | perplexity | seconds | commit", [
+                     (name, c["structure"], c["shots"], f"{c['cg_tol']:g}", f"{c['damp_g']:g}",
+                      "yes" if c.get("propagate") else "no", c["lora_steps"],
+                      (run.get("choice") or {}).get("kept", "–"), f"{run['ppl']:.3f}", f"{run['seconds']:.0f}",
+                      pv.mark(run["commit"], pv.CPU_PRUNING))
+                     for name, run in found for c in [run["config"]]])
 
 
 def oneshot_rows(path: Path, run: pv.Run) -> list[Row]:
