@@ -151,7 +151,8 @@ def quality_block(folder: str) -> list[str]:
 
 def machines() -> list[str]:
     """The machines the rows were measured on: the CPUs, and each GPU with its torch."""
-    gpus = {f"{run['device']}, torch {run.get('torch', '?')}" for run in map(pv.load, pv.RESULTS.glob("gpu/shot-*"))}
+    gpus = {f"{run['device']}, torch {run.get('torch', '?')}"
+            for run in map(pv.load, pv.RESULTS.glob("gpu/shot-*.json"))}
     return [f"- CPU: the quality table's, {pv.newest_runs('quality')['dense'].get('machine', 'unknown')}.",
             *(f"- GPU: {gpu}." for gpu in sorted(gpus))]
 
@@ -233,8 +234,8 @@ class Section:
     header: str  # the table's columns, parted by ' | '
     rows: Callable[[Path, pv.Run], list[Row]]  # a file's rows
     paths: pv.Paths | None = None  # the code its rows measure: a commit column, marked stale where it changed
-    newest: Literal["file", "row"] | None = None  # only the newest file (under its commit, file, machine and
-    # `intro`), or each row's newest file
+    # "file": only the newest file, under its commit, file, machine and `intro`; "row": each row's newest file
+    newest: Literal["file", "row"] | None = None
     intro: Callable[[pv.Run], str] = lambda run: ""  # what the newest file says above its table
     command: Callable[[Path, pv.Run], tuple[str, str]] | None = None  # each file's (label, command), listed below it
 
@@ -357,7 +358,8 @@ SECTIONS: dict[str, Callable[[], list[str]]] = {
     "oneshot": Section("quality/*-llmc-*sparsegpt*@*.json",
                        "structure | modifier | ppl | seconds | time against SparseGPTModifier", oneshot_rows,
                        pv.CPU_PRUNING, newest="row"),
-    "drop-in-gpu": Section("gpu/sparsegpt-dropin-llama2-7b@*", LAYERS, layer_rows, newest="file", command=recorded),
+    "drop-in-gpu": Section("gpu/sparsegpt-dropin-llama2-7b@*.json", LAYERS, layer_rows, newest="file",
+                           command=recorded),
     "kernels": Section("micro-cpu.json gpu/micro-*.json",
                        "op | provider | shape | dtype | median | spread | rate | of ceiling | machine | commit",
                        kernel_rows),
