@@ -331,7 +331,9 @@ def main() -> None:
     parser.add_argument("--shots-element", type=int, default=4, help="SmolLM2's table")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
                         help="calibration seeds: each row runs once per seed, a seed s > 0 as the row <id>-seed<s>")
-    parser.add_argument("--row", action="append", default=[], help="run this row (its whole id; repeatable)")
+    parser.add_argument("--row", action="append", default=[],
+                        help="run this row (its whole id; repeatable): any row of SmolLM2's table or a candidate, "
+                             "on any model")
     parser.add_argument("--checkpoints", type=Path, help="write each row's checkpoint after every shot into "
                         "DIR/<results folder>/<row> and continue an unfinished row from it")
     parser.add_argument("--weigh-apart", action="store_true",
@@ -340,6 +342,12 @@ def main() -> None:
     args = parse_protocol(parser)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     root = folder(args.model, args.calib_windows, args.calib_seqlen)
+    table = rows(args.shots_structured, args.shots_element) if root == ROOT else defaults_rows()
+    named = dict(rows(args.shots_structured, args.shots_element) + candidate_rows())
+    unknown = [row for row in args.row if row not in named and row not in dict(table)]
+    if unknown:
+        parser.error(f"no row named {', '.join(unknown)}")
+    table += [(row, named[row]) for row in dict.fromkeys(args.row) if row not in dict(table)]
     root.mkdir(parents=True, exist_ok=True)
     run = load_protocol(args.model, args.calib_windows, args.calib_seqlen)
     protocol = protocol_of(args, run)
@@ -349,8 +357,6 @@ def main() -> None:
         result = perplexity(run.model, run.test_ids, 2048, args.eval_windows, progress=False, bos=run.bos)
         tuning = perplexity(run.model, run.tuning_ids, 2048, args.eval_windows, progress=False, bos=run.bos)
         write_json(dense_path, {"ppl": result.ppl, "tuning_ppl": tuning.ppl, "seconds": result.seconds, **protocol})
-    table = rows(args.shots_structured, args.shots_element) if root == ROOT else defaults_rows()
-    table += [(row, config) for row, config in candidate_rows() if row in args.row]
     for seed in args.seeds:
         seeded = run.with_seed(seed) if seed else run
         for row, config in table:
