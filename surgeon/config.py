@@ -18,6 +18,7 @@ from surgeon.methods import (
     DEFAULT_DAMP_G,
     DEFAULT_SHOTS,
     DEFAULT_TARGET_SIZE,
+    GLOBAL_DEVIATION,
     METHODS,
     PROPAGATED_DAMP_G,
     SHOTS,
@@ -203,7 +204,7 @@ class PruneConfig:
     def deviation(self) -> float:
         """How far a layer's unstructured sparsity may stray from the shot's: `layer_deviation`, else the method's."""
         return self.layer_deviation if self.layer_deviation is not None else \
-            self.spec.layer_deviation if self.structure == "unstructured" else 1.0
+            self.spec.layer_deviation if self.structure == "unstructured" else GLOBAL_DEVIATION
 
     @property
     def chooses(self) -> bool:

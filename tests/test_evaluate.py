@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from surgeon.app import evaluate
-from surgeon.app.evaluate import perplexity, windows_of
+from surgeon.app.data import windows_of
+from surgeon.app.evaluate import perplexity
 from surgeon.errors import SurgeonError
 from tests._helpers import tiny_model
 from tests._tolerances import FLOAT32

@@ -35,8 +35,7 @@ from bench.timing import serve_speed  # noqa: E402
 from bench.timing.in_turn import median_of, run_in_turn  # noqa: E402
 from surgeon import evaluation_text, tokenize  # noqa: E402
 from surgeon.app.cli import main as surgeon  # noqa: E402
-from surgeon.app.data import leading_token  # noqa: E402
-from surgeon.app.evaluate import windows_of  # noqa: E402
+from surgeon.app.data import leading_token, windows_of  # noqa: E402
 from surgeon.app.quantize import weight_bytes  # noqa: E402
 from surgeon.io import write_json  # noqa: E402
 

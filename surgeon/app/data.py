@@ -205,6 +205,11 @@ def held_out_windows(ids: torch.Tensor, nsamples: int, seqlen: int, bos: int | N
     count = held_out_count(nsamples)
     if ids.shape[1] < count * seqlen:
         return None
+    return windows_of(ids, seqlen, count, bos)
+
+
+def windows_of(ids: torch.Tensor, seqlen: int, count: int, bos: int | None = None) -> torch.Tensor:
+    """The first `count` consecutive windows [count, seqlen] of `ids` [1, T], each begun with `bos` where given."""
     return _windows(ids, [i * seqlen for i in range(count)], seqlen, bos)
 
 

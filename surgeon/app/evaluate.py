@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from surgeon.app.data import windows_of
 from surgeon.errors import SurgeonError
 from surgeon.models.adapter import max_seqlen
 
@@ -47,14 +48,6 @@ def window_count(total_tokens: int, seqlen: int, windows: int | None) -> int:
     if available == 0:
         raise SurgeonError(f"test text has {total_tokens} tokens, fewer than one window of {seqlen}")
     return available if windows is None else min(windows, available)
-
-
-def windows_of(ids: torch.Tensor, seqlen: int, count: int, bos: int | None = None) -> torch.Tensor:
-    """The first `count` consecutive windows [count, seqlen] of `ids` [1, T], each begun with `bos` where given."""
-    windows = ids[0, : count * seqlen].reshape(count, seqlen).clone()
-    if bos is not None:
-        windows[:, 0] = bos
-    return windows
 
 
 @torch.no_grad()  # not inference mode: an FSDP2 model's gathered weights must stay usable for autograd later

@@ -95,16 +95,15 @@ def bounds(k: int, sizes: Sequence[int], deviation: float) -> list[tuple[int, in
 
 def _clamped(costs: Lazy, low: int, high: int, backend: str) -> Deferred:
     """`costs` with their `low` cheapest at −∞ and all but their `high` cheapest at +∞ (ties in order), computed when
-    called; where the two limits cut is selected once, on the first call (`ops.kth_smallest`, no sort)."""
-    @functools.cache
-    def cuts() -> tuple[tuple[float, int], tuple[float, int]]:
-        flat = materialise(costs).float().reshape(-1)
-        return _cut(flat, low, backend), _cut(flat, high, backend)
+    called; where the two limits cut is selected once, from the first call's costs (`ops.kth_smallest`, no sort)."""
+    cuts: list[tuple[float, int]] = []
 
     def compute() -> torch.Tensor:
         values = materialise(costs)
         flat = values.float().reshape(-1).clone()
-        (tau_low, ties_low), (tau_high, ties_high) = cuts()
+        if not cuts:
+            cuts.extend((_cut(flat, low, backend), _cut(flat, high, backend)))
+        (tau_low, ties_low), (tau_high, ties_high) = cuts
         keep = _below(flat, tau_high, ties_high)
         flat[_below(flat, tau_low, ties_low)] = float("-inf")
         flat[~keep] = float("inf")
