@@ -27,7 +27,7 @@ MODIFIERS = {"sparsegpt": "SparseGPTModifier", "surgeon-sparsegpt": "SurgeonSpar
 # What sets a run's result apart from the CLI's defaults (`PruneConfig.resolved`); backends, batches, memory options
 # and the like do not
 SETTINGS = ("method", "shots", "correlation", "max_correlate", "cg_tol", "cg_dtype", "damp_a", "damp_g", "propagate",
-            "held_out_choice", "lora_steps", "kronecker_terms", "fisher", "layer_deviation")
+            "held_out_choice", "lora_steps", "kronecker_terms", "fisher", "layer_deviation", "nm_mask")
 # The quality rows the time-to-quality table sets beside its points
 TTQ_ROWS = ("structured-0.8-surgeon", "structured-0.8-surgeon-lora20", "unstructured-0.5-surgeon",
             "unstructured-0.5-surgeon-shots2", "2of4-0.5-surgeon", "2of4-0.5-surgeon-4shots", "4of8-0.5-surgeon",
@@ -71,7 +71,8 @@ def quality_table(runs: pv.Runs) -> str:
         name = c["method"] if c["method"] != "surgeon" else (
             f"surgeon/m={c['max_correlate']} {c.get('chunk_semantics', 'independent')}" if c["max_correlate"]
             else "surgeon/all jointly (CG)")
-        return name + (", last shot propagated" if c.get("propagate") else "") + sampled + bounded(c)
+        mask = f", masks by {c['nm_mask']}" if c.get("nm_mask", "costs") != "costs" else ""
+        return name + (", last shot propagated" if c.get("propagate") else "") + sampled + bounded(c) + mask
 
     tuned = any("tuning_ppl" in run for run in runs.values())  # a column where the set measured it
 

@@ -89,6 +89,8 @@ class PruneConfig:
         None, "unstructured: how far a layer's sparsity may stray from the shot's (1: one threshold over all layers' "
         "costs, sec. 3.3; 0: every layer alike)", shown=f"{METHODS['surgeon'].layer_deviation} for surgeon, else 1",
         least=0)
+    nm_mask: str = opt("costs", "N:M surgeon, propagated: each layer's mask by eq. 7's costs, by the OBS sweep on A, "
+                       "or per layer the one leaving the lower ½ tr(ΔWᵀ G ΔW A)", ("costs", "sweep", "best"))
     batch_size: int = opt(1, "calibration windows per forward/backward pass", least=1)
     propagate: bool | None = opt(
         None, "N:M and unstructured: prune the last shot block by block, each block's A from the inputs of the blocks "
@@ -148,6 +150,8 @@ class PruneConfig:
         if self.propagate and (not self.elements or not self.spec.needs_a):
             raise ValueError("propagate prunes the last element shot of a method with a curvature pass block by block ("
                              f"{', '.join(n for n, m in METHODS.items() if m.needs_a)}): use unstructured or N:M")
+        if self.nm_mask != "costs" and not (self.nm and self.propagates and self.spec.correlated):
+            raise ValueError(f"nm_mask={self.nm_mask}: the propagated N:M shot of a correlated method chooses it")
         if self.held_out_choice and not (self.spec.alternative is not None and self.elements):
             raise ValueError("held_out_choice weighs an unstructured or N:M run against its method's alternative ("
                              + ", ".join(f"{n} against {m.alternative}" for n, m in METHODS.items() if m.alternative)

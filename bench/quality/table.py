@@ -135,8 +135,9 @@ def defaults_rows() -> list[tuple[str, PruneConfig]]:
 # Candidate settings for LLM Surgeon's own models, run only where named (`--row`), each beside its row of
 # `defaults_rows` and judged on the tuning windows, with the structures each applies to: G from labels drawn from the
 # model (eq. 6's Fisher), the update stopped early (as sparsegpt-refine stops its own, but with G), A shrunk more, and
-# the last unstructured shot pruned block by block on propagated inputs (as N:M's is by default), and each layer's
-# sparsity kept within a deviation of the shot's (0: every layer alike, as SparseGPT's are) under the one threshold
+# the last unstructured shot pruned block by block on propagated inputs (as N:M's is by default), each layer's
+# sparsity kept within a deviation of the shot's (0: every layer alike, as SparseGPT's are) under the one threshold,
+# and N:M masks by the OBS sweep or the better of the two by the local loss (`PruneConfig.nm_mask`)
 CANDIDATES = {"sampled": (dict(fisher="sampled"), ("structured", "unstructured", "2:4")),
               "cg8": (dict(cg_max_iter=8), ("unstructured", "2:4")),  # a structured update solves no CG
               "damp-a0.1": (dict(damp_a=0.1), ("structured", "unstructured", "2:4")),
@@ -144,7 +145,8 @@ CANDIDATES = {"sampled": (dict(fisher="sampled"), ("structured", "unstructured",
               "propagated-g1": (dict(propagate=True, damp_g=1.0), ("unstructured",)),  # N:M's propagated λ_G
               "per-layer": (dict(layer_deviation=0.0), ("unstructured",)),
               **{f"deviation{d}": (dict(layer_deviation=d), ("unstructured",)) for d in (0.05, 0.1, 0.2, 0.3)},
-              **{f"damp-g{g:g}": (dict(damp_g=g), ("2:4",)) for g in (0.1, 10.0)}}  # N:M's propagated λ_G is 1
+              **{f"damp-g{g:g}": (dict(damp_g=g), ("2:4",)) for g in (0.1, 10.0)},  # N:M's propagated λ_G is 1
+              **{f"mask-{rule}": (dict(nm_mask=rule), ("2:4",)) for rule in ("sweep", "best")}}
 
 
 def candidate_rows() -> list[tuple[str, PruneConfig]]:

@@ -18,7 +18,8 @@ class Update:
     correlated: costs from F⁻¹ (eq. 7) and the correlated update (eqs. 4-5), else the diagonal costs and no update;
     strengths: (λ_G, λ_A); correlation: the structured update's (joint, within); max_correlate, cg_tol,
     cg_max_iter, cg_dtype: the element update's chunks and conjugate gradients; backend: the kernels'; deviation:
-    how far each layer's unstructured sparsity may stray from the shot's (1: one global threshold, sec. 3.3).
+    how far each layer's unstructured sparsity may stray from the shot's (1: one global threshold, sec. 3.3);
+    nm_mask: how the propagated N:M shot chooses each layer's mask (`PruneConfig.nm_mask`).
     """
 
     correlated: bool
@@ -30,6 +31,7 @@ class Update:
     cg_dtype: torch.dtype | None = None
     backend: str = "auto"
     deviation: float = 1.0
+    nm_mask: str = "costs"
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ def update_of(config: PruneConfig) -> Update:
     """The update settings of `config`."""
     cg_dtype = None if config.cg_dtype is None else getattr(torch, config.cg_dtype)
     return Update(config.spec.correlated, config.strengths, config.correlation, config.max_correlate or None,
-                  config.cg_tol, config.cg_max_iter, cg_dtype, config.backend, config.deviation)
+                  config.cg_tol, config.cg_max_iter, cg_dtype, config.backend, config.deviation, config.nm_mask)
 
 
 def blocks_of(config: PruneConfig) -> Blocks:

@@ -241,8 +241,10 @@ class _LayerShots:
             return structured_shot(layers, raw, target_zeros, self.update, self.units, config.offload, run.coupled,
                                    run.kinds, ranks, desc)
         if config.propagates and shot == config.shot_count:
-            select = nm_selection(config.nm, self.update.backend) if config.nm is not None else counted_selection(
-                element_zeros(layers, raw, target_zeros, self.update, ranks, desc), self.update.backend)
+            update = self.update
+            select = nm_selection(config.nm, update.backend, update.nm_mask, update.strengths[1]) \
+                if config.nm is not None else counted_selection(
+                    element_zeros(layers, raw, target_zeros, update, ranks, desc), update.backend)
             propagated_shot(self.model, layers, raw, self.calibration_ids, self.update, select, self.blocks, ranks,
                             progress)
             return {}, 0
