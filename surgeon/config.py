@@ -40,31 +40,27 @@ class PruneConfig:
     """Settings of one pruning run (docs/DESIGN.md: schedule, damping, correlation)."""
 
     structure: str = opt(
-        "structured", "structured (rows+columns), coupled (MLP neurons, attention heads and KV groups, each across "
-        "the layers it spans), unstructured, N:M such as 2:4 (N kept of every M), or experts (whole routed experts "
-        "of a Mixture-of-Experts model, the same number kept in every block)")
+        "structured", "structured (rows+columns), coupled (MLP neurons, attention heads and KV groups, across the "
+        "layers each spans), unstructured, N:M such as 2:4 (N kept of every M), or experts (whole routed experts)")
     target_size: float | None = opt(
         None, "fraction of prunable weights kept (non-zero) at the end, in (0, 1]; 0.8 keeps 80%, removes 20% "
-        "(experts: of each block's routed experts)",
-        shown=f"{DEFAULT_TARGET_SIZE}; N:M structures keep N/M")
+        "(experts: of each block's routed experts)", shown=f"{DEFAULT_TARGET_SIZE}; N:M structures keep N/M")
     shots: int | None = opt(None, "number of pruning shots (linear schedule)",
                              shown="4 structured and coupled, 2 unstructured, 1 N:M and experts", least=1)
     layout: str = opt(
         "per-block", "coupled: per-block (each block its own widths; query heads leave in rounds, one of every KV "
-        "head at a time), uniform (the same number of neurons and heads in every block, which the standard export "
-        "holds exactly), or decilm (each block its own MLP width, its attention kept whole or removed, which the "
-        "decilm export, and vLLM, hold exactly)", ("per-block", "uniform", "decilm"))
+        "head at a time), uniform (as many neurons and heads in every block, as the standard export holds), or "
+        "decilm (each block its MLP width, attention whole or gone, as vLLM holds)", ("per-block", "uniform", "decilm"))
     width_multiple: int = opt(
         1, "coupled: every block keeps a multiple of this many neurons, and heads whose width is one (64, 128, 256)",
         least=1)
     speed_context: int | None = opt(
         None, "coupled: rank units by cost per multiply-accumulate their removal saves a token decoded after this "
-        "many tokens of context (a head or KV group also saves its attention over the context)",
-        shown="none: by cost alone", least=1)
+        "many tokens of context (a head or KV group also its attention)", shown="none: by cost alone", least=1)
     leave_out: str = opt(
-        "router", "comma-separated parts of the decoder blocks not to prune: router (the Mixture-of-Experts routers) "
-        "or glob patterns over parameter names such as 'model.layers.*.mlp.experts.*'; a weight matrix the run "
-        "cannot prune and does not leave out makes it refuse; the target and sparsity count what is pruned")
+        "router", "comma-separated parts of the decoder blocks not to prune: router (the MoE routers) or glob "
+        "patterns over parameter names ('model.layers.*.mlp.experts.*'); a weight matrix the run cannot prune and "
+        "does not leave out makes it refuse; the target and sparsity count what is pruned")
     method: str = opt("surgeon", f"pruning method ({method_help()})", tuple(METHODS))
     correlation: Correlation = opt("joint", "structured surgeon update: joint rows+columns, or within rows / columns",
                                    typing.get_args(Correlation))
@@ -89,18 +85,18 @@ class PruneConfig:
         None, "unstructured: how far a layer's sparsity may stray from the shot's (1: one threshold over all layers' "
         "costs, sec. 3.3; 0: every layer alike)", shown=f"{METHODS['surgeon'].layer_deviation} for surgeon, else 1",
         least=0)
-    nm_mask: str = opt("costs", "N:M surgeon, propagated: each layer's mask by eq. 7's costs, by the OBS sweep on A, "
-                       "or per layer the one leaving the lower ½ tr(ΔWᵀ G ΔW A)", ("costs", "sweep", "best"))
+    nm_mask: str | None = opt(None, "N:M surgeon, propagated: each layer's mask by the OBS sweep over its columns "
+                              "on A (sweep) or by eq. 7's costs at once (costs, the paper's)", ("sweep", "costs"),
+                              shown="sweep where a correlated method's N:M shot propagates, else costs")
     batch_size: int = opt(1, "calibration windows per forward/backward pass", least=1)
     propagate: bool | None = opt(
         None, "N:M and unstructured: prune the last shot block by block, each block's A from the inputs of the blocks "
-        "already pruned (as SparseGPT; G from the shot's pass; unstructured: as many weights of each layer as the "
+        "already pruned, as SparseGPT (G from the shot's pass; unstructured: as many weights per layer as the "
         "threshold takes)", shown="on for N:M with surgeon, kobd or lobd")
     held_out_choice: bool | None = opt(
-        None, "unstructured and N:M surgeon: also prune the dense model in one shot with sparsegpt-refine "
-        "(SparseGPT's mask and weights, then 8 conjugate-gradient steps toward the exact row update) and keep "
-        "whichever model has the lower loss on held-out calibration windows (LLM Surgeon's alone where none are "
-        "given, or over several processes)", shown="on for unstructured and N:M with surgeon")
+        None, "unstructured and N:M surgeon: also prune the dense model in one sparsegpt-refine shot and keep the "
+        "model with the lower loss on held-out calibration windows (none given, or several processes: LLM Surgeon's)",
+        shown="on for unstructured and N:M with surgeon")
     curvature_split: str = opt(
         "batches", "under torchrun: each rank runs a share of the calibration batches and the factors are summed onto "
         "each block's owner (batches: fastest), or each runs every batch and accumulates only its own blocks' factors "
@@ -113,8 +109,7 @@ class PruneConfig:
         "memory; the device holds those of a layer and the one before it")
     block_groups: int = opt(
         1, "with offload: split the decoder blocks into N groups and run the curvature pass once per group, each "
-        "accumulating only its group's factors before they move to host memory (N passes, 1/N of the factors)",
-        least=1)
+        "accumulating its group's factors before they move to host memory (N passes, 1/N of the factors)", least=1)
     lora_steps: int = opt(0, "interleaved LoRA steps between shots (0 = off; paper 3.6)")
     lora_rank: int = opt(8, "rank of the interleaved LoRA adapters")
     lora_lr: float = opt(1e-4, "learning rate of the interleaved LoRA adapters")
@@ -150,8 +145,8 @@ class PruneConfig:
         if self.propagate and (not self.elements or not self.spec.needs_a):
             raise ValueError("propagate prunes the last element shot of a method with a curvature pass block by block ("
                              f"{', '.join(n for n, m in METHODS.items() if m.needs_a)}): use unstructured or N:M")
-        if self.nm_mask != "costs" and not (self.nm and self.propagates and self.spec.correlated):
-            raise ValueError(f"nm_mask={self.nm_mask}: the propagated N:M shot of a correlated method chooses it")
+        if self.nm_mask == "sweep" and not (self.nm and self.propagates and self.spec.correlated):
+            raise ValueError("nm_mask=sweep: the propagated N:M shot of a correlated method sweeps its masks")
         if self.held_out_choice and not (self.spec.alternative is not None and self.elements):
             raise ValueError("held_out_choice weighs an unstructured or N:M run against its method's alternative ("
                              + ", ".join(f"{n} against {m.alternative}" for n, m in METHODS.items() if m.alternative)
@@ -217,12 +212,17 @@ class PruneConfig:
         return self.held_out_choice if self.held_out_choice is not None else \
             self.spec.alternative is not None and self.elements
 
+    @property
+    def mask_rule(self) -> str:
+        """`nm_mask`, else the OBS sweep where a correlated method's N:M shot propagates, else eq. 7's costs."""
+        return self.nm_mask or ("sweep" if self.nm and self.propagates and self.spec.correlated else "costs")
+
     def resolved(self) -> dict[str, object]:
         """Every field, those left at None replaced by the value the run uses (what report.json records)."""
         damp_g, damp_a = self.strengths
         return {**dataclasses.asdict(self), "target_size": self.target, "shots": self.shot_count,
                 "propagate": self.propagates, "damp_g": damp_g, "damp_a": damp_a,
-                "held_out_choice": self.chooses, "layer_deviation": self.deviation}
+                "held_out_choice": self.chooses, "layer_deviation": self.deviation, "nm_mask": self.mask_rule}
 
     @property
     def spec(self) -> Method:

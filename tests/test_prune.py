@@ -538,7 +538,8 @@ def test_conjugate_gradients_in_bfloat16_prune_to_the_target(arch):
 def test_the_propagated_last_nm_shot_prunes_later_blocks_on_pruned_inputs(arch):
     """Block 0's inputs are the embeddings, which no pruning changes: it prunes as in the unpropagated shot.
     Block 1's A comes from block 0 as pruned and updated: its weights differ. Every group keeps 2 of 4."""
-    config = PruneConfig(structure="2:4", shots=2, propagate=False, damp_g=0.1)  # λ_G given: the same in both
+    config = PruneConfig(structure="2:4", shots=2, propagate=False, damp_g=0.1,
+                         nm_mask="costs")  # λ_G and the mask rule given: the same in both
     plain, propagated = tiny_model(arch), tiny_model(arch)
     prune(plain, calibration(), config, progress=False)
     prune(propagated, calibration(), dataclasses.replace(config, propagate=True), progress=False)
@@ -600,13 +601,13 @@ def test_a_counted_selection_takes_each_layers_cheapest_weights_those_pruned_fir
 
     layer = Layer.unpruned("x", torch.nn.Linear(4, 2), elements=True)
     costs = torch.tensor([[3.0, float("-inf"), 1.0, 5.0], [0.5, 4.0, 2.0, 6.0]])
-    assert counted_selection({"x": 3}, "torch")(layer, costs, None)[0].tolist() == [[False, True, True, False],
-                                                                                  [True, False, False, False]]
+    assert counted_selection({"x": 3}, "torch")(layer, lambda: costs, None).tolist() == [[False, True, True, False],
+                                                                                       [True, False, False, False]]
 
 
-def test_an_nm_selection_offers_the_costs_mask_the_sweeps_mask_or_both():
-    """`nm_mask`: costs, the cheapest 2 of every 4 by eq. 7; sweep, SparseGPT's mask on the same A and damping; best,
-    both, in that order."""
+def test_an_nm_selection_takes_the_sweeps_mask_or_the_cheapest_by_the_costs():
+    """`nm_mask`: sweep, SparseGPT's mask on the layer's A with the same damping; costs, the cheapest 2 of every 4 by
+    eq. 7 (the costs read only by that rule)."""
     from surgeon.method import baselines
     from surgeon.models.layer import Layer
     from surgeon.pruning.elements import nm_selection
@@ -618,67 +619,40 @@ def test_an_nm_selection_offers_the_costs_mask_the_sweeps_mask_or_both():
     A, costs = X.T @ X, torch.rand(6, 8)
     swept = baselines.sparsegpt(layer.weight(), A, 0.5, layer.mask, (2, 4), percdamp=0.05)[1]
     by_costs = costs.view(6, 2, 4).argsort(-1).argsort(-1).lt(2).view(6, 8)
-    packed = PackedSymmetric.pack(A)
-    assert [m.tolist() for m in nm_selection((2, 4), "torch", "costs", 0.05)(layer, costs, packed)] == \
-        [by_costs.tolist()]
-    assert [m.tolist() for m in nm_selection((2, 4), "torch", "sweep", 0.05)(layer, costs, packed)] == \
-        [swept.tolist()]
-    assert [m.tolist() for m in nm_selection((2, 4), "torch", "best", 0.05)(layer, costs, packed)] == \
-        [by_costs.tolist(), swept.tolist()]
     assert not torch.equal(by_costs, swept)  # the two rules differ here, so each assertion tells them apart
 
+    def unread() -> torch.Tensor:
+        raise AssertionError("the sweep reads no costs")
 
-def test_the_least_loss_update_keeps_the_mask_whose_update_loses_least():
-    """Of two masks, the layer takes the one whose correlated update leaves the lower ½ tr(ΔWᵀ G ΔW A), with that
-    update's weights, whichever comes first."""
-    from surgeon.method import inverses, solver
-    from surgeon.models.layer import Layer
-    from surgeon.pruning.elements import _least_loss_update, _updated
-    from surgeon.pruning.phases import Update
-
-    torch.manual_seed(0)
-    X = torch.randn(64, 8) * torch.linspace(0.2, 3, 8)
-    A, G = X.T @ X, torch.eye(6) + 0.1
-    update = Update(True, (0.1, 0.01))
-    f = inverses.kronecker(inverses.FactorInverse.of(damp(G, 0.1), False),
-                           inverses.FactorInverse.of(damp(A, 0.01), False))
-    masks = [torch.zeros(6, 8, dtype=torch.bool), torch.zeros(6, 8, dtype=torch.bool)]
-    masks[0][:, :4], masks[1][:, 4:] = True, True  # the wide columns carry most of A: removing them costs more
-    for order in (masks, masks[::-1]):
-        layer = Layer.unpruned("x", torch.nn.Linear(8, 6, bias=False), elements=True)
-        original = layer.weight()
-        losses = []
-        for mask in order:
-            W = _updated(layer, mask, f, update)[1]
-            W[mask] = 0
-            losses.append(float(solver.quadratic_loss(W - original, G, A)))
-        kept = _least_loss_update(layer, order, f, update, G, A)
-        assert kept == losses.index(min(losses)) and losses[0] != losses[1]
-        assert torch.equal(layer.mask, order[kept])
-        assert torch.equal(layer.module.weight == 0, order[kept] | (layer.module.weight == 0))
+    packed = PackedSymmetric.pack(A)
+    assert torch.equal(nm_selection((2, 4), "torch", "costs", 0.05)(layer, lambda: costs, packed), by_costs)
+    assert torch.equal(nm_selection((2, 4), "torch", "sweep", 0.05)(layer, unread, packed), swept)
 
 
 @pytest.mark.parametrize("arch", ["llama", "opt"])
 def test_the_sweeps_nm_masks_are_sparsegpts_on_the_first_block_and_n_of_m_everywhere(arch):
     """Block 0 reads the embeddings, which no pruning changes, and each of its layers is chosen from its dense weights:
-    there LLM Surgeon's swept masks are SparseGPT's; every layer of a run with either rule keeps 2 of every 4."""
+    there LLM Surgeon's masks, swept by default, are SparseGPT's, and by eq. 7's costs differ; every layer of a run
+    with either rule keeps 2 of every 4."""
     def masks(model):
         return {name: W == 0 for name, W in weights(model).items()}
 
-    sparsegpt, swept, best = tiny_model(arch), tiny_model(arch), tiny_model(arch)
+    sparsegpt, swept, by_costs = tiny_model(arch), tiny_model(arch), tiny_model(arch)
     prune(sparsegpt, calibration(), PruneConfig(structure="2:4", method="sparsegpt"), progress=False)
-    prune(swept, calibration(), PruneConfig(structure="2:4", nm_mask="sweep", held_out_choice=False), progress=False)
-    prune(best, calibration(), PruneConfig(structure="2:4", nm_mask="best", held_out_choice=False), progress=False)
+    prune(swept, calibration(), PruneConfig(structure="2:4", held_out_choice=False), progress=False)
+    prune(by_costs, calibration(), PruneConfig(structure="2:4", nm_mask="costs", held_out_choice=False), progress=False)
     first = [name for name, _ in prunable_layers(swept)[0]]
     assert all(torch.equal(masks(swept)[name], masks(sparsegpt)[name]) for name in first)
-    for model in (swept, best):
+    assert not any(torch.equal(masks(by_costs)[name], masks(sparsegpt)[name]) for name in first)
+    for model in (swept, by_costs):
         assert all(m.view(m.shape[0], -1, 4).sum(-1).eq(2).all() for m in masks(model).values())
 
 
-def test_nm_mask_is_refused_where_no_propagated_correlated_nm_shot_chooses_it():
-    assert PruneConfig(structure="2:4", nm_mask="best").nm_mask == "best"
+def test_nm_masks_are_swept_where_a_correlated_methods_nm_shot_propagates_and_refused_elsewhere():
+    assert PruneConfig(structure="2:4").mask_rule == "sweep" == PruneConfig(structure="4:8").resolved()["nm_mask"]
     for settings in (dict(structure="unstructured"), dict(structure="2:4", method="sparsegpt"),
                      dict(structure="2:4", propagate=False), dict(structure="2:4", method="kobd")):
+        assert PruneConfig(**settings).mask_rule == "costs" == PruneConfig(**settings, nm_mask="costs").mask_rule
         with pytest.raises(ValueError, match="nm_mask=sweep: the propagated N:M shot of a correlated method"):
             PruneConfig(**settings, nm_mask="sweep")
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,8 +28,6 @@ from surgeon.pruning.report import bar, clock, phases, ticker
 from surgeon.scale.distributed import Ranks
 from surgeon_kernels import ops
 from surgeon_kernels.ops import Deferred, PackedSymmetric
-
-logger = logging.getLogger(__name__)
 
 
 def element_shot(layers: list[Layer], raw: list[InputGroup], target_zeros: int, update: Update,
@@ -136,37 +133,14 @@ def _element_update(layer: Layer, mask: torch.Tensor, inverse: inverses.Kronecke
                     update: Update, on_iteration: Callable[[int], None] | None = None) -> None:
     """Add `mask` to the layer's pruned weights and apply the correlated update (eqs. 4-5) with `inverse` (dense),
     `on_iteration` told of each conjugate-gradient iteration."""
-    layer.mask, W = _updated(layer, mask, inverse, update, on_iteration)
-    layer.store(W)
-
-
-def _updated(layer: Layer, mask: torch.Tensor, inverse: inverses.KroneckerInverse | None, update: Update,
-             on_iteration: Callable[[int], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The layer's mask with `mask` added, and its [W | b] after the correlated update (eqs. 4-5) with `inverse`
-    (dense; None: no update), the layer itself left as it is."""
-    mask = mask | layer.mask  # computed from the layer's costs before its mask and weights change
+    layer.mask = mask | layer.mask  # computed from the layer's costs before its mask and weights change
     W = layer.weight()
     if inverse is not None:
-        pruned, original = layer.with_bias_col(mask, False), W
+        pruned, original = layer.with_bias_col(layer.mask, False), W
         W = updates.finite_update(layer.name, inverse, lambda g: updates.unstructured(
             original, g, pruned, update.max_correlate, update.cg_tol, update.cg_max_iter, update.backend,
             update.cg_dtype, on_iteration), max(update.strengths))
-    return mask, W
-
-
-def _least_loss_update(layer: Layer, masks: list[torch.Tensor], inverse: inverses.KroneckerInverse,
-                       update: Update, G: torch.Tensor, A: torch.Tensor) -> int:
-    """Of the candidate `masks`, the one whose correlated update (eqs. 4-5) leaves the lower local loss
-    ½ tr(ΔWᵀ G ΔW A) (eq. 2) on the layer's raw factors, applied to the layer; its position in `masks`."""
-    original, tried = layer.weight(), []
-    for candidate in masks:
-        mask, W = _updated(layer, candidate, inverse, update)
-        W[:, : layer.module.in_features][mask] = 0  # as `Layer.store` writes it
-        tried.append((float(solver.quadratic_loss(W - original, G, A)), mask, W))
-    best = min(range(len(tried)), key=lambda i: tried[i][0])
-    layer.mask = tried[best][1]
-    layer.store(tried[best][2])
-    return best
+    layer.store(W)
 
 
 def _layer_element_costs(layer: Layer, weigh: Callable[[torch.Tensor], torch.Tensor],
@@ -178,31 +152,30 @@ def _layer_element_costs(layer: Layer, weigh: Callable[[torch.Tensor], torch.Ten
     return e.masked_fill(layer.mask, float("-inf"))
 
 
-# a layer, its costs and its raw input factor A -> the masks it may take (the update keeps the best of several)
-Selection = Callable[[Layer, torch.Tensor, PackedSymmetric], list[torch.Tensor]]
+# a layer, its costs (computed when called) and its raw input factor A -> its mask
+Selection = Callable[[Layer, Callable[[], torch.Tensor], PackedSymmetric], torch.Tensor]
 
 
 def nm_selection(nm: tuple[int, int], backend: str, rule: str = "costs", damp_a: float = DEFAULT_DAMP_A
                  ) -> Selection:
-    """Each layer's own N of every M weights (`PruneConfig.nm_mask`): the cheapest by its costs (eq. 7, "costs"),
-    those the OBS sweep over its columns removes on A damped by `damp_a`, each group chosen after the earlier
-    columns' updates (`baselines.sparsegpt`, "sweep": [G⁻¹]_rr scales a row's costs alike, so G chooses nothing in
-    it), or both ("best")."""
+    """Each layer's own N of every M weights (`PruneConfig.nm_mask`): those the OBS sweep over its columns removes on
+    its A damped by `damp_a`, each group chosen after the earlier columns' updates ("sweep", `baselines.sparsegpt`;
+    [G⁻¹]ᵢᵢ scales a row's costs alike, so G would choose nothing in it), or the cheapest by its costs at once
+    ("costs", eq. 7)."""
 
-    def select(layer: Layer, layer_costs: torch.Tensor, A: PackedSymmetric) -> list[torch.Tensor]:
-        masks = [ops.nm_select(layer_costs, *nm, backend)[1]] if rule != "sweep" else []
-        if rule != "costs":
-            C = layer.module.in_features
-            masks.append(baselines.sparsegpt(layer.weight()[:, :C], A.dense()[:C, :C], 1 - nm[0] / nm[1],
-                                             layer.mask, nm, percdamp=damp_a)[1])
-        return masks
+    def select(layer: Layer, layer_costs: Callable[[], torch.Tensor], A: PackedSymmetric) -> torch.Tensor:
+        if rule == "costs":
+            return ops.nm_select(layer_costs(), *nm, backend)[1]
+        C = layer.module.in_features
+        return baselines.sparsegpt(layer.weight()[:, :C], A.dense()[:C, :C], 1 - nm[0] / nm[1], layer.mask, nm,
+                                   percdamp=damp_a)[1]
 
     return select
 
 
 def counted_selection(zeros: dict[str, int], backend: str) -> Selection:
     """Each layer's `zeros[name]` cheapest weights (those pruned before, priced −inf, first)."""
-    return lambda layer, layer_costs, A: [threshold.smallest_k([layer_costs], zeros[layer.name], backend)[0]()]
+    return lambda layer, layer_costs, A: threshold.smallest_k([layer_costs()], zeros[layer.name], backend)[0]()
 
 
 def propagated_shot(model: nn.Module, layers: list[Layer], raw: list[InputGroup], calibration: torch.Tensor,
@@ -217,7 +190,6 @@ def propagated_shot(model: nn.Module, layers: list[Layer], raw: list[InputGroup]
     """
     shot = by_layer(raw)  # G of the shot's pass; each block's A comes from its propagated inputs
     raw.clear()  # each layer's factors freed once it is pruned
-    chosen = [0, 0]  # layers whose update kept the first, the second of two candidate masks
     for block in _pruned_block_by_block(model, layers, calibration, blocks, ranks, progress):
         for fresh, members in block:
             A = inverses.input_inverse(fresh.A, slice(None), update.strengths[1], root=False) \
@@ -225,15 +197,9 @@ def propagated_shot(model: nn.Module, layers: list[Layer], raw: list[InputGroup]
             for layer in members:
                 entry = dataclasses.replace(shot.pop(layer.name), A=fresh.A)  # methods with a curvature pass
                 G, layer_costs = _element_plan(layer, entry, update, A)
-                masks = select(layer, layer_costs(), fresh.A)
+                mask = select(layer, layer_costs, fresh.A)
                 inverse = None if G is None or A is None else inverses.kronecker(G.dense(), A)
-                if len(masks) == 1 or inverse is None or entry.G is None:
-                    _element_update(layer, masks[0], inverse, update)
-                else:
-                    chosen[_least_loss_update(layer, masks, inverse, update, entry.G.dense(), fresh.A.dense())] += 1
-    if sum(chosen):
-        logger.info("N:M masks: eq. 7's costs kept in %d layers, the sweep's in %d (the lower ½ tr(ΔWᵀ G ΔW A))",
-                    *chosen)
+                _element_update(layer, mask, inverse, update)
 
 
 def _pruned_block_by_block(model: nn.Module, layers: list[Layer], calibration: torch.Tensor, blocks: Blocks,

@@ -19,7 +19,7 @@ class Update:
     strengths: (λ_G, λ_A); correlation: the structured update's (joint, within); max_correlate, cg_tol,
     cg_max_iter, cg_dtype: the element update's chunks and conjugate gradients; backend: the kernels'; deviation:
     how far each layer's unstructured sparsity may stray from the shot's (1: one global threshold, sec. 3.3);
-    nm_mask: how the propagated N:M shot chooses each layer's mask (`PruneConfig.nm_mask`).
+    nm_mask: how the propagated N:M shot chooses each layer's mask (`PruneConfig.mask_rule`).
     """
 
     correlated: bool
@@ -112,7 +112,7 @@ def update_of(config: PruneConfig) -> Update:
     """The update settings of `config`."""
     cg_dtype = None if config.cg_dtype is None else getattr(torch, config.cg_dtype)
     return Update(config.spec.correlated, config.strengths, config.correlation, config.max_correlate or None,
-                  config.cg_tol, config.cg_max_iter, cg_dtype, config.backend, config.deviation, config.nm_mask)
+                  config.cg_tol, config.cg_max_iter, cg_dtype, config.backend, config.deviation, config.mask_rule)
 
 
 def blocks_of(config: PruneConfig) -> Blocks:
