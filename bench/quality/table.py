@@ -137,7 +137,7 @@ def defaults_rows() -> list[tuple[str, PruneConfig]]:
 # model (eq. 6's Fisher), the update stopped early (as sparsegpt-refine stops its own, but with G), A shrunk more, and
 # the last unstructured shot pruned block by block on propagated inputs (as N:M's is by default), each layer's
 # sparsity kept within a deviation of the shot's (0: every layer alike, as SparseGPT's are) under the one threshold,
-# and N:M masks by the OBS sweep or the better of the two by the local loss (`PruneConfig.nm_mask`)
+# and N:M masks by eq. 7's costs at once, the paper's, where the default sweeps them (`PruneConfig.nm_mask`)
 CANDIDATES = {"sampled": (dict(fisher="sampled"), ("structured", "unstructured", "2:4")),
               "cg8": (dict(cg_max_iter=8), ("unstructured", "2:4")),  # a structured update solves no CG
               "damp-a0.1": (dict(damp_a=0.1), ("structured", "unstructured", "2:4")),
@@ -146,7 +146,7 @@ CANDIDATES = {"sampled": (dict(fisher="sampled"), ("structured", "unstructured",
               "per-layer": (dict(layer_deviation=0.0), ("unstructured",)),
               **{f"deviation{d}": (dict(layer_deviation=d), ("unstructured",)) for d in (0.05, 0.1, 0.2, 0.3)},
               **{f"damp-g{g:g}": (dict(damp_g=g), ("2:4",)) for g in (0.1, 10.0)},  # N:M's propagated λ_G is 1
-              **{f"mask-{rule}": (dict(nm_mask=rule), ("2:4",)) for rule in ("sweep", "best")}}
+              "mask-costs": (dict(nm_mask="costs"), ("2:4",))}
 
 
 def candidate_rows() -> list[tuple[str, PruneConfig]]:
