@@ -182,8 +182,9 @@ def propagated_shot(model: nn.Module, layers: list[Layer], raw: list[InputGroup]
                     update: Update, select: Selection, blocks: Blocks, ranks: Ranks, progress: bool) -> None:
     """The last shot, which prunes every layer block by block (`PruneConfig.propagate`).
 
-    Each layer's mask is `select`ed from its own costs: N of every M (no global threshold, sec. 3.3), or as many
-    weights as the shot's global threshold took from it (`element_zeros`); each block's A is estimated again from
+    Each layer's mask is `select`ed from its own weights and A: N of every M by the OBS sweep or by its costs (no
+    global threshold, sec. 3.3; `nm_selection`), or as many weights as the shot's global threshold took from it
+    (`element_zeros`, by its costs); each block's A is estimated again from
     the inputs the blocks before it give, already pruned and updated in this shot (as SparseGPT prunes), G is the
     shot's (docs/DESIGN.md). Over `ranks`, the block's owner, which holds its G, prunes it
     (`_pruned_block_by_block`), with the method's mask and update (eqs. 4-5).
