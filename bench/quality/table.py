@@ -345,11 +345,11 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     root = folder(args.model, args.calib_windows, args.calib_seqlen)
     table = rows(args.shots_structured, args.shots_element) if root == ROOT else defaults_rows()
-    named = dict(rows(args.shots_structured, args.shots_element) + candidate_rows())
-    unknown = [row for row in args.row if row not in named and row not in dict(table)]
+    known, named = dict(table), dict(rows(args.shots_structured, args.shots_element) + candidate_rows())
+    unknown = [row for row in args.row if row not in named and row not in known]
     if unknown:
         parser.error(f"no row named {', '.join(unknown)}")
-    table += [(row, named[row]) for row in dict.fromkeys(args.row) if row not in dict(table)]
+    table += [(row, named[row]) for row in dict.fromkeys(args.row) if row not in known]
     root.mkdir(parents=True, exist_ok=True)
     run = load_protocol(args.model, args.calib_windows, args.calib_seqlen)
     protocol = protocol_of(args, run)
