@@ -293,3 +293,17 @@ def test_bad_config_file_is_one_line_naming_it(tmp_path, capsys, text, message):
     error = capsys.readouterr().err
     assert error.startswith(f"surgeon: error: --config {tmp_path / 'settings.json'}: ") and message in error
     assert error.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_the_last_line_stands_on_its_own_after_a_progress_bar_left_open(capsys):
+    """A stop or an error inside a progress bar (transformers' weight loading) prints its line after the bar's, not
+    on it."""
+    from tqdm import tqdm
+
+    from surgeon.app.cli import _last_line
+
+    bar = tqdm(total=20, desc="Loading weights", file=sys.stderr)
+    bar.update()
+    _last_line("surgeon: interrupted")
+    err = capsys.readouterr().err
+    assert "Loading weights" in err and err.split("\n")[-2] == "surgeon: interrupted"

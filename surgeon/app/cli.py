@@ -420,6 +420,16 @@ def _quiet_libraries(quiet: bool) -> None:
         os.environ.setdefault("TQDM_DISABLE", "1")  # bars drawn with tqdm directly (GGUF dequantization)
 
 
+def _last_line(message: str) -> None:
+    """Print the run's last line to stderr on a line of its own: progress bars still open (a stop or an error inside
+    one, such as transformers' weight loading) are closed first, each ending its own line."""
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
+    print(message, file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `surgeon` console script; returns the exit status."""
     previous = {number: signal.signal(number, _on_signal) for number in (signal.SIGINT, signal.SIGTERM)}
@@ -438,10 +448,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SurgeonError as error:
         if args is not None and args.debug:
             raise
-        print(f"surgeon: error: {error}", file=sys.stderr)
+        _last_line(f"surgeon: error: {error}")
         return 2
     except (KeyboardInterrupt, Terminated) as stop:
-        print("surgeon: interrupted", file=sys.stderr)
+        _last_line("surgeon: interrupted")
         return EXIT_SIGINT if isinstance(stop, KeyboardInterrupt) else EXIT_SIGTERM
     finally:
         for number, handler in previous.items():
