@@ -15,15 +15,22 @@ import logging
 import os
 import signal
 import sys
-import types
-import typing
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
 from surgeon import __version__
-from surgeon.app.settings import ExportConfig, QuantizeConfig, RecoverConfig, ReportConfig, RunConfig
+from surgeon.app.settings import (
+    SETTINGS_CLASSES,
+    ExportConfig,
+    QuantizeConfig,
+    RecoverConfig,
+    ReportConfig,
+    RunConfig,
+    field_type,
+    read_settings,
+)
 from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
 from surgeon.scale.plan_config import PlanConfig
@@ -54,16 +61,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"surgeon: error: {message} (see `{self.prog} --help`)\n")
 
 
-def _field_type(cls: type, f: dataclasses.Field[Any]) -> tuple[type, tuple[Any, ...] | None]:
-    """The type a field's option or settings-file value takes (X for `X | None`, str for a Literal), and its choices."""
-    base = typing.get_type_hints(cls)[f.name]
-    if typing.get_origin(base) in (typing.Union, types.UnionType):  # X | None: the option takes an X
-        base = next(t for t in typing.get_args(base) if t is not type(None))
-    if typing.get_origin(base) is typing.Literal:
-        return str, typing.get_args(base)
-    return base, f.metadata.get("choices")
-
-
 def _add_fields(parser: argparse.ArgumentParser, cls: type, only: Sequence[str] | None = None,
                 required: Sequence[str] = (), helps: dict[str, str] | None = None,
                 groups: dict[str, Any] | None = None) -> None:
@@ -73,7 +70,7 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type, only: Sequence[str] 
         if only is not None and f.name not in only:
             continue
         parser_or_group = (groups or {}).get(f.name, parser)
-        base, choices = _field_type(cls, f)
+        base, choices = field_type(cls, f)
         text = (helps or {}).get(f.name, f.metadata["help"])
         option = "--" + f.name.replace("_", "-")
         if base is bool and f.default is None:  # resolved by the config: --X or --no-X overrides it
@@ -302,46 +299,8 @@ PRUNE_GROUP_HELP = {
     "--damp-g 0.01 (its unstructured updates), --no-propagate --shots 4 (N:M), --lora-steps N (sec. 3.6), and "
     "correlation: within in a --config file (its structured ablation)",
 }
-SETTINGS_CLASSES = (RunConfig, PruneConfig)
 FILE_ONLY = tuple(f.name for cls in SETTINGS_CLASSES for f in dataclasses.fields(cls)
                   if not any(f.name in names for names in PRUNE_GROUPS.values()))
-
-
-def read_settings(path: str) -> dict[str, Any]:
-    """The settings of a `--config` file (JSON, or YAML by its suffix): field names of RunConfig and PruneConfig
-    with values of the field's type; a bad file, name or value is a SurgeonError naming it."""
-    import json
-
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-        if path.endswith((".yaml", ".yml")):
-            import yaml
-
-            values = yaml.safe_load(text)
-        else:
-            values = json.loads(text)
-    except (OSError, ValueError) as error:
-        raise SurgeonError(f"--config {path}: {error}") from error
-    if not isinstance(values, dict):
-        raise SurgeonError(f"--config {path}: expected a mapping of setting names to values")
-    fields = {f.name: (cls, f) for cls in SETTINGS_CLASSES for f in dataclasses.fields(cls)}
-    settings = {}
-    for key, value in values.items():
-        name = str(key).replace("-", "_")
-        if name not in fields or name == "output":
-            raise SurgeonError(f"--config {path}: {key!r} is not a setting of surgeon prune"
-                               + (" (give --output on the command line)" if name == "output" else ""))
-        cls, f = fields[name]
-        base, choices = _field_type(cls, f)
-        if value is None and type(None) not in typing.get_args(typing.get_type_hints(cls)[name]):
-            raise SurgeonError(f"--config {path}: {key} = null is not a valid {base.__name__}")
-        fits = value is None or (isinstance(value, base) and not (base is int and isinstance(value, bool))
-                                 or base is float and isinstance(value, int) and not isinstance(value, bool))
-        if not fits or (choices and value is not None and value not in choices):
-            raise SurgeonError(f"--config {path}: {key} = {value!r} is not a valid {base.__name__}"
-                               + (f" (one of {', '.join(map(str, choices))})" if choices else ""))
-        settings[name] = value
-    return settings
 
 
 def build_parser(settings: dict[str, Any] | None = None) -> argparse.ArgumentParser:

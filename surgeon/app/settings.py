@@ -1,11 +1,19 @@
 """The settings of the commands that load a model and write a folder: `RunConfig` (eval and prune), `ExportConfig`,
-`QuantizeConfig` and `ReportConfig`; the CLI builds their options from the fields."""
+`QuantizeConfig` and `ReportConfig`; the CLI builds their options from the fields. `read_settings` reads a
+`--config` file of RunConfig and PruneConfig fields."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import types
+import typing
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from surgeon.app.tasks import task_names
+from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
 from surgeon.export import EXPORT_FORMATS
 from surgeon.fields import check, opt
@@ -190,3 +198,51 @@ class RecoverConfig:
         lr = self.lr if self.lr is not None else LORA_LR if self.lora_rank else WEIGHTS_LR
         return Distill(lr, batch_size=self.batch_size, seed=self.seed, loss=self.loss,
                        hidden_weight=self.hidden_weight, lora_rank=self.lora_rank, teacher_top_k=self.teacher_top_k)
+
+
+def field_type(cls: type, f: dataclasses.Field[Any]) -> tuple[type, tuple[Any, ...] | None]:
+    """The type a field's option or settings-file value takes (X for `X | None`, str for a Literal), and its choices."""
+    base = typing.get_type_hints(cls)[f.name]
+    if typing.get_origin(base) in (typing.Union, types.UnionType):  # X | None: the option takes an X
+        base = next(t for t in typing.get_args(base) if t is not type(None))
+    if typing.get_origin(base) is typing.Literal:
+        return str, typing.get_args(base)
+    return base, f.metadata.get("choices")
+
+
+SETTINGS_CLASSES = (RunConfig, PruneConfig)
+
+
+def read_settings(path: str) -> dict[str, Any]:
+    """The settings of a `--config` file (JSON, or YAML by its suffix): field names of RunConfig and PruneConfig
+    with values of the field's type; a bad file, name or value is a SurgeonError naming it."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            values = yaml.safe_load(text)
+        else:
+            values = json.loads(text)
+    except (OSError, ValueError) as error:
+        raise SurgeonError(f"--config {path}: {error}") from error
+    if not isinstance(values, dict):
+        raise SurgeonError(f"--config {path}: expected a mapping of setting names to values")
+    fields = {f.name: (cls, f) for cls in SETTINGS_CLASSES for f in dataclasses.fields(cls)}
+    settings = {}
+    for key, value in values.items():
+        name = str(key).replace("-", "_")
+        if name not in fields or name == "output":
+            raise SurgeonError(f"--config {path}: {key!r} is not a setting of surgeon prune"
+                               + (" (give --output on the command line)" if name == "output" else ""))
+        cls, f = fields[name]
+        base, choices = field_type(cls, f)
+        if value is None and type(None) not in typing.get_args(typing.get_type_hints(cls)[name]):
+            raise SurgeonError(f"--config {path}: {key} = null is not a valid {base.__name__}")
+        fits = value is None or (isinstance(value, base) and not (base is int and isinstance(value, bool))
+                                 or base is float and isinstance(value, int) and not isinstance(value, bool))
+        if not fits or (choices and value is not None and value not in choices):
+            raise SurgeonError(f"--config {path}: {key} = {value!r} is not a valid {base.__name__}"
+                               + (f" (one of {', '.join(map(str, choices))})" if choices else ""))
+        settings[name] = value
+    return settings
