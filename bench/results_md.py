@@ -2,19 +2,21 @@
 written by hand) and the README's results table from bench/results/: `python -m bench.results_md` (`make results`),
 or with `--check` exit 1 where the README's table differs. A row is its run at the newest commit of this history
 (the `@<commit>` of its file name), marked stale where the code it measures changed since (`bench.provenance`).
+Each benchmark states the blocks of the files it writes (`bench.section`); this module fills those and its own: the
+quality tables, the README's headline, the machines, time to quality, the CPU's shot phases and llm-compressor's runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import re
 import sys
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
 
 from bench import provenance as pv
+from bench.section import Row, Section, table
 
 HEADLINE_START, HEADLINE_END = "<!-- results-table:start -->", "<!-- results-table:end -->"
 # The README's headline: its rows (quality row prefix, label), and its models (quality folder, label, name in its note)
@@ -32,23 +34,6 @@ SETTINGS = ("method", "shots", "correlation", "max_correlate", "cg_tol", "cg_dty
 TTQ_ROWS = ("structured-0.8-surgeon", "structured-0.8-surgeon-lora20", "unstructured-0.5-surgeon",
             "unstructured-0.5-surgeon-shots2", "2of4-0.5-surgeon", "2of4-0.5-surgeon-4shots", "4of8-0.5-surgeon",
             "4of8-0.5-surgeon-4shots")
-Row = tuple[Any, ...]
-
-
-def table(header: str, rows: Iterable[Iterable[object]]) -> list[str]:
-    """A Markdown table: the columns `header` names (parted by ' | '), its rule, and a line of cells per row."""
-    return [f"| {header} |", "|" + " --- |" * len(header.split(" | ")),
-            *(f"| {' | '.join(map(str, row))} |" for row in rows)]
-
-
-def link(path: Path, label: str | None = None) -> str:
-    """A link from RESULTS.md to a result file, labelled with the file's name unless `label` is given."""
-    return f"[{label or path.name}](results/{path.parent.name}/{path.name})"
-
-
-def per_batch(rates: dict[str, float], spec: str = ".1f", unit: str = "batch ") -> str:
-    """Rates by batch size (or context): 'r at batch b, …'."""
-    return ", ".join(f"{rate:{spec}} at {unit}{key}" for key, rate in rates.items())
 
 
 def seeded(name: str) -> tuple[str, int] | None:
@@ -181,93 +166,7 @@ def oneshot_rows(path: Path, run: pv.Run) -> list[Row]:
              f"{run['seconds'] / pv.load(peer)['seconds']:.2f}×" if peer.exists() else "–")]
 
 
-def layer_rows(path: Path, run: pv.Run) -> list[Row]:
-    """A drop-in file's rows: per structure and mode, the layer error ratios and the seconds against SparseGPT's."""
-    return [(structure, mode, f"{values['geomean_ratio']:.3f}", f"{values['worst_ratio']:.3f}",
-             f"{values['seconds']:.2f}", f"{summary['sparsegpt_seconds']:.2f}",
-             f"{values['seconds'] / summary['sparsegpt_seconds']:.2f}×")
-            for structure, summary in run["summary"].items() for mode, values in summary["modes"].items()]
-
-
-def kernel_rows(path: Path, data: pv.Run) -> list[Row]:
-    """A kernel microbenchmark file's rows: pytest-benchmark's on the CPU (`micro-cpu.json`), or a GPU file's."""
-
-    def rate(values: pv.Run, *templates: tuple[str, str]) -> str:  # the first of the figures `values` holds
-        return next((template.format(values[key]) for key, template in templates if key in values), "-")
-
-    def share(fraction: float | None) -> str:
-        return "-" if fraction is None else f"{fraction:.0%}"
-
-    if "benchmarks" not in data:
-        return [(row["op"], row["provider"], row["shape"], row["dtype"].removeprefix("torch."), f"{row['ms']:.3f} ms",
-                 f"p20–p80 {row['ms_20']:.3f}–{row['ms_80']:.3f} ms",
-                 rate(row, ("tflops", "{:.1f} TFLOP/s"), ("gbytes_per_s", "{:.0f} GB/s")),
-                 share(row.get("fraction_of_bf16_gemm", row.get("fraction_of_copy"))), data["device"],
-                 pv.mark(pv.commit_of(path), pv.kernel_code(row["op"]))) for row in data["rows"]]
-    return [(op, params.get("backend") or params.get("method") or "torch",
-             ", ".join(f"{k}={v}" for k, v in params.items() if k not in ("backend", "method", "dtype")) or "-",
-             re.sub(r"UNSERIALIZABLE\[torch\.(\w+)\]", r"\1", str(params.get("dtype", "float32"))),
-             f"{bench['stats']['median'] * 1e3:.2f} ms", f"IQR {bench['stats']['iqr'] * 1e3:.2f} ms",
-             rate(info, ("gflops", "{:.0f} GFLOP/s"), ("gbytes_per_s", "{:.1f} GB/s")),
-             share(info.get("gemm_fraction", info.get("bandwidth_fraction"))), info.get("machine", "CPU"),
-             pv.mark(data["commit_info"]["id"][:7], pv.kernel_code(op)))
-            for bench in data["benchmarks"]
-            for op, params, info in [(bench["name"].split("[")[0].removeprefix("test_"), bench["params"],
-                                      bench["extra_info"])]]
-
-
-def pipeline_cells(run: pv.Run, stage: str) -> tuple[str, str]:
-    """A stage's size on disk and vLLM decode rate: the run folder's on its last stage, the export's, quantized's."""
-    last = "recovered" if "recovered" in run["ppl"] else "pruned"
-    timed = {"export": "export", "quantized": "quantized", last: "run"}
-    if stage not in timed:
-        return "", ""
-    size = f"{run['bytes'][timed[stage]] / 1e6:.0f}" + (f" ({run['scheme']})" if stage == "quantized" else "")
-    return size, per_batch(run["speed"][timed[stage]]["decode_tokens_per_s"])
-
-
-@dataclass(frozen=True)
-class Section:
-    """A block of the result files `patterns` match: a table of their rows (or the newest one's, under where it was
-    measured), then the commands that wrote them."""
-
-    patterns: str  # glob patterns under bench/results/, parted by spaces
-    header: str  # the table's columns, parted by ' | '
-    rows: Callable[[Path, pv.Run], list[Row]]  # a file's rows
-    paths: pv.Paths | None = None  # the code its rows measure: a commit column, marked stale where it changed
-    # "file": only the newest file, under its commit, file, machine and `intro`; "row": each row's newest file
-    newest: Literal["file", "row"] | None = None
-    intro: Callable[[pv.Run], str] = lambda run: ""  # what the newest file says above its table
-    command: Callable[[Path, pv.Run], tuple[str, str]] | None = None  # each file's (label, command), listed below it
-
-    def __call__(self) -> list[str]:
-        """The section's lines: its table and commands, or where no file is saved yet a line that says so."""
-        paths = [path for pattern in self.patterns.split() for path in sorted(pv.RESULTS.glob(pattern))]
-        chosen = [pv.newest(paths)] if self.newest == "file" else pv.newest_each_row(paths) if self.newest else paths
-        found = [(path, pv.load(path)) for path in chosen if path is not None]
-        if not found:
-            return ["Not yet measured."]
-        path, run = found[0]
-        out = [f"At {pv.mark(pv.commit_of(path), self.paths or pv.CODE)} ({link(path)}"
-               f"{', ' + run['machine'] if 'machine' in run else ''}). {self.intro(run)}".rstrip(), ""] \
-            if self.newest == "file" else []
-        out += table(self.header + (" | commit" if self.paths else ""), [
-            (*row, *([pv.mark(pv.commit_of(path), self.paths)] if self.paths else [])) for path, run in found
-            for row in self.rows(path, run)])
-        if self.command is not None:
-            out += ["", "Commands, as recorded in each file and run from the repository root:", "",
-                    *(f"- {label}: `{command}`" for label, command in (self.command(*f) for f in found))]
-        return out
-
-
-def recorded(path: Path, run: pv.Run) -> tuple[str, str]:
-    """A file's label and the command it records."""
-    return run.get("label", pv.row_of(path)), run["command"]
-
-
-LAYERS = ("structure | drop-in mode | error ratio, geometric mean | worst layer | drop-in s | SparseGPT s | "
-          "time against SparseGPT")
-# Each generated block of RESULTS.md but the quality tables (`quality_block`), by name
+# The generated blocks of RESULTS.md that only this module fills: the quality tables (`quality_block`) and these
 SECTIONS: dict[str, Callable[[], list[str]]] = {
     "machines": machines,
     "time-to-quality": time_to_quality,
@@ -282,96 +181,23 @@ SECTIONS: dict[str, Callable[[], list[str]]] = {
             f"{run['config']['target_size']} --shots {run['config']['shots']} --nsamples {run['run']['nsamples']} "
             f"--seqlen {run['run']['seqlen']} --eval-seqlen {run['run']['eval_seqlen']} --eval-windows "
             f"{run['run']['eval_windows']} --calibration {run['run']['calibration']} --output DIR")),
-    "progress": Section(
-        "cpu/progress-gaps@*.json",
-        "run | longest without a moving bar or a log line, s | the bar that ended it | seconds | command",
-        lambda path, result: [
-            (row["run"], f"{row['longest_gap_s']:.1f}", row["ended_by"].split(":")[0], f"{row['seconds']:.0f}",
-             f"`{row['command']}`") for row in result["rows"]], pv.CPU_PRUNING, newest="file",
-        intro=lambda result: f"The model: {result['model']}."),
-    "gpu-time": Section(
-        "gpu/shot-*.json", "run | device | shots | s per shot | total s | peak GiB", lambda path, run: [
-            (link(path, pv.row_of(path)), run["device"], len(run["shots"]), f"{min(seconds):.1f}–{max(seconds):.1f}",
-             f"{run['seconds']:.0f}", f"{max(s['peak_memory_gb'] for s in run['shots']):.1f}")  # curvature and prune
-            for seconds in [[s["seconds"].get("curvature", 0) + s["seconds"].get("prune", 0) for s in run["shots"]]]],
-        pv.PRUNING, command=lambda path, run: (pv.row_of(path), "python " + run["command"])),
-    "ranks": Section(
-        "cpu/ranks-smollm2-*.json", "structure | ranks | split | prune s | in collectives s | perplexity | command",
-        lambda path, result: [
-            (link(path, f"{result['structure']} {result['target_size']}"), run["ranks"], run.get("split") or "-",
-             f"{run['prune_seconds']:.1f}", f"{run['collective_seconds']:.1f}", f"{run['ppl']:.3f}",
-             f"`{run['command']}`") for run in result["runs"]], pv.CPU_PRUNING),
-    "memory-options": Section(
-        "cpu/memory-options-smollm2@*.json", "options | curvature s | prune s | peak GiB | same weights | command",
-        lambda path, result: [
-            (row["options"], f"{row['curvature_seconds']:.1f}", f"{row['prune_seconds']:.1f}",
-             f"{row['peak_memory_gb']:.2f}", "yes" if row["same_weights"] else "no", f"`{row['command']}`")
-            for row in result["rows"]], pv.CPU_PRUNING, newest="file"),
-    "plan": Section(
-        "plan/plan-table@*.json",
-        "model | structure | GPUs | fits | strategy | peak GiB per GPU | host GiB per GPU | projected s per shot "
-        "(curvature + prune) | floor s on one H100 (curvature + prune) | held-out shot s", lambda path, result: [
-            (row["model"], row["structure"], row["gpus"], "yes" if row["fits"] else "no", row["strategy"],
-             f"{row['peak_gpu_bytes'] / 2**30:.1f}",
-             f"{row['host_bytes'] / 2**30:.1f}" if row.get("host_bytes") else "-",
-             *(f"{s['curvature']:.1f} + {s['prune']:.1f}" if s else "-"
-               for s in (row["seconds_per_shot"], row.get("floor_seconds_per_shot_h100"))),
-             f"{sum(row['held_out_seconds_h100'].values()):.0f}" if row.get("held_out_seconds_h100") else "-")
-            for row in result["rows"]], newest="file"),
-    "generation": Section(
-        "cpu/generation-*.json gpu/generation-*.json",
-        "model | machine | parameters | prunable zeros | safetensors MB | prefill tokens/s | "
-        "decode tokens/s (context) | KV cache | rounds | peak GiB", lambda path, run: [
-            (link(path, run["label"]), run["machine"], f"{run['parameters'] / 1e6:.1f} M",
-             f"{run['prunable_zero_fraction']:.3f}",
-             "-" if run["safetensors_bytes"] is None else f"{run['safetensors_bytes'] / 1e6:.0f}",
-             per_batch(run["prefill_tokens_per_s"], ".0f", ""), f"{per_batch(run['decode_tokens_per_s'])} "
-             f"({run['context']})", run.get("cache", "dynamic"), run.get("rounds", 1), f"{run['peak_memory_gb']:.2f}")],
-        pv.CODE, command=recorded),
-    "serve": Section(
-        "cpu/serve-*.json gpu/serve-*.json",
-        "model | machine | vLLM | parameters | decode tokens/s | end-to-end tokens/s | rounds", lambda path, run: [
-            (link(path, run["label"]), run["machine"], run["vllm"],
-             "-" if run["parameters"] is None else f"{run['parameters'] / 1e6:.1f} M",
-             per_batch(run["decode_tokens_per_s"]), per_batch(run["end_to_end_tokens_per_s"]), run["rounds"])],
-        pv.SERVING, command=recorded),
-    "recovery": Section(
-        "recovery/*.json", "run | dense | pruned | perplexity (tuning perplexity) at tokens (training seconds) | lr | "
-        "batch | last-quarter loss | passes over the text", lambda path, run: [
-            (link(path, pv.row_of(path)), f"{run['ppl_dense']:.2f}", f"{run['curve'][0]['ppl']:.2f}",
-             ", ".join(f"{p['ppl']:.2f}" + (f" ({p['tuning_ppl']:.2f})" if "tuning_ppl" in p else "")
-                       + f" at {p['tokens']} ({p['seconds']:.0f} s)" for p in run["curve"][1:]),
-             f"{run['lr']:g}", run.get("batch_size", 1), f"{sum(tail) / len(tail):.4f}", f"{run['passes']:.2f}")
-            for tail in [run["losses"][-max(1, len(run["losses"]) // 4):]]],  # the last quarter of the steps' losses
-        pv.CPU_RECOVERED, command=recorded),
-    "pipeline": Section(
-        "pipeline/*.json", "run | stage | perplexity | weights MB | vLLM decode tokens/s", lambda path, run: [
-            (link(path, run["label"]) if n == 0 else "", stage, f"{ppl:.2f}", *pipeline_cells(run, stage))
-            for n, (stage, ppl) in enumerate(run["ppl"].items())], pv.CPU_RECOVERED, command=recorded),
-    "coupled": Section(
-        "coupled/*@*.json", "row | ppl | parameters (of dense) | format | decode tokens/s (batch 1, 2048 context) | "
-        "prune s | machine", lambda path, run: [
-            (pv.row_of(path), f"{run['ppl']:.3f}",
-             f"{run['parameters'] / 1e6:.1f} M ({run['parameters'] / run['dense_parameters']:.3f})", run["format"],
-             f"{run['decode_tokens_per_s']:.1f}", f"{run['seconds']:.0f}", run["machine"])], pv.CPU_EXPORTED,
-        newest="row"),
-    "drop-in": Section("cpu/sparsegpt-dropin@*.json", LAYERS, layer_rows, newest="file", command=recorded),
     "oneshot": Section("quality/*-llmc-*sparsegpt*@*.json",
                        "structure | modifier | ppl | seconds | time against SparseGPTModifier", oneshot_rows,
                        pv.CPU_PRUNING, newest="row"),
-    "drop-in-gpu": Section("gpu/sparsegpt-dropin-llama2-7b@*.json", LAYERS, layer_rows, newest="file",
-                           command=recorded),
-    "kernels": Section("micro-cpu.json gpu/micro-*.json",
-                       "op | provider | shape | dtype | median | spread | rate | of ceiling | machine | commit",
-                       kernel_rows),
 }
+# The benchmarks that state the blocks of the files they write (their `SECTIONS`)
+WRITERS = ("bench.timing.progress_gaps", "bench.timing.shot_time", "bench.timing.distributed_time",
+           "bench.timing.memory_options", "bench.timing.plan_table", "bench.timing.generation_speed",
+           "bench.timing.serve_speed", "bench.quality.recovery", "bench.serving.pipeline", "bench.quality.coupled",
+           "bench.quality.sparsegpt_dropin", "bench.kernels.gpu_kernels")
 
 
 def blocks() -> dict[str, list[str]]:
     """The generated blocks of RESULTS.md by name: each replaces what stands between its markers."""
     folders = ["quality", *(path.name for path in sorted(pv.RESULTS.glob("quality-*")) if path.is_dir())]
+    writers = [importlib.import_module(module).SECTIONS for module in WRITERS]  # on demand: they import torch
     return {**{folder: quality_block(folder) for folder in folders},
-            **{name: block() for name, block in SECTIONS.items()}}
+            **{name: block() for sections in (SECTIONS, *writers) for name, block in sections.items()}}
 
 
 def between(text: str, start: str, end: str, lines: list[str], document: str) -> str:

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import torch
 import triton.testing
 
+from bench import provenance as pv
 from bench.kernels import _roofline
+from bench.section import Row, Section
 from surgeon.io import write_json
 from surgeon_kernels import ops
 from surgeon_kernels.symmetric import PackedSymmetric
@@ -94,6 +97,39 @@ def main() -> None:
             # rewritten after every row: a run stopped at a time limit keeps what it measured
             write_json(Path(args.output), dict(device=device, bf16_gemm_tflops=ceiling_flops / 1e12,
                                                copy_gbytes_per_s=ceiling_bytes / 1e9, rows=rows))
+
+
+def kernel_rows(path: Path, data: pv.Run) -> list[Row]:
+    """A kernel microbenchmark file's rows: this benchmark's on a GPU, or pytest-benchmark's on the CPU
+    (`micro-cpu.json`, from the `bench_*.py` files)."""
+
+    def rate(values: pv.Run, *templates: tuple[str, str]) -> str:  # the first of the figures `values` holds
+        return next((template.format(values[key]) for key, template in templates if key in values), "-")
+
+    def share(fraction: float | None) -> str:
+        return "-" if fraction is None else f"{fraction:.0%}"
+
+    if "benchmarks" not in data:
+        return [(row["op"], row["provider"], row["shape"], row["dtype"].removeprefix("torch."), f"{row['ms']:.3f} ms",
+                 f"p20–p80 {row['ms_20']:.3f}–{row['ms_80']:.3f} ms",
+                 rate(row, ("tflops", "{:.1f} TFLOP/s"), ("gbytes_per_s", "{:.0f} GB/s")),
+                 share(row.get("fraction_of_bf16_gemm", row.get("fraction_of_copy"))), data["device"],
+                 pv.mark(pv.commit_of(path), pv.kernel_code(row["op"]))) for row in data["rows"]]
+    return [(op, params.get("backend") or params.get("method") or "torch",
+             ", ".join(f"{k}={v}" for k, v in params.items() if k not in ("backend", "method", "dtype")) or "-",
+             re.sub(r"UNSERIALIZABLE\[torch\.(\w+)\]", r"\1", str(params.get("dtype", "float32"))),
+             f"{bench['stats']['median'] * 1e3:.2f} ms", f"IQR {bench['stats']['iqr'] * 1e3:.2f} ms",
+             rate(info, ("gflops", "{:.0f} GFLOP/s"), ("gbytes_per_s", "{:.1f} GB/s")),
+             share(info.get("gemm_fraction", info.get("bandwidth_fraction"))), info.get("machine", "CPU"),
+             pv.mark(data["commit_info"]["id"][:7], pv.kernel_code(op)))
+            for bench in data["benchmarks"]
+            for op, params, info in [(bench["name"].split("[")[0].removeprefix("test_"), bench["params"],
+                                      bench["extra_info"])]]
+
+
+SECTIONS = {"kernels": Section("micro-cpu.json gpu/micro-*.json",
+                               "op | provider | shape | dtype | median | spread | rate | of ceiling | machine | commit",
+                               kernel_rows)}
 
 
 if __name__ == "__main__":

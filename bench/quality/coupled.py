@@ -24,8 +24,10 @@ from pathlib import Path
 
 import torch
 
+from bench import provenance as pv
 from bench.machine import cpu_machine
 from bench.quality.table import head_commit, load_protocol
+from bench.section import Section
 from bench.timing.generation_speed import decode_tokens_per_s
 from surgeon import PruneConfig, prune
 from surgeon.app.evaluate import perplexity
@@ -85,6 +87,15 @@ def main() -> None:
             write_json(path, {"row": name, "ppl": ppl, "parameters": parameters, "dense_parameters": dense_parameters,
                               "format": format, "decode_tokens_per_s": decode, "seconds": seconds,
                               "machine": machine, "commit": commit, **report.to_dict()})
+
+
+SECTIONS = {"coupled": Section(
+    "coupled/*@*.json", "row | ppl | parameters (of dense) | format | decode tokens/s (batch 1, 2048 context) | "
+    "prune s | machine", lambda path, run: [
+        (pv.row_of(path), f"{run['ppl']:.3f}",
+         f"{run['parameters'] / 1e6:.1f} M ({run['parameters'] / run['dense_parameters']:.3f})", run["format"],
+         f"{run['decode_tokens_per_s']:.1f}", f"{run['seconds']:.0f}", run["machine"])], pv.CPU_EXPORTED,
+    newest="row")}
 
 
 if __name__ == "__main__":

@@ -27,12 +27,12 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench.quality.table import head_commit
+from surgeon.app.cli import main as surgeon
+from surgeon.io import write_json
+from surgeon.models.adapter import load_tokenizer
 
-from bench.quality.table import head_commit  # noqa: E402
-from surgeon.app.cli import main as surgeon  # noqa: E402
-from surgeon.io import write_json  # noqa: E402
-from surgeon.models.adapter import load_tokenizer  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 NEW_TOKENS = 16
 

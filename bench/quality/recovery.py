@@ -30,8 +30,10 @@ from typing import Any
 
 import torch
 
+from bench import provenance as pv
 from bench.machine import cpu_machine
 from bench.quality.table import head_commit, load_protocol
+from bench.section import Section, link, recorded
 from surgeon import PruneConfig, prune
 from surgeon.app.data import calibration_windows
 from surgeon.app.evaluate import perplexity
@@ -136,6 +138,17 @@ def train(args: argparse.Namespace, run: Any, student: torch.nn.Module, teacher:
     trained = time.perf_counter()
     report = distill(student, teacher, windows, settings, progress=False, after_step=after_step)
     return curve, report.losses, windows.numel() / run.ids.shape[1]
+
+
+SECTIONS = {"recovery": Section(
+    "recovery/*.json", "run | dense | pruned | perplexity (tuning perplexity) at tokens (training seconds) | lr | "
+    "batch | last-quarter loss | passes over the text", lambda path, run: [
+        (link(path, pv.row_of(path)), f"{run['ppl_dense']:.2f}", f"{run['curve'][0]['ppl']:.2f}",
+         ", ".join(f"{p['ppl']:.2f}" + (f" ({p['tuning_ppl']:.2f})" if "tuning_ppl" in p else "")
+                   + f" at {p['tokens']} ({p['seconds']:.0f} s)" for p in run["curve"][1:]),
+         f"{run['lr']:g}", run.get("batch_size", 1), f"{sum(tail) / len(tail):.4f}", f"{run['passes']:.2f}")
+        for tail in [run["losses"][-max(1, len(run["losses"]) // 4):]]],  # the last quarter of the steps' losses
+    pv.CPU_RECOVERED, command=recorded)}
 
 
 if __name__ == "__main__":

@@ -27,14 +27,16 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench import provenance as pv
+from bench.machine import cpu_machine
+from bench.quality.table import head_commit, load_protocol
+from bench.section import Row, Section, recorded
+from surgeon.integrations.sparsegpt import REFINE_ITERATIONS, SparseGPT, sparsegpt_solve
+from surgeon.io import write_json
+from surgeon.method.baselines import sparsegpt_reference
+from surgeon.models.adapter import prunable_layers
 
-from bench.machine import cpu_machine  # noqa: E402
-from bench.quality.table import head_commit, load_protocol  # noqa: E402
-from surgeon.integrations.sparsegpt import REFINE_ITERATIONS, SparseGPT, sparsegpt_solve  # noqa: E402
-from surgeon.io import write_json  # noqa: E402
-from surgeon.method.baselines import sparsegpt_reference  # noqa: E402
-from surgeon.models.adapter import prunable_layers  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 STRUCTURES = {"unstructured-0.5": None, "2:4": (2, 4)}
 LLAMA2_7B_SHAPES = {"q_proj": (4096, 4096), "up_proj": (11008, 4096), "down_proj": (4096, 11008)}
@@ -143,6 +145,21 @@ def main() -> None:
         commit=commit, machine=machine,
         command=" ".join(["python -m bench.quality.sparsegpt_dropin", *sys.argv[1:]]), shapes=args.shapes,
         blocks=args.blocks if args.shapes == "smollm2" else None, layers=len(layers), summary=summary, rows=rows))
+
+
+def layer_rows(path: Path, run: pv.Run) -> list[Row]:
+    """A result file's rows: per structure and mode, the layer error ratios and the seconds against SparseGPT's."""
+    return [(structure, mode, f"{values['geomean_ratio']:.3f}", f"{values['worst_ratio']:.3f}",
+             f"{values['seconds']:.2f}", f"{summary['sparsegpt_seconds']:.2f}",
+             f"{values['seconds'] / summary['sparsegpt_seconds']:.2f}×")
+            for structure, summary in run["summary"].items() for mode, values in summary["modes"].items()]
+
+
+LAYERS = ("structure | drop-in mode | error ratio, geometric mean | worst layer | drop-in s | SparseGPT s | "
+          "time against SparseGPT")
+SECTIONS = {"drop-in": Section("cpu/sparsegpt-dropin@*.json", LAYERS, layer_rows, newest="file", command=recorded),
+            "drop-in-gpu": Section("gpu/sparsegpt-dropin-llama2-7b@*.json", LAYERS, layer_rows, newest="file",
+                                   command=recorded)}
 
 
 if __name__ == "__main__":

@@ -27,17 +27,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench import provenance as pv
+from bench.machine import cpu_machine
+from bench.quality.table import head_commit
+from bench.section import Section, link, per_batch, recorded
+from bench.timing import serve_speed
+from bench.timing.in_turn import median_of, run_in_turn
+from surgeon import evaluation_text, tokenize
+from surgeon.app.cli import main as surgeon
+from surgeon.app.data import leading_token, windows_of
+from surgeon.app.quantize import weight_bytes
+from surgeon.io import write_json
 
-from bench.machine import cpu_machine  # noqa: E402
-from bench.quality.table import head_commit  # noqa: E402
-from bench.timing import serve_speed  # noqa: E402
-from bench.timing.in_turn import median_of, run_in_turn  # noqa: E402
-from surgeon import evaluation_text, tokenize  # noqa: E402
-from surgeon.app.cli import main as surgeon  # noqa: E402
-from surgeon.app.data import leading_token, windows_of  # noqa: E402
-from surgeon.app.quantize import weight_bytes  # noqa: E402
-from surgeon.io import write_json  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def stages(run: Path, work: Path, scheme: str, python: Path) -> tuple[Path, Path]:
@@ -133,6 +135,22 @@ def main() -> None:
     for name, figures in speed.items():
         print(f"  {name}: decode " + ", ".join(f"batch {batch} {rate:.1f}/s"
                                               for batch, rate in figures["decode_tokens_per_s"].items()))
+
+
+def stage_cells(run: pv.Run, stage: str) -> tuple[str, str]:
+    """A stage's size on disk and vLLM decode rate: the run folder's on its last stage, the export's, quantized's."""
+    last = "recovered" if "recovered" in run["ppl"] else "pruned"
+    timed = {"export": "export", "quantized": "quantized", last: "run"}
+    if stage not in timed:
+        return "", ""
+    size = f"{run['bytes'][timed[stage]] / 1e6:.0f}" + (f" ({run['scheme']})" if stage == "quantized" else "")
+    return size, per_batch(run["speed"][timed[stage]]["decode_tokens_per_s"])
+
+
+SECTIONS = {"pipeline": Section(
+    "pipeline/*.json", "run | stage | perplexity | weights MB | vLLM decode tokens/s", lambda path, run: [
+        (link(path, run["label"]) if n == 0 else "", stage, f"{ppl:.2f}", *stage_cells(run, stage))
+        for n, (stage, ppl) in enumerate(run["ppl"].items())], pv.CPU_RECOVERED, command=recorded)}
 
 
 if __name__ == "__main__":

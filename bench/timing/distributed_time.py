@@ -21,9 +21,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]  # bench/
+from bench import provenance as pv
+from bench.machine import cpu_machine
+from bench.section import Section, link
 
-from bench.machine import cpu_machine  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]  # bench/
 
 STRUCTURES = {"structured-0.8": ("structured", 0.8), "unstructured-0.5": ("unstructured", 0.5), "2of4": ("2:4", 0.5)}
 
@@ -78,6 +80,14 @@ def main() -> None:
                   "runs": runs}
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(key, " · ".join(f"{r['ranks']} rank(s): {r['prune_seconds']:.1f} s, ppl {r['ppl']:.3f}" for r in runs))
+
+
+SECTIONS = {"ranks": Section(
+    "cpu/ranks-smollm2-*.json", "structure | ranks | split | prune s | in collectives s | perplexity | command",
+    lambda path, result: [
+        (link(path, f"{result['structure']} {result['target_size']}"), run["ranks"], run.get("split") or "-",
+         f"{run['prune_seconds']:.1f}", f"{run['collective_seconds']:.1f}", f"{run['ppl']:.3f}",
+         f"`{run['command']}`") for run in result["runs"]], pv.CPU_PRUNING)}
 
 
 if __name__ == "__main__":

@@ -29,13 +29,15 @@ from pathlib import Path
 import torch
 from transformers import StaticCache
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench import provenance as pv
+from bench.quality.table import head_commit
+from bench.section import Section, link, per_batch, recorded
+from bench.timing.in_turn import add_arguments, labels, median_of, run_in_turn
+from surgeon.io import write_json
+from surgeon.models.adapter import load_model, prunable_layers
+from surgeon.pruning.report import peak_memory_gb
 
-from bench.quality.table import head_commit  # noqa: E402
-from bench.timing.in_turn import add_arguments, labels, median_of, run_in_turn  # noqa: E402
-from surgeon.io import write_json  # noqa: E402
-from surgeon.models.adapter import load_model, prunable_layers  # noqa: E402
-from surgeon.pruning.report import peak_memory_gb  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _clock(device: torch.device) -> float:
@@ -140,6 +142,18 @@ def main() -> None:
               + ", ".join(f"{k} tok {v:.0f}/s" for k, v in result["prefill_tokens_per_s"].items()) + " · decode "
               + ", ".join(f"batch {k} {v:.1f}/s" for k, v in result["decode_tokens_per_s"].items())
               + f" · peak {result['peak_memory_gb']:.2f} GiB")
+
+
+SECTIONS = {"generation": Section(
+    "cpu/generation-*.json gpu/generation-*.json",
+    "model | machine | parameters | prunable zeros | safetensors MB | prefill tokens/s | "
+    "decode tokens/s (context) | KV cache | rounds | peak GiB", lambda path, run: [
+        (link(path, run["label"]), run["machine"], f"{run['parameters'] / 1e6:.1f} M",
+         f"{run['prunable_zero_fraction']:.3f}",
+         "-" if run["safetensors_bytes"] is None else f"{run['safetensors_bytes'] / 1e6:.0f}",
+         per_batch(run["prefill_tokens_per_s"], ".0f", ""), f"{per_batch(run['decode_tokens_per_s'])} "
+         f"({run['context']})", run.get("cache", "dynamic"), run.get("rounds", 1), f"{run['peak_memory_gb']:.2f}")],
+    pv.CODE, command=recorded)}
 
 
 if __name__ == "__main__":

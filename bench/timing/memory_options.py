@@ -23,9 +23,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-ROOT = Path(__file__).resolve().parents[1]  # bench/
+from bench import provenance as pv
+from bench.machine import cpu_machine
+from bench.section import Section
 
-from bench.machine import cpu_machine  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]  # bench/
 
 OPTIONS = {"none": [], "activation-checkpointing": ["--activation-checkpointing"],
            "activation-checkpointing+offload+3-block-groups": ["--activation-checkpointing", "--offload",
@@ -69,6 +71,14 @@ def main() -> None:
     path.write_text(json.dumps({"commit": commit, "machine": cpu_machine(torch.get_num_threads()),
                                 "command": "python -m bench.timing.memory_options", "rows": rows}, indent=1) + "\n")
     print(path)
+
+
+SECTIONS = {"memory-options": Section(
+    "cpu/memory-options-smollm2@*.json", "options | curvature s | prune s | peak GiB | same weights | command",
+    lambda path, result: [
+        (row["options"], f"{row['curvature_seconds']:.1f}", f"{row['prune_seconds']:.1f}",
+         f"{row['peak_memory_gb']:.2f}", "yes" if row["same_weights"] else "no", f"`{row['command']}`")
+        for row in result["rows"]], pv.CPU_PRUNING, newest="file")}
 
 
 if __name__ == "__main__":

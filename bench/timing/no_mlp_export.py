@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from surgeon import load_model
+from surgeon.export.compact import compact_model
+from surgeon.models import compact_modeling
+from surgeon.models.adapter import decoder_blocks
 
-from surgeon import load_model  # noqa: E402
-from surgeon.export.compact import compact_model  # noqa: E402
-from surgeon.models import compact_modeling  # noqa: E402
-from surgeon.models.adapter import decoder_blocks  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ import json
 import subprocess
 from pathlib import Path
 
+from bench.section import Section
 from surgeon.config import PruneConfig
 from surgeon.scale.plan import make_plan
 from surgeon.scale.plan_config import PlanConfig
@@ -59,6 +60,19 @@ def main() -> None:
     path.write_text(json.dumps({"commit": commit, "machine": "counted from the configuration (no device)",
                                 "command": "python -m bench.timing.plan_table", "rows": rows}, indent=1) + "\n")
     print(path)
+
+
+SECTIONS = {"plan": Section(
+    "plan/plan-table@*.json",
+    "model | structure | GPUs | fits | strategy | peak GiB per GPU | host GiB per GPU | projected s per shot "
+    "(curvature + prune) | floor s on one H100 (curvature + prune) | held-out shot s", lambda path, result: [
+        (row["model"], row["structure"], row["gpus"], "yes" if row["fits"] else "no", row["strategy"],
+         f"{row['peak_gpu_bytes'] / 2**30:.1f}",
+         f"{row['host_bytes'] / 2**30:.1f}" if row.get("host_bytes") else "-",
+         *(f"{s['curvature']:.1f} + {s['prune']:.1f}" if s else "-"
+           for s in (row["seconds_per_shot"], row.get("floor_seconds_per_shot_h100"))),
+         f"{sum(row['held_out_seconds_h100'].values()):.0f}" if row.get("held_out_seconds_h100") else "-")
+        for row in result["rows"]], newest="file")}
 
 
 if __name__ == "__main__":

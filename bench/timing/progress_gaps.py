@@ -22,8 +22,10 @@ from pathlib import Path
 
 import torch
 
+from bench import provenance as pv
 from bench.machine import cpu_machine
 from bench.provenance import RESULTS, git
+from bench.section import Section
 from surgeon.io import write_json
 
 RUNS = {"structured-0.8": ["--structure", "structured", "--target-size", "0.8"],
@@ -83,6 +85,15 @@ def main() -> None:
     write_json(RESULTS / "cpu" / f"progress-gaps@{commit}.json",
                {"model": f"random Llama, hidden 2304, MLP 6144, {args.layers} blocks, SmolLM2's vocabulary",
                 "machine": cpu_machine(torch.get_num_threads()), "rows": rows})
+
+
+SECTIONS = {"progress": Section(
+    "cpu/progress-gaps@*.json",
+    "run | longest without a moving bar or a log line, s | the bar that ended it | seconds | command",
+    lambda path, result: [
+        (row["run"], f"{row['longest_gap_s']:.1f}", row["ended_by"].split(":")[0], f"{row['seconds']:.0f}",
+         f"`{row['command']}`") for row in result["rows"]], pv.CPU_PRUNING, newest="file",
+    intro=lambda result: f"The model: {result['model']}.")}
 
 
 if __name__ == "__main__":

@@ -26,11 +26,13 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench import provenance as pv
+from bench.quality.table import head_commit
+from bench.section import Section, link, per_batch, recorded
+from bench.timing.in_turn import add_arguments, labels, median_of, run_in_turn
+from surgeon.io import write_json
 
-from bench.quality.table import head_commit  # noqa: E402
-from bench.timing.in_turn import add_arguments, labels, median_of, run_in_turn  # noqa: E402
-from surgeon.io import write_json  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def parameters(folder: str) -> int | None:
@@ -111,6 +113,15 @@ def main() -> None:
         print(f"{label}: decode " + ", ".join(f"batch {k} {v:.1f}/s" for k, v in result["decode_tokens_per_s"].items())
               + " · end to end " + ", ".join(f"batch {k} {v:.1f}/s"
                                             for k, v in result["end_to_end_tokens_per_s"].items()))
+
+
+SECTIONS = {"serve": Section(
+    "cpu/serve-*.json gpu/serve-*.json",
+    "model | machine | vLLM | parameters | decode tokens/s | end-to-end tokens/s | rounds", lambda path, run: [
+        (link(path, run["label"]), run["machine"], run["vllm"],
+         "-" if run["parameters"] is None else f"{run['parameters'] / 1e6:.1f} M",
+         per_batch(run["decode_tokens_per_s"]), per_batch(run["end_to_end_tokens_per_s"]), run["rounds"])],
+    pv.SERVING, command=recorded)}
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from bench import provenance as pv
+from bench.section import Section, link
 from surgeon import PruneConfig, prune
 from surgeon.io import write_json
 from surgeon.models.adapter import DTYPES
@@ -123,6 +125,14 @@ def main() -> None:
     write_json(args.output, result)
     for shot in report.shots:
         print(json.dumps(dict(shot=shot.shot, seconds=shot.seconds, peak_memory_gb=shot.peak_memory_gb)))
+
+
+SECTIONS = {"gpu-time": Section(
+    "gpu/shot-*.json", "run | device | shots | s per shot | total s | peak GiB", lambda path, run: [
+        (link(path, pv.row_of(path)), run["device"], len(run["shots"]), f"{min(seconds):.1f}–{max(seconds):.1f}",
+         f"{run['seconds']:.0f}", f"{max(s['peak_memory_gb'] for s in run['shots']):.1f}")  # curvature and prune
+        for seconds in [[s["seconds"].get("curvature", 0) + s["seconds"].get("prune", 0) for s in run["shots"]]]],
+    pv.PRUNING, command=lambda path, run: (pv.row_of(path), "python " + run["command"]))}
 
 
 if __name__ == "__main__":
