@@ -353,8 +353,8 @@ def test_the_propagated_nm_shot_counts_every_windows_block_inputs():
 
 
 def test_time_is_projected_from_the_rate_measured_for_each_kind_of_run():
-    """Llama-2-7B at the measured tokens projects the seconds its measured runs took; a kind never measured
-    projects none."""
+    """Llama-2-7B at the measured tokens projects the seconds its measured runs took (their N:M masks by eq. 7); masks
+    by the sweep, the propagated N:M default, add one sweep per layer; a kind never measured projects none."""
     plan = PlanConfig(model=str(ROOT / LLAMA_2_7B), dtype="bfloat16", nsamples=128, seqlen=2048)
     measured = {name: json.loads((ROOT / name).read_text())["shots"] for name in H100_SOURCES}
     structured, unstructured, nm = (measured[name] for name in H100_SOURCES)
@@ -365,9 +365,13 @@ def test_time_is_projected_from_the_rate_measured_for_each_kind_of_run():
         ("2:4", False): {"prune": sum(shot["seconds"]["prune"] for shot in nm[:-1]) / (len(nm) - 1)},
     }
     for (structure, propagate), seconds in expected.items():
-        config = PruneConfig(structure=structure, target_size=None if ":" in structure else 0.5, propagate=propagate)
+        config = PruneConfig(structure=structure, target_size=None if ":" in structure else 0.5, propagate=propagate,
+                             nm_mask="costs" if ":" in structure else None)
         projected = make_plan(plan, config)["seconds_per_shot_h100"]
         assert projected["prune"] == pytest.approx(seconds["prune"], abs=0.06), (structure, propagate)
+    swept = make_plan(plan, PruneConfig(structure="2:4"))["seconds_per_shot_h100"]["prune"]
+    assert swept - nm[-1]["seconds"]["prune"] == pytest.approx(32 * (6 * 4096 + 11008) * H100_SWEEP_S_PER_COLUMN["N:M"],
+                                                               abs=0.06)
     assert projected["curvature"] == pytest.approx(structured[0]["seconds"]["curvature"], abs=0.06)
     assert make_plan(plan, dataclasses.replace(STRUCTURED, method="kobd"))["seconds_per_shot_h100"] == {}
 

@@ -35,6 +35,8 @@ H100_BYTES_PER_S = 3.35e12
 def projected_seconds(counts: dict[str, Any], config: PruneConfig, nsamples: int, seqlen: int) -> dict[str, float]:
     """Seconds per shot on one H100 from the measured Llama-2-7B rates: curvature scaled by the weights a token
     runs through (all of a dense model's, a share of the experts') × tokens, the prune phase by parameters.
+    The measured N:M shots took eq. 7's masks: N:M masks by the sweep (`PruneConfig.mask_rule`) add one sweep per
+    layer at the drop-in's time per input column.
 
     Only for LLM Surgeon's correlated method, the runs those rates were measured on; empty otherwise.
     """
@@ -44,8 +46,9 @@ def projected_seconds(counts: dict[str, Any], config: PruneConfig, nsamples: int
     if kind not in H100_PRUNE_S:
         return {}
     active, size = counts["active_parameters"] / H100_PARAMETERS, counts["prunable_parameters"] / H100_PARAMETERS
+    sweeps = counts["input_columns"] * H100_SWEEP_S_PER_COLUMN["N:M"] if config.mask_rule == "sweep" else 0.0
     return {"curvature": H100_CURVATURE_S * active * nsamples * seqlen / H100_TOKENS,
-            "prune": H100_PRUNE_S[kind] * size}
+            "prune": H100_PRUNE_S[kind] * size + sweeps}
 
 
 def held_out_windows(nsamples: int) -> int:
