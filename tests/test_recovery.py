@@ -106,6 +106,26 @@ def test_next_token_loss_needs_no_teacher_and_keeps_every_zero():
     assert all(torch.equal(params[name].detach() == 0, ~kept) for name, kept in zeros.items())
 
 
+def test_mixed_precision_runs_both_passes_in_bfloat16_and_keeps_float32_weights_and_every_zero():
+    teacher, student = pruned_pair("llama", dict(structure="2:4", method="magnitude"))
+    plain = copy.deepcopy(student)
+    zeros = {name: mask.clone() for name, mask in pruned_masks(student).items()}
+    before = kl(student, teacher, TRAIN[:4])
+    seen: dict[str, set[torch.dtype]] = {"student": set(), "teacher": set()}
+    for role, model in (("student", student), ("teacher", teacher)):
+        decoder_blocks(model)[0].mlp.down_proj.register_forward_hook(
+            lambda module, args, out, role=role: seen[role].add(out.dtype))
+    mixed = distill(student, teacher, TRAIN, Distill(lr=1e-3, batch_size=2, mixed_precision="bf16"), progress=False)
+    assert seen == {"student": {torch.bfloat16}, "teacher": {torch.bfloat16}}
+    reference = distill(plain, teacher, TRAIN, Distill(lr=1e-3, batch_size=2), progress=False)
+    params = dict(student.named_parameters())
+    assert all(param.dtype == torch.float32 for param in params.values())  # the weights AdamW steps stay float32
+    assert all(torch.equal(params[name].detach() == 0, ~kept) for name, kept in zeros.items())
+    # the first step's loss is float32's to bfloat16's precision, not bit for bit
+    assert mixed.losses[0] != reference.losses[0] and mixed.losses[0] == pytest.approx(reference.losses[0], rel=0.05)
+    assert kl(student, teacher, TRAIN[:4]) < 0.8 * before
+
+
 def test_kl_needs_a_teacher_and_settings_are_checked():
     _, student = pruned_pair("llama", dict(structure="2:4", method="magnitude"))
     with pytest.raises(SurgeonError, match="teacher"):
@@ -127,7 +147,9 @@ def test_kl_needs_a_teacher_and_settings_are_checked():
     assert recover_fingerprint(RecoverConfig(run="run")) == recover_fingerprint(RecoverConfig(run="run", lr=1e-4))
     assert recover_fingerprint(RecoverConfig(run="run")) != recover_fingerprint(RecoverConfig(run="run", lr=1e-3))
     for bad, message in ((dict(lr=-1.0), "lr=-1.0"), (dict(lora_rank=-1), "lora_rank=-1"),
-                         (dict(loss="next-token", hidden_weight=0.5), "hidden_weight=0.5")):
+                         (dict(loss="next-token", hidden_weight=0.5), "hidden_weight=0.5"),
+                         (dict(mixed_precision="fp16"), "mixed_precision='fp16'"),
+                         (dict(dtype="bfloat16", mixed_precision="bf16"), "mixed_precision=bf16")):
         with pytest.raises(ValueError, match=message):  # the command's settings refuse what the training would
             RecoverConfig(run="run", **bad)
 

@@ -9,9 +9,9 @@ articles (which no window trains on: settings are chosen by them), before recove
 run scheduled for `--tokens` (the points of one cosine schedule, not separate runs); seconds count the training
 alone.
 
-One prune, then one run with the first value of each of --lr, --batch-size, --loss, --hidden-weight and
---lora-rank, and one more for each further value of one of them, the others at their first. Each is saved as
-bench/results/recovery/[<model>-]<structure>-<target>[-<settings>]@<commit>.json, and skipped when it exists.
+One prune, then one run with the first value of each of --lr, --batch-size, --loss, --hidden-weight, --lora-rank
+and --mixed-precision, and one more for each further value of one of them, the others at their first. Each is saved
+as bench/results/recovery/[<model>-]<structure>-<target>[-<settings>]@<commit>.json, and skipped when it exists.
 
     python -m bench.quality.recovery --structure coupled --target-size 0.8 --tokens 131072 --every 16384
     python -m bench.quality.recovery --structure coupled --target-size 0.8 --tokens 32768 --every 16384 \
@@ -38,11 +38,12 @@ from surgeon import PruneConfig, prune
 from surgeon.app.data import calibration_windows
 from surgeon.app.evaluate import perplexity
 from surgeon.io import write_json
-from surgeon.recovery import LOSSES
+from surgeon.recovery import LOSSES, MIXED_PRECISION
 from surgeon.recovery.distill import Distill, DistillReport, distill
 
 ROOT = Path(__file__).resolve().parents[1] / "results" / "recovery"
-VARIED = ("lr", "batch_size", "loss", "hidden_weight", "lora_rank")  # Distill's settings the runs compare
+# Distill's settings the runs compare
+VARIED = ("lr", "batch_size", "loss", "hidden_weight", "lora_rank", "mixed_precision")
 TOKENS = 262_144  # the schedule's length unless --tokens says otherwise; other lengths are named in the file name
 
 
@@ -59,6 +60,7 @@ def main() -> None:
     parser.add_argument("--loss", nargs="+", default=["kl"], choices=LOSSES)
     parser.add_argument("--hidden-weight", type=float, nargs="+", default=[0.0], help="0: the KL alone")
     parser.add_argument("--lora-rank", type=int, nargs="+", default=[0], help="0: the weights train")
+    parser.add_argument("--mixed-precision", nargs="+", default=["no"], choices=MIXED_PRECISION)
     parser.add_argument("--eval-windows", type=int, default=4)
     parser.add_argument("--eval-seqlen", type=int, default=2048)
     parser.add_argument("--calib-windows", type=int, default=None, help="default: the model's protocol")
@@ -107,6 +109,7 @@ def name(args: argparse.Namespace, config: PruneConfig, variant: dict[str, Any])
     parts += [variant["loss"]] if variant["loss"] != "kl" else []
     parts += [f"hidden{variant['hidden_weight']:g}"] if variant["hidden_weight"] else []
     parts += [f"lora{variant['lora_rank']}"] if variant["lora_rank"] else []
+    parts += [variant["mixed_precision"]] if variant["mixed_precision"] != "no" else []
     return "-".join(parts)
 
 

@@ -17,7 +17,7 @@ from surgeon.config import PruneConfig
 from surgeon.errors import SurgeonError
 from surgeon.export import EXPORT_FORMATS
 from surgeon.fields import check, opt
-from surgeon.recovery import LOSSES, Distill
+from surgeon.recovery import LOSSES, MIXED_PRECISION, Distill
 
 
 @dataclass(frozen=True)
@@ -182,9 +182,14 @@ class RecoverConfig:
                                 shown="the pruning run's")
     device: str = opt("cpu", "cpu or cuda")
     dtype: str = opt("float32", "dtype of the student and the teacher", ("float32", "bfloat16"))
+    mixed_precision: str = opt("no", "bf16: the forward passes in bfloat16 under torch.autocast, the weights and AdamW "
+                               "in float32 (faster where bfloat16 products are: GPUs, CPUs with AMX)", MIXED_PRECISION)
 
     def __post_init__(self) -> None:
         check(self)
+        if self.mixed_precision != "no" and self.dtype != "float32":
+            raise ValueError(f"mixed_precision={self.mixed_precision}: keeps float32 weights beside bfloat16 passes; "
+                             f"with dtype={self.dtype} give mixed_precision=no")
         if self.tokens < self.seqlen * self.batch_size:
             raise ValueError(f"tokens={self.tokens}: fewer than one step of {self.batch_size} windows of "
                              f"{self.seqlen}")
@@ -197,7 +202,8 @@ class RecoverConfig:
         """The recovery's training settings."""
         lr = self.lr if self.lr is not None else LORA_LR if self.lora_rank else WEIGHTS_LR
         return Distill(lr, batch_size=self.batch_size, seed=self.seed, loss=self.loss,
-                       hidden_weight=self.hidden_weight, lora_rank=self.lora_rank, teacher_top_k=self.teacher_top_k)
+                       hidden_weight=self.hidden_weight, lora_rank=self.lora_rank, teacher_top_k=self.teacher_top_k,
+                       mixed_precision=self.mixed_precision)
 
 
 def field_type(cls: type, f: dataclasses.Field[Any]) -> tuple[type, tuple[Any, ...] | None]:

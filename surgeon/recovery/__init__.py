@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from surgeon.errors import SurgeonError
 
 LOSSES = ("kl", "next-token")  # to the dense model's next-token distributions, or to the text's next tokens
+MIXED_PRECISION = ("no", "bf16")  # the forward passes in the models' dtype, or in bfloat16 under autocast
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,9 @@ class Distill:
     blocks' outputs added to the objective), `lora_rank` (0: the weights train; else peft adapters of that rank,
     merged at the end) and `teacher_top_k` (0: the teacher runs beside the student; else its K most likely next
     tokens per position are computed first, and the KL is taken over them and the rest of the vocabulary as one
-    outcome, so that the teacher need not be held while the student trains)."""
+    outcome, so that the teacher need not be held while the student trains), and `mixed_precision` ("bf16": both
+    models' forward passes run in bfloat16 under `torch.autocast`, accelerate's `--mixed_precision bf16`, while the
+    weights, their gradients and AdamW's moments keep the models' dtype; "no": all in that dtype)."""
 
     lr: float
     warmup: float = 0.1
@@ -30,6 +33,7 @@ class Distill:
     hidden_weight: float = 0.0
     lora_rank: int = 0
     teacher_top_k: int = 0
+    mixed_precision: str = "no"
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -38,6 +42,8 @@ class Distill:
             raise SurgeonError(f"loss={self.loss!r}: choose one of {', '.join(LOSSES)}")
         if self.hidden_weight < 0 or (self.hidden_weight and self.loss != "kl"):
             raise SurgeonError(f"hidden_weight={self.hidden_weight}: must be >= 0, and is a weight beside the KL loss")
+        if self.mixed_precision not in MIXED_PRECISION:
+            raise SurgeonError(f"mixed_precision={self.mixed_precision!r}: choose one of {', '.join(MIXED_PRECISION)}")
         if self.lora_rank < 0:
             raise SurgeonError(f"lora_rank={self.lora_rank}: must be 0 (the weights train) or a rank")
         if self.teacher_top_k < 0 or (self.teacher_top_k and (self.loss != "kl" or self.hidden_weight)):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -74,6 +74,12 @@ def _rate(step: int, steps: int, warmup: float) -> float:
     if step < ramp:
         return (step + 1) / ramp
     return 0.5 * (1 + math.cos(math.pi * (step - ramp) / max(1, steps - ramp)))
+
+
+def forward_precision(settings: Distill, device: torch.device) -> AbstractContextManager[Any]:
+    """The forward passes' precision: bfloat16 autocast where `settings.mixed_precision` is "bf16" (the weights and
+    the optimizer keep their dtype; the losses promote the logits to float32), else the models' own dtype."""
+    return torch.autocast(device.type, torch.bfloat16, enabled=settings.mixed_precision == "bf16")
 
 
 def kl_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
@@ -133,7 +139,8 @@ def teacher_targets(teacher: nn.Module, windows: torch.Tensor, settings: Distill
     teacher.eval()
     targets = []
     for batch in bar(training_batches(windows, settings), "teacher's top-k", progress):
-        logits = teacher(input_ids=_share(batch, group).to(device), use_cache=False).logits
+        with forward_precision(settings, device):
+            logits = teacher(input_ids=_share(batch, group).to(device), use_cache=False).logits
         values, indices, rest = top_k_targets(logits, settings.teacher_top_k)
         targets.append((values.cpu(), indices.cpu(), rest.cpu()))
     return targets
@@ -245,12 +252,16 @@ class Distillation:
         """This rank's share of `batch` (the step's) objective, and of its mean loss (KL or next-token; the objective
         without the hidden-state term, which the runs' reports compare)."""
         device = next(self.student.parameters()).device
-        ids = _share(batch, self.group).to(device)
+        with forward_precision(self.settings, device):
+            return self._forward(_share(batch, self.group).to(device))
+
+    def _forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_loss` on this rank's token ids, in the forward passes' precision."""
         if self.settings.loss == "next-token":
             loss: torch.Tensor = self.trained(input_ids=ids, labels=ids, use_cache=False).loss
             return loss, loss
         if self.targets is not None:
-            values, indices, rest = (t.to(device) for t in self.targets[self.step])
+            values, indices, rest = (t.to(ids.device) for t in self.targets[self.step])
             loss = top_k_kl(self.trained(input_ids=ids, use_cache=False).logits, values, indices, rest)
             return loss, loss
         assert self.teacher is not None
