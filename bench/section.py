@@ -1,6 +1,7 @@
 """`Section`, a generated block of bench/RESULTS.md: the rows of the result files a benchmark writes, as a Markdown
-table with each row's commit and the commands that wrote them. Each benchmark states its own blocks (`SECTIONS`,
-by the name of their markers), next to the code that writes the files they read; `bench.results_md` fills them."""
+table with each row's commit and the commands that wrote them. A benchmark states the blocks of the files it writes
+(`SECTIONS`, by the name of their markers) beside the code that writes them; `bench.results_md` fills those and its
+own (the quality tables, llm-compressor's runs, which its environment writes, and the blocks no benchmark writes)."""
 
 from __future__ import annotations
 

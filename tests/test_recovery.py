@@ -117,6 +117,8 @@ def test_mixed_precision_runs_both_passes_in_bfloat16_and_keeps_float32_weights_
             lambda module, args, out, role=role: seen[role].add(out.dtype))
     mixed = distill(student, teacher, TRAIN, Distill(lr=1e-3, batch_size=2, mixed_precision="bf16"), progress=False)
     assert seen == {"student": {torch.bfloat16}, "teacher": {torch.bfloat16}}
+    teacher_targets(teacher, TRAIN[:2], Distill(lr=1e-3, teacher_top_k=8, mixed_precision="bf16"), progress=False)
+    assert seen["teacher"] == {torch.bfloat16}  # the teacher's top-k targets too
     reference = distill(plain, teacher, TRAIN, Distill(lr=1e-3, batch_size=2), progress=False)
     params = dict(student.named_parameters())
     assert all(param.dtype == torch.float32 for param in params.values())  # the weights AdamW steps stay float32
@@ -304,6 +306,31 @@ def test_recover_on_the_teachers_top_k_trains_without_the_teacher(tiny_model_dir
     assert made == [(None, 4)]  # the teacher's targets for the 4 steps, and no teacher beside the student
     assert report["recover"]["teacher_top_k"] == 8 and len(report["losses"]) == 4 and report["kept_zeros"] > 0
     assert report["recover"]["lr"] == 1e-4  # the rate it trained at, its default written out
+
+
+def test_recover_in_bf16_mixed_precision_holds_the_teacher_in_bfloat16_and_trains_float32_weights(
+        tiny_model_dir, tmp_path, monkeypatch):
+    from surgeon.app import recover
+    from surgeon.app.cli import main
+
+    models = []
+    distillation = recover.Distillation
+
+    def recorded(student, teacher, windows, settings, group, targets):
+        models.append((student, teacher, settings.mixed_precision))
+        return distillation(student, teacher, windows, settings, group, targets)
+
+    monkeypatch.setattr(recover, "Distillation", recorded)
+    pruned, recovered = tmp_path / "pruned", tmp_path / "recovered"
+    assert main(["--quiet", "prune", "--model", str(tiny_model_dir), "--structure", "2:4", "--method", "magnitude",
+                 "--nsamples", "2", "--seqlen", "32", "--calibration", "wikitext2-valid", "--eval-windows", "1",
+                 "--output", str(pruned)]) == 0
+    assert main(["--quiet", "recover", str(pruned), "--output", str(recovered), "--tokens", "64", "--seqlen", "32",
+                 "--mixed-precision", "bf16"]) == 0
+    [(student, teacher, mixed)] = models
+    assert mixed == "bf16" and next(teacher.parameters()).dtype == torch.bfloat16
+    assert {param.dtype for param in student.parameters()} == {torch.float32}
+    assert json.loads((recovered / "report.json").read_text())["recover"]["mixed_precision"] == "bf16"
 
 
 def test_recover_refuses_training_text_that_the_evaluation_reads(tiny_model_dir, tmp_path, capsys):

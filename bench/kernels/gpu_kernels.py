@@ -16,7 +16,6 @@ import re
 from pathlib import Path
 
 import torch
-import triton.testing
 
 from bench import provenance as pv
 from bench.kernels import _roofline
@@ -78,6 +77,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", default="bench/results/micro-gpu.json")
     args = parser.parse_args()
+    import triton.testing  # here, not at the top: `make results` reads this module's SECTIONS without Triton
+
     device = torch.cuda.get_device_name()
     ceiling_flops = _roofline.gemm_flops("cuda", torch.bfloat16)
     ceiling_bytes = _roofline.copy_bandwidth("cuda")

@@ -89,7 +89,9 @@ def main() -> None:
     pruned = run.model
     for index, path in runs.items():
         student = copy.deepcopy(pruned)
-        curve, losses, passes = train(args, run, student, teacher, settings[index])
+        mixed = settings[index].mixed_precision == "bf16"  # the teacher held in bfloat16, as `surgeon recover` holds it
+        curve, losses, passes = train(args, run, student, copy.deepcopy(teacher).to(torch.bfloat16) if mixed
+                                      else teacher, settings[index])
         write_json(path, {"model": args.model, "config": config.resolved(), "ppl_dense": dense, **variants[index],
                           "prune_seconds": prune_seconds, "curve": curve, "losses": losses,
                           "seqlen": args.seqlen, "eval_windows": args.eval_windows, "eval_seqlen": args.eval_seqlen,

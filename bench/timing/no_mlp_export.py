@@ -23,8 +23,6 @@ from surgeon.export.compact import compact_model
 from surgeon.models import compact_modeling
 from surgeon.models.adapter import decoder_blocks
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -131,7 +131,9 @@ def _recover(config: RecoverConfig, source: Path, pruned: dict[str, Any], folder
     bos = bos if eval_bos else None  # the evaluation's
     teacher, targets = None, None
     if settings.loss == "kl":
-        teacher, _ = load_model(pruned["model"], run.get("tokenizer"), config.dtype,
+        # with bf16 mixed precision the teacher, which only runs forward passes, is held in bfloat16
+        teacher, _ = load_model(pruned["model"], run.get("tokenizer"),
+                                "bfloat16" if settings.mixed_precision == "bf16" else config.dtype,
                                 "cpu" if group is not None else device)
         if group is not None:
             shard_model(teacher, device)

@@ -183,7 +183,8 @@ class RecoverConfig:
     device: str = opt("cpu", "cpu or cuda")
     dtype: str = opt("float32", "dtype of the student and the teacher", ("float32", "bfloat16"))
     mixed_precision: str = opt("no", "bf16: the forward passes in bfloat16 under torch.autocast, the weights and AdamW "
-                               "in float32 (faster where bfloat16 products are: GPUs, CPUs with AMX)", MIXED_PRECISION)
+                               "in float32, the dense model held in bfloat16 (faster where bfloat16 products are: "
+                               "GPUs, CPUs with AMX)", MIXED_PRECISION)
 
     def __post_init__(self) -> None:
         check(self)
