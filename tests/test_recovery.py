@@ -284,7 +284,9 @@ def test_recover_trains_a_pruned_run_and_its_compact_export_is_as_small(tiny_mod
     assert exports[0]["parameters"] == exports[1]["parameters"] < exports[0]["parameters_before"]
 
 
-def test_recover_on_the_teachers_top_k_trains_without_the_teacher(tiny_model_dir, tmp_path, monkeypatch):
+def recover_recorded(tiny_model_dir, tmp_path, monkeypatch, *options: str) -> tuple[list[tuple], dict]:
+    """`surgeon recover` of a tiny 2:4 run with `options`: the (student, teacher, settings, targets) each Distillation
+    was made with, and the recovery's report."""
     from surgeon.app import recover
     from surgeon.app.cli import main
 
@@ -292,7 +294,7 @@ def test_recover_on_the_teachers_top_k_trains_without_the_teacher(tiny_model_dir
     distillation = recover.Distillation
 
     def recorded(student, teacher, windows, settings, group, targets):
-        made.append((teacher, len(targets)))
+        made.append((student, teacher, settings, targets))
         return distillation(student, teacher, windows, settings, group, targets)
 
     monkeypatch.setattr(recover, "Distillation", recorded)
@@ -300,37 +302,26 @@ def test_recover_on_the_teachers_top_k_trains_without_the_teacher(tiny_model_dir
     assert main(["--quiet", "prune", "--model", str(tiny_model_dir), "--structure", "2:4", "--method", "magnitude",
                  "--nsamples", "2", "--seqlen", "32", "--calibration", "wikitext2-valid", "--eval-windows", "1",
                  "--output", str(pruned)]) == 0
-    assert main(["--quiet", "recover", str(pruned), "--output", str(recovered), "--tokens", "128", "--seqlen", "32",
-                 "--teacher-top-k", "8"]) == 0
-    report = json.loads((recovered / "report.json").read_text())
-    assert made == [(None, 4)]  # the teacher's targets for the 4 steps, and no teacher beside the student
+    assert main(["--quiet", "recover", str(pruned), "--output", str(recovered), "--seqlen", "32", *options]) == 0
+    return made, json.loads((recovered / "report.json").read_text())
+
+
+def test_recover_on_the_teachers_top_k_trains_without_the_teacher(tiny_model_dir, tmp_path, monkeypatch):
+    made, report = recover_recorded(tiny_model_dir, tmp_path, monkeypatch, "--tokens", "128", "--teacher-top-k", "8")
+    # the teacher's targets for the 4 steps, and no teacher beside the student
+    assert [(teacher, len(targets)) for _, teacher, _, targets in made] == [(None, 4)]
     assert report["recover"]["teacher_top_k"] == 8 and len(report["losses"]) == 4 and report["kept_zeros"] > 0
     assert report["recover"]["lr"] == 1e-4  # the rate it trained at, its default written out
 
 
 def test_recover_in_bf16_mixed_precision_holds_the_teacher_in_bfloat16_and_trains_float32_weights(
         tiny_model_dir, tmp_path, monkeypatch):
-    from surgeon.app import recover
-    from surgeon.app.cli import main
-
-    models = []
-    distillation = recover.Distillation
-
-    def recorded(student, teacher, windows, settings, group, targets):
-        models.append((student, teacher, settings.mixed_precision))
-        return distillation(student, teacher, windows, settings, group, targets)
-
-    monkeypatch.setattr(recover, "Distillation", recorded)
-    pruned, recovered = tmp_path / "pruned", tmp_path / "recovered"
-    assert main(["--quiet", "prune", "--model", str(tiny_model_dir), "--structure", "2:4", "--method", "magnitude",
-                 "--nsamples", "2", "--seqlen", "32", "--calibration", "wikitext2-valid", "--eval-windows", "1",
-                 "--output", str(pruned)]) == 0
-    assert main(["--quiet", "recover", str(pruned), "--output", str(recovered), "--tokens", "64", "--seqlen", "32",
-                 "--mixed-precision", "bf16"]) == 0
-    [(student, teacher, mixed)] = models
-    assert mixed == "bf16" and next(teacher.parameters()).dtype == torch.bfloat16
+    made, report = recover_recorded(tiny_model_dir, tmp_path, monkeypatch, "--tokens", "64",
+                                    "--mixed-precision", "bf16")
+    [(student, teacher, settings, _)] = made
+    assert settings.mixed_precision == "bf16" and next(teacher.parameters()).dtype == torch.bfloat16
     assert {param.dtype for param in student.parameters()} == {torch.float32}
-    assert json.loads((recovered / "report.json").read_text())["recover"]["mixed_precision"] == "bf16"
+    assert report["recover"]["mixed_precision"] == "bf16"
 
 
 def test_recover_refuses_training_text_that_the_evaluation_reads(tiny_model_dir, tmp_path, capsys):
