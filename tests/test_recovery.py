@@ -7,6 +7,7 @@ import copy
 import json
 import math
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -408,3 +409,28 @@ def test_the_recovery_benchmark_scores_each_point_on_the_test_and_on_the_tuning_
     assert [point["tokens"] for point in curve] == [0, 128, 256]
     assert all(math.isfinite(point["ppl"]) and math.isfinite(point["tuning_ppl"]) for point in curve)
     assert curve[-1]["tuning_ppl"] != curve[0]["tuning_ppl"] and curve[0]["tuning_ppl"] != curve[0]["ppl"]
+
+
+def test_the_recovery_benchmark_starts_a_later_run_from_the_saved_prune(tiny_model_dir, tmp_path, monkeypatch):
+    """With `--pruned`, the first run saves its pruned model and a later run of the same prune loads it instead of
+    pruning again, so both start from the same perplexity."""
+    from bench.quality import recovery
+
+    def run(output: Path) -> dict:
+        monkeypatch.setattr(sys, "argv", ["recovery", "--model", str(tiny_model_dir), "--structure", "2:4",
+                                          "--tokens", "64", "--every", "64", "--seqlen", "64", "--eval-windows", "1",
+                                          "--eval-seqlen", "64", "--calib-windows", "2", "--calib-seqlen", "64",
+                                          "--pruned", str(tmp_path / "pruned"), "--output", str(output)])
+        recovery.main()
+        return json.loads(output.read_text())
+
+    first = run(tmp_path / "first.json")
+    assert [path.name for path in (tmp_path / "pruned").iterdir()] == [f"{tiny_model_dir.name}-2of4-0.5-2x64.pt"]
+
+    def pruned_again(*args, **kwargs):
+        raise AssertionError("pruned again")
+
+    monkeypatch.setattr(recovery, "prune", pruned_again)
+    second = run(tmp_path / "second.json")
+    assert second["curve"][0]["ppl"] == first["curve"][0]["ppl"] != first["ppl_dense"]
+    assert second["prune_seconds"] == first["prune_seconds"]

@@ -11,11 +11,15 @@ alone.
 
 One prune, then one run with the first value of each of --lr, --batch-size, --loss, --hidden-weight, --lora-rank
 and --mixed-precision, and one more for each further value of one of them, the others at their first. Each is saved
-as bench/results/recovery/[<model>-]<structure>-<target>[-<settings>]@<commit>.json, and skipped when it exists.
+as bench/results/recovery/[<model>-]<structure>-<target>[-<calibration budget>][-<settings>]@<commit>.json, and
+skipped when it exists. With `--pruned DIR` the pruned model is kept in DIR, and a later run of the same prune and
+pruning code starts from it: a prune at the CLI's 128 × 2048 budget takes most of an hour on 2 cores.
 
     python -m bench.quality.recovery --structure coupled --target-size 0.8 --tokens 131072 --every 16384
     python -m bench.quality.recovery --structure coupled --target-size 0.8 --tokens 32768 --every 16384 \
         --lr 1e-4 3e-4 --loss kl next-token --lora-rank 0 16 --hidden-weight 0 1      # five runs, one prune
+    python -m bench.quality.recovery --structure 2:4 --calib-windows 128 --calib-seqlen 2048 --tokens 131072 \
+        --every 16384 --pruned /tmp/pruned                  # from the CLI's own prune, the prune kept for more runs
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import torch
 
 from bench import provenance as pv
 from bench.machine import cpu_machine
-from bench.quality.table import head_commit, load_protocol
+from bench.quality.table import PROTOCOLS, head_commit, load_protocol
 from bench.section import Section, link, recorded
 from surgeon import PruneConfig, prune
 from surgeon.app.data import calibration_windows
@@ -44,6 +48,7 @@ from surgeon.recovery.distill import Distill, DistillReport, distill
 ROOT = Path(__file__).resolve().parents[1] / "results" / "recovery"
 # Distill's settings the runs compare
 VARIED = ("lr", "batch_size", "loss", "hidden_weight", "lora_rank", "mixed_precision")
+DEFAULTS = {"lr": 1e-4, "batch_size": 1, "loss": "kl", "hidden_weight": 0.0, "lora_rank": 0, "mixed_precision": "no"}
 TOKENS = 262_144  # the schedule's length unless --tokens says otherwise; other lengths are named in the file name
 
 
@@ -66,6 +71,8 @@ def main() -> None:
     parser.add_argument("--calib-windows", type=int, default=None, help="default: the model's protocol")
     parser.add_argument("--calib-seqlen", type=int, default=None, help="default: the model's protocol")
     parser.add_argument("--output", type=Path, default=None, help="default: bench/results/recovery/<run>@<commit>")
+    parser.add_argument("--pruned", type=Path, default=None,
+                        help="a folder that keeps the pruned model: a later run of the same prune starts from it")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     config = PruneConfig(structure=args.structure, target_size=args.target_size)
@@ -82,9 +89,7 @@ def main() -> None:
     run = load_protocol(args.model, args.calib_windows, args.calib_seqlen, None if args.model == "smollm2-135m"
                         else args.model)
     teacher = copy.deepcopy(run.model)
-    start = time.perf_counter()
-    prune(run.model, run.windows, config, progress=False, held_out_ids=run.held_out)
-    prune_seconds = time.perf_counter() - start
+    prune_seconds = pruned_model(run, config, args.pruned / f"{pruned_name(args, config)}.pt" if args.pruned else None)
     dense = perplexity(teacher, run.test_ids, args.eval_seqlen, args.eval_windows, progress=False, bos=run.bos).ppl
     pruned = run.model
     for index, path in runs.items():
@@ -100,18 +105,45 @@ def main() -> None:
                                                                         *sys.argv[1:]])})
 
 
-def name(args: argparse.Namespace, config: PruneConfig, variant: dict[str, Any]) -> str:
-    """The run's file name before @commit: the model unless SmolLM2, structure, target, and what differs from the
-    bench's defaults."""
+def pruned_model(run: Any, config: PruneConfig, saved: Path | None) -> float:
+    """Prune `run.model` as `surgeon prune` does, or load it from `saved` where a run of the same pruning code saved
+    it; the seconds the prune took. A new prune is saved there."""
+    if saved is not None and saved.exists():
+        state = torch.load(saved, weights_only=True)
+        if pv.same_code(state["commit"], head_commit()):
+            run.model.load_state_dict(state["model"])
+            logging.info("the pruned model of %s (%s)", state["commit"], saved)
+            return state["prune_seconds"]
+    start = time.perf_counter()
+    prune(run.model, run.windows, config, progress=False, held_out_ids=run.held_out)
+    seconds = time.perf_counter() - start
+    if saved is not None:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": run.model.state_dict(), "prune_seconds": seconds, "commit": head_commit()}, saved)
+    return seconds
+
+
+def pruned_name(args: argparse.Namespace, config: PruneConfig) -> str:
+    """The prune's part of a run's name: the model unless SmolLM2, structure, target, and the calibration budget
+    where it is not the model's protocol."""
     parts = [Path(args.model).name] if args.model != "smollm2-135m" else []  # a built-in name, or a folder's
     parts += [args.structure.replace(":", "of"), f"{config.target:g}"]
-    parts += [f"{args.tokens}tokens"] if args.tokens != TOKENS else []
-    parts += [f"lr{variant['lr']:g}"] if variant["lr"] != 1e-4 else []
-    parts += [f"batch{variant['batch_size']}"] if variant["batch_size"] != 1 else []
-    parts += [variant["loss"]] if variant["loss"] != "kl" else []
-    parts += [f"hidden{variant['hidden_weight']:g}"] if variant["hidden_weight"] else []
-    parts += [f"lora{variant['lora_rank']}"] if variant["lora_rank"] else []
-    parts += [variant["mixed_precision"]] if variant["mixed_precision"] != "no" else []
+    protocol = PROTOCOLS.get(args.model, PROTOCOLS["smollm2-135m"])[:2]
+    budget = (args.calib_windows or protocol[0], args.calib_seqlen or protocol[1])
+    return "-".join(parts + ([f"{budget[0]}x{budget[1]}"] if budget != protocol else []))
+
+
+def name(args: argparse.Namespace, config: PruneConfig, variant: dict[str, Any]) -> str:
+    """The run's file name before @commit: the prune's name, the schedule's length and the settings that differ from
+    the bench's defaults (`DEFAULTS`)."""
+    differ = {key: value for key, value in variant.items() if value != DEFAULTS[key]}
+    parts = [pruned_name(args, config)] + ([f"{args.tokens}tokens"] if args.tokens != TOKENS else [])
+    parts += [f"lr{differ['lr']:g}"] if "lr" in differ else []
+    parts += [f"batch{differ['batch_size']}"] if "batch_size" in differ else []
+    parts += [differ["loss"]] if "loss" in differ else []
+    parts += [f"hidden{differ['hidden_weight']:g}"] if "hidden_weight" in differ else []
+    parts += [f"lora{differ['lora_rank']}"] if "lora_rank" in differ else []
+    parts += [differ["mixed_precision"]] if "mixed_precision" in differ else []
     return "-".join(parts)
 
 
