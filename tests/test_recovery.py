@@ -413,7 +413,7 @@ def test_the_recovery_benchmark_scores_each_point_on_the_test_and_on_the_tuning_
 
 def test_the_recovery_benchmark_starts_a_later_run_from_the_saved_prune(tiny_model_dir, tmp_path, monkeypatch):
     """With `--pruned`, the first run saves its pruned model and a later run of the same prune loads it instead of
-    pruning again, so both start from the same perplexity."""
+    pruning again, so both start from the same perplexity and name the same method's model."""
     from bench.quality import recovery
 
     def run(output: Path) -> dict:
@@ -434,3 +434,4 @@ def test_the_recovery_benchmark_starts_a_later_run_from_the_saved_prune(tiny_mod
     second = run(tmp_path / "second.json")
     assert second["curve"][0]["ppl"] == first["curve"][0]["ppl"] != first["ppl_dense"]
     assert second["prune_seconds"] == first["prune_seconds"]
+    assert second["kept"] == first["kept"] in ("surgeon", "sparsegpt-refine")  # whose model recovery starts from

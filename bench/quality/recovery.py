@@ -89,7 +89,8 @@ def main() -> None:
     run = load_protocol(args.model, args.calib_windows, args.calib_seqlen, None if args.model == "smollm2-135m"
                         else args.model)
     teacher = copy.deepcopy(run.model)
-    prune_seconds = pruned_model(run, config, args.pruned / f"{pruned_name(args, config)}.pt" if args.pruned else None)
+    saved = args.pruned / f"{pruned_name(args, config)}.pt" if args.pruned else None
+    prune_seconds, kept = pruned_model(run, config, saved)
     dense = perplexity(teacher, run.test_ids, args.eval_seqlen, args.eval_windows, progress=False, bos=run.bos).ppl
     pruned = run.model
     for index, path in runs.items():
@@ -98,29 +99,31 @@ def main() -> None:
         curve, losses, passes = train(args, run, student, copy.deepcopy(teacher).to(torch.bfloat16) if mixed
                                       else teacher, settings[index])
         write_json(path, {"model": args.model, "config": config.resolved(), "ppl_dense": dense, **variants[index],
-                          "prune_seconds": prune_seconds, "curve": curve, "losses": losses,
+                          "prune_seconds": prune_seconds, "kept": kept, "curve": curve, "losses": losses,
                           "seqlen": args.seqlen, "eval_windows": args.eval_windows, "eval_seqlen": args.eval_seqlen,
                           "passes": passes, "machine": cpu_machine(torch.get_num_threads()),
                           "commit": head_commit(), "command": " ".join(["python -m bench.quality.recovery",
                                                                         *sys.argv[1:]])})
 
 
-def pruned_model(run: Any, config: PruneConfig, saved: Path | None) -> float:
+def pruned_model(run: Any, config: PruneConfig, saved: Path | None) -> tuple[float, str]:
     """Prune `run.model` as `surgeon prune` does, or load it from `saved` where a run of the same pruning code saved
-    it; the seconds the prune took. A new prune is saved there."""
+    it; the seconds the prune took and the method whose model it is (the held-out choice's, where one was made). A
+    new prune is saved there."""
     if saved is not None and saved.exists():
         state = torch.load(saved, weights_only=True)
         if pv.same_code(state["commit"], head_commit()):
             run.model.load_state_dict(state["model"])
             logging.info("the pruned model of %s (%s)", state["commit"], saved)
-            return state["prune_seconds"]
+            return state["prune_seconds"], state["kept"]
     start = time.perf_counter()
-    prune(run.model, run.windows, config, progress=False, held_out_ids=run.held_out)
-    seconds = time.perf_counter() - start
+    report = prune(run.model, run.windows, config, progress=False, held_out_ids=run.held_out)
+    seconds, kept = time.perf_counter() - start, report.choice["kept"] if report.choice else config.method
     if saved is not None:
         saved.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": run.model.state_dict(), "prune_seconds": seconds, "commit": head_commit()}, saved)
-    return seconds
+        torch.save({"model": run.model.state_dict(), "prune_seconds": seconds, "kept": kept, "commit": head_commit()},
+                   saved)
+    return seconds, kept
 
 
 def pruned_name(args: argparse.Namespace, config: PruneConfig) -> str:
