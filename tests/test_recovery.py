@@ -416,11 +416,11 @@ def test_the_recovery_benchmark_starts_a_later_run_from_the_saved_prune(tiny_mod
     pruning again, so both start from the same perplexity and name the same method's model."""
     from bench.quality import recovery
 
-    def run(output: Path) -> dict:
+    def run(output: Path, *seed: str) -> dict:
         monkeypatch.setattr(sys, "argv", ["recovery", "--model", str(tiny_model_dir), "--structure", "2:4",
                                           "--tokens", "64", "--every", "64", "--seqlen", "64", "--eval-windows", "1",
                                           "--eval-seqlen", "64", "--calib-windows", "2", "--calib-seqlen", "64",
-                                          "--pruned", str(tmp_path / "pruned"), "--output", str(output)])
+                                          "--pruned", str(tmp_path / "pruned"), "--output", str(output), *seed])
         recovery.main()
         return json.loads(output.read_text())
 
@@ -435,3 +435,26 @@ def test_the_recovery_benchmark_starts_a_later_run_from_the_saved_prune(tiny_mod
     assert second["curve"][0]["ppl"] == first["curve"][0]["ppl"] != first["ppl_dense"]
     assert second["prune_seconds"] == first["prune_seconds"]
     assert second["kept"] == first["kept"] in ("surgeon", "sparsegpt-refine")  # whose model recovery starts from
+    assert second["losses"] == first["losses"] and first["seed"] == 0
+    seeded = run(tmp_path / "seeded.json", "--seed", "1")  # other training windows, from the same pruned model
+    assert seeded["curve"][0]["ppl"] == first["curve"][0]["ppl"] and seeded["losses"] != first["losses"]
+    assert seeded["seed"] == 1
+
+
+def test_a_recovery_run_is_named_by_its_prune_schedule_settings_and_seed():
+    """Runs that differ in the calibration budget, the schedule, a setting or the seed are saved apart (an existing
+    file is skipped), and the protocol's own values add nothing to the name."""
+    import argparse
+
+    from bench.quality import recovery
+    from surgeon import PruneConfig
+
+    def named(**changes) -> str:
+        args = argparse.Namespace(**{"model": "smollm2-135m", "structure": "2:4", "calib_windows": None,
+                                     "calib_seqlen": None, "tokens": recovery.TOKENS, "seed": 0, **changes})
+        variant = {**recovery.DEFAULTS, **{key: value for key, value in changes.items() if key in recovery.DEFAULTS}}
+        return recovery.name(args, PruneConfig(structure="2:4"), variant)
+
+    assert named() == "2of4-0.5"
+    assert named(calib_windows=128, calib_seqlen=2048, tokens=147456, seed=1) == "2of4-0.5-128x2048-147456tokens-seed1"
+    assert named(lr=1e-3, lora_rank=16) == "2of4-0.5-lr0.001-lora16"

@@ -3,7 +3,8 @@ r"""Recovery curves: perplexity against distillation tokens and seconds, after p
 Protocol: the quality table's model and pruning (bench/quality/table.py: SmolLM2-135M, 8 calibration windows of 512
 tokens of the packaged WikiText-2 validation split, the structure's default method and shots), then `surgeon
 recover`'s distillation (`surgeon.recovery.distill`: KL to the dense model, pruned zeros kept) on windows of
-`--seqlen` tokens drawn with seed 1 from the same validation split, which shares no passage with the test split.
+`--seqlen` tokens drawn with seed 1 + `--seed` from the same validation split, which shares no passage with the test
+split, and trained on in the order drawn with `--seed` (default 0).
 Perplexity on the first 4 test windows of 2048 tokens, and on as many windows of the validation split's tuning
 articles (which no window trains on: settings are chosen by them), before recovery and every `--every` tokens of one
 run scheduled for `--tokens` (the points of one cosine schedule, not separate runs); seconds count the training
@@ -11,8 +12,8 @@ alone.
 
 One prune, then one run with the first value of each of --lr, --batch-size, --loss, --hidden-weight, --lora-rank
 and --mixed-precision, and one more for each further value of one of them, the others at their first. Each is saved
-as bench/results/recovery/[<model>-]<structure>-<target>[-<calibration budget>][-<settings>]@<commit>.json, and
-skipped when it exists. With `--pruned DIR` the pruned model is kept in DIR, and a later run of the same prune and
+as bench/results/recovery/[<model>-]<structure>-<target>[-<calibration budget>][-<settings>][-seed<s>]@<commit>.json,
+and skipped when it exists. With `--pruned DIR` the pruned model is kept in DIR, and a later run of the same prune and
 pruning code starts from it: a prune at the CLI's 128 × 2048 budget takes most of an hour on 2 cores.
 
     python -m bench.quality.recovery --structure coupled --target-size 0.8 --tokens 131072 --every 16384
@@ -66,6 +67,8 @@ def main() -> None:
     parser.add_argument("--hidden-weight", type=float, nargs="+", default=[0.0], help="0: the KL alone")
     parser.add_argument("--lora-rank", type=int, nargs="+", default=[0], help="0: the weights train")
     parser.add_argument("--mixed-precision", nargs="+", default=["no"], choices=MIXED_PRECISION)
+    parser.add_argument("--seed", type=int, default=0, help="draws and orders the training windows (the prune's "
+                        "calibration stays the protocol's)")
     parser.add_argument("--eval-windows", type=int, default=4)
     parser.add_argument("--eval-seqlen", type=int, default=2048)
     parser.add_argument("--calib-windows", type=int, default=None, help="default: the model's protocol")
@@ -78,7 +81,7 @@ def main() -> None:
     config = PruneConfig(structure=args.structure, target_size=args.target_size)
     first = {setting: getattr(args, setting)[0] for setting in VARIED}
     variants = [first, *({**first, setting: value} for setting in VARIED for value in getattr(args, setting)[1:])]
-    settings = [Distill(**variant) for variant in variants]  # a bad combination stops before the prune
+    settings = [Distill(**variant, seed=args.seed) for variant in variants]  # a bad combination stops before the prune
     runs = {index: (args.output if args.output and len(variants) == 1 else
                     ROOT / f"{name(args, config, variant)}@{head_commit()}.json")
             for index, variant in enumerate(variants)}
@@ -99,9 +102,10 @@ def main() -> None:
         curve, losses, passes = train(args, run, student, copy.deepcopy(teacher).to(torch.bfloat16) if mixed
                                       else teacher, settings[index])
         write_json(path, {"model": args.model, "config": config.resolved(), "ppl_dense": dense, **variants[index],
-                          "prune_seconds": prune_seconds, "kept": kept, "curve": curve, "losses": losses,
-                          "seqlen": args.seqlen, "eval_windows": args.eval_windows, "eval_seqlen": args.eval_seqlen,
-                          "passes": passes, "machine": cpu_machine(torch.get_num_threads()),
+                          "seed": args.seed, "prune_seconds": prune_seconds, "kept": kept, "curve": curve,
+                          "losses": losses, "seqlen": args.seqlen, "eval_windows": args.eval_windows,
+                          "eval_seqlen": args.eval_seqlen, "passes": passes,
+                          "machine": cpu_machine(torch.get_num_threads()),
                           "commit": head_commit(), "command": " ".join(["python -m bench.quality.recovery",
                                                                         *sys.argv[1:]])})
 
@@ -137,8 +141,8 @@ def pruned_name(args: argparse.Namespace, config: PruneConfig) -> str:
 
 
 def name(args: argparse.Namespace, config: PruneConfig, variant: dict[str, Any]) -> str:
-    """The run's file name before @commit: the prune's name, the schedule's length and the settings that differ from
-    the bench's defaults (`DEFAULTS`)."""
+    """The run's file name before @commit: the prune's name, the schedule's length, the settings that differ from
+    the bench's defaults (`DEFAULTS`) and the seed unless 0."""
     differ = {key: value for key, value in variant.items() if value != DEFAULTS[key]}
     parts = [pruned_name(args, config)] + ([f"{args.tokens}tokens"] if args.tokens != TOKENS else [])
     parts += [f"lr{differ['lr']:g}"] if "lr" in differ else []
@@ -147,7 +151,7 @@ def name(args: argparse.Namespace, config: PruneConfig, variant: dict[str, Any])
     parts += [f"hidden{differ['hidden_weight']:g}"] if "hidden_weight" in differ else []
     parts += [f"lora{differ['lora_rank']}"] if "lora_rank" in differ else []
     parts += [differ["mixed_precision"]] if "mixed_precision" in differ else []
-    return "-".join(parts)
+    return "-".join(parts + ([f"seed{args.seed}"] if args.seed else []))
 
 
 def train(args: argparse.Namespace, run: Any, student: torch.nn.Module, teacher: torch.nn.Module,
@@ -174,7 +178,7 @@ def train(args: argparse.Namespace, run: Any, student: torch.nn.Module, teacher:
             logging.info("%s: %d tokens, %.0f s: ppl %.3f, tuning ppl %.3f", settings, report.tokens,
                          curve[-1]["seconds"], measured["ppl"], measured["tuning_ppl"])
 
-    windows = calibration_windows(run.ids, -(-args.tokens // args.seqlen), args.seqlen, 1, run.bos)
+    windows = calibration_windows(run.ids, -(-args.tokens // args.seqlen), args.seqlen, 1 + args.seed, run.bos)
     trained = time.perf_counter()
     report = distill(student, teacher, windows, settings, progress=False, after_step=after_step)
     return curve, report.losses, windows.numel() / run.ids.shape[1]
