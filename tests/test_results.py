@@ -33,6 +33,18 @@ def test_bench_runs_as_a_package_without_editing_the_import_path():
     assert result.returncode == 0 and result.stdout.startswith("usage:"), result.stderr
 
 
+def test_any_table_runs_the_default_rows_baselines_and_its_own_rows_by_name():
+    sys.path.insert(0, str(ROOT))
+    from bench.quality.table import runnable_rows
+
+    named = runnable_rows(shots_structured=4, shots_element=4)
+    refine = named["unstructured-0.5-sparsegpt-refine"]  # a baseline of the default rows, on SmolLM2's table too
+    assert (refine.method, refine.shots, named["2of4-0.5-sparsegpt-refine"].structure) == ("sparsegpt-refine", 1, "2:4")
+    assert named["unstructured-0.5-surgeon-alone"].held_out_choice is False
+    assert named["unstructured-0.5-surgeon"].shots == 4  # an id of both keeps SmolLM2's table's settings
+    assert named["2of4-0.5-surgeon-alone-sampled"].fisher == "sampled"
+
+
 def test_results_go_stale_when_code_changes_but_not_its_docstrings_or_comments():
     sys.path.insert(0, str(ROOT))
     from bench.provenance import code_of

@@ -161,6 +161,13 @@ def candidate_rows() -> list[tuple[str, PruneConfig]]:
     return out
 
 
+def runnable_rows(shots_structured: int, shots_element: int) -> dict[str, PruneConfig]:
+    """Every row `--row` runs on any model and budget, by id: SmolLM2's table (its settings where an id is also a
+    default row, as `unstructured-0.5-surgeon`'s 4 shots), the default rows and baselines (`sparsegpt-refine`, the
+    `-surgeon-alone` models) and the candidates."""
+    return dict(defaults_rows() + rows(shots_structured, shots_element) + candidate_rows())
+
+
 def head_commit() -> str:
     """The short hash of the checked-out commit, which names the result files ($COMMIT where set: a copied tree)."""
     return os.environ.get("COMMIT") or subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True,
@@ -334,8 +341,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
                         help="calibration seeds: each row runs once per seed, a seed s > 0 as the row <id>-seed<s>")
     parser.add_argument("--row", action="append", default=[],
-                        help="run this row (its whole id; repeatable): any row of SmolLM2's table or a candidate, "
-                             "on any model")
+                        help="run this row (its whole id; repeatable): any row of SmolLM2's table, a default row "
+                             "or baseline of the other budgets, or a candidate, on any model")
     parser.add_argument("--checkpoints", type=Path, help="write each row's checkpoint after every shot into "
                         "DIR/<results folder>/<row> and continue an unfinished row from it")
     parser.add_argument("--weigh-apart", action="store_true",
@@ -345,7 +352,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     root = folder(args.model, args.calib_windows, args.calib_seqlen)
     table = rows(args.shots_structured, args.shots_element) if root == ROOT else defaults_rows()
-    known, named = dict(table), dict(rows(args.shots_structured, args.shots_element) + candidate_rows())
+    known, named = dict(table), runnable_rows(args.shots_structured, args.shots_element)
     unknown = [row for row in args.row if row not in named and row not in known]
     if unknown:
         parser.error(f"no row named {', '.join(unknown)}")
