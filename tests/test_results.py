@@ -142,13 +142,14 @@ def test_the_headline_quotes_the_defaults_with_a_second_decimal_only_where_one_w
     assert headline_cells(runs, "4of8-0.5") == ("- | -", [])  # LLM Surgeon's run is not the defaults
 
 
-def test_the_quick_gpu_measurement_fits_eight_minutes_by_its_own_count():
-    """The time limits of `bench/timing/measure_gpu.sh --quick`'s steps, which end each one, sum to at most 8 min."""
+def test_the_quick_gpu_measurement_fits_nine_and_a_half_minutes_by_its_own_count():
+    """The time limits of `bench/timing/measure_gpu.sh --quick`'s steps, which end each one, sum to at most 9.5 min:
+    one command of at most 10 minutes runs it all."""
     script = (ROOT / "bench" / "timing" / "measure_gpu.sh").read_text()
     quick = script[script.index('if [ "${1:-}" = --quick ]'):script.index("exit 0")]
     limits = [int(word) for line in quick.splitlines() for before, word in zip(line.split(), line.split()[1:])
               if before in ("quick", "timeout") and word.isdigit()]
-    assert len(limits) == 6 and sum(limits) <= 8 * 60, limits
+    assert len(limits) == 6 and sum(limits) <= 9.5 * 60, limits
 
 
 # A measured figure a document quotes: a decimal (31.92, 66.6 GiB, 0.82×) or a whole number of seconds, minutes, GiB

@@ -13,12 +13,12 @@
 # machine with N GPUs) also times each shot spec under torchrun on N GPUs, split by batches and by blocks
 # with FSDP2 (420 s each).
 #
-# --quick measures what users run in at most 8 minutes by its own count (each step's time limit, in order,
+# --quick measures what users run in at most 9.5 minutes by its own count (each step's time limit, in order,
 # about 1.2x its time on one H200): a torch.profiler table of a 2-block structured shot (75 s; it also
-# compiles the Triton kernels), one structured Llama-2-7B shot at 80% (80 s), the default 2:4 run (130 s),
-# one unstructured 50% shot (115 s), all with --backend auto and 2 windows per pass, then the SparseGPT
-# drop-in against SparseGPT's algorithm at q_proj's shape, 4096x4096 (45 s), and the fused SparseGPT sweep
-# in bench/kernels/sparsegpt_sweep.py against surgeon's at that shape (35 s: a limit, not yet run on a GPU).
+# compiles the Triton kernels), one structured Llama-2-7B shot at 80% (80 s), the default 2:4 run (200 s: its
+# masks come from one OBS sweep per layer), one unstructured 50% shot (115 s), all with --backend auto and 2 windows
+# per pass, then the SparseGPT drop-in against SparseGPT's algorithm at q_proj's shape, 4096x4096 (45 s), and the
+# fused SparseGPT sweep in bench/kernels/sparsegpt_sweep.py against surgeon's at that shape (35 s).
 # Unstructured and N:M runs, here and in every shot spec, time LLM Surgeon's run alone (--held-out 0, as
 # under torchrun): the sparsegpt-refine shot that surgeon prune weighs them against is timed apart
 # (shot_time.py without --held-out). COMMIT names the commit measured (default: git's HEAD).
@@ -41,7 +41,7 @@ if [ "${1:-}" = --quick ]; then
   }
   quick 75 profile-2blocks structured 2 --shots 1 --target-size 0.8 --profile "$OUT/profile-2blocks.txt"
   quick 80 structured structured 32 --shots 1 --target-size 0.8
-  quick 130 2of4 2:4 32 --held-out 0
+  quick 200 2of4 2:4 32 --held-out 0
   quick 115 unstructured unstructured 32 --shots 1 --target-size 0.5 --held-out 0
   timeout 45 python3 -m bench.quality.sparsegpt_dropin --shapes llama2-7b --layers q_proj --device cuda --exact-shots 1 \
     --output "$OUT/dropin.json" > "$OUT/dropin.log" 2>&1
