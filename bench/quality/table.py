@@ -353,7 +353,7 @@ def main() -> None:
     root = folder(args.model, args.calib_windows, args.calib_seqlen)
     table = rows(args.shots_structured, args.shots_element) if root == ROOT else defaults_rows()
     known, named = dict(table), runnable_rows(args.shots_structured, args.shots_element)
-    unknown = [row for row in args.row if row not in named and row not in known]
+    unknown = [row for row in args.row if row not in named]  # every table's own rows are named too
     if unknown:
         parser.error(f"no row named {', '.join(unknown)}")
     table += [(row, named[row]) for row in dict.fromkeys(args.row) if row not in known]
