@@ -31,10 +31,16 @@ VOCAB, NEW_TOKENS = 49152, 16  # the SmolLM2 tokenizer's vocabulary
 FORMATS = ["standard", "decilm", "decilm --ffn-mult"]
 # `surgeon quantize` runs where llm-compressor is installed (it pins another transformers than vLLM)
 LLMCOMPRESSOR_PYTHON = Path(__file__).resolve().parents[1] / ".venv-llmcompressor" / "bin" / "python"
-# vLLM's CPU int8 GEMM takes float32 activations, except on hosts with AMX: there only bfloat16 or half
 CPUINFO = Path("/proc/cpuinfo")
-AMX = CPUINFO.is_file() and " amx_int8" in CPUINFO.read_text()
+CPU_FLAGS = CPUINFO.read_text() if CPUINFO.is_file() else ""
+# vLLM's CPU int8 GEMM takes float32 activations, except on hosts with AMX: there only bfloat16 or half
+AMX = " amx_int8" in CPU_FLAGS
 QUANTIZED_DTYPE = "bfloat16" if AMX else "float32"
+# On x86 hosts without VNNI, vLLM's int8 GEMM (oneDNN) multiplies as AVX2's vpmaddubsw does: the activations shifted
+# to unsigned (+128) times the weights, each pair of adjacent inputs summed into a saturating int16, the shift's
+# compensation subtracted after. Full-range int8 weights overflow those pairs, so its products are not exact;
+# `saturated_product` reproduces them.
+SATURATING = " avx2" in CPU_FLAGS and not any(f" {flag}" in CPU_FLAGS for flag in ("avx512_vnni", "avx_vnni"))
 
 
 @contextlib.contextmanager
@@ -76,20 +82,46 @@ def log_likelihood(model: torch.nn.Module, windows: list[list[int]]) -> torch.Te
     return torch.log_softmax(logits, -1).gather(2, ids[:, 1:, None])[..., 0]
 
 
+def int8_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activations rounded as vLLM's CPU kernel does, per token to the nearest multiple of max|x|/127
+    (compressed-tensors' own grid is max|x|/127.5, which tips near-ties): the integers and each token's step."""
+    step = x.abs().amax(-1, keepdim=True) / 127
+    return torch.round(x / step).clamp(-128, 127), step
+
+
+def saturated_product(activations: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """int8 `activations` (..., K) times int8 `weight` (N, K) transposed, as oneDNN computes it without VNNI
+    (`SATURATING`): unsigned activations, adjacent products summed in pairs saturated to int16, less the shift."""
+    weight = torch.nn.functional.pad(weight.to(torch.int64), (0, weight.shape[1] % 2))  # an odd input paired with 0
+    shifted = torch.nn.functional.pad(activations.to(torch.int64) + 128, (0, activations.shape[-1] % 2))
+    products = shifted[..., None, :] * weight
+    pairs = (products[..., 0::2] + products[..., 1::2]).clamp(-(1 << 15), (1 << 15) - 1)
+    return pairs.sum(-1) - 128 * weight.sum(-1)
+
+
 def int8_rounded(model: torch.nn.Module) -> torch.nn.Module:
-    """A W8A8 checkpoint loaded by transformers, made to round its activations as vLLM's CPU kernel does: per token
-    to the nearest multiple of max|x|/127 (compressed-tensors' own grid is max|x|/127.5, which tips near-ties)."""
+    """A W8A8 checkpoint loaded by transformers, made to compute its quantized layers as vLLM's CPU kernel does:
+    activations rounded by `int8_activations`, and on `SATURATING` hosts products by `saturated_product`."""
 
     def rounded(module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor]:
-        step = args[0].abs().amax(-1, keepdim=True) / 127
-        return (torch.round(args[0] / step).clamp(-128, 127) * step,)
+        activations, step = int8_activations(args[0])
+        return (activations * step,)
+
+    def saturated(module: torch.nn.Module, args: tuple[torch.Tensor, ...], output: torch.Tensor) -> torch.Tensor:
+        activations, step = int8_activations(args[0])
+        weight = torch.round(module.weight / module.weight_scale)
+        product = saturated_product(activations, weight).double() * step.double() * module.weight_scale[:, 0].double()
+        return (product if module.bias is None else product + module.bias.double()).to(output.dtype)
 
     with torch.no_grad():
         model(torch.zeros(1, 1, dtype=torch.long))  # transformers dequantizes the int8 weights on the first call
     for module in model.modules():
         if getattr(module, "quantization_scheme", None) is not None:
             module.quantization_enabled = False  # compressed-tensors' own activation rounding off
-            module.register_forward_pre_hook(rounded)
+            if SATURATING:
+                module.register_forward_hook(saturated)
+            else:
+                module.register_forward_pre_hook(rounded)
     return model
 
 
