@@ -196,7 +196,7 @@ def test_vllm_serves_the_export_with_the_masked_models_greedy_tokens(format, run
 @pytest.mark.parametrize("format", ["standard", "decilm"])
 def test_vllm_serves_a_quantized_export_with_transformers_greedy_tokens(format, run, tmp_path):
     """The export quantized W8A8 by `surgeon quantize`: vLLM gives the greedy tokens of the quantized checkpoint in
-    transformers, its activations rounded on vLLM's grid (`int8_rounded`)."""
+    transformers, computed as vLLM's CPU kernel computes them on this host (`int8_rounded`)."""
     require_llmcompressor()
     if AMX:
         pytest.skip("exact greedy tokens need vLLM's int8 GEMM on float32 activations, which AMX hosts do not take")
@@ -286,7 +286,7 @@ def test_smollm2_pruned_recovered_exported_and_quantized_is_served_by_vllm(tmp_p
     5 nats on these 2,040 tokens and by 0.23 on average, and greedy continuations part after a few tokens. Their mean
     is the same model's: within 0.05 nats per token, perplexity within 5% (measured: 0.007; the unquantized export's
     agree within 1e-4). On hosts with AMX vLLM serves the quantized checkpoint in bfloat16 (`QUANTIZED_DTYPE`), and
-    the same bound holds."""
+    the same bound holds; so it does on hosts whose int8 products saturate (`SATURATING`)."""
     from safetensors.torch import load_file
 
     require_llmcompressor()
