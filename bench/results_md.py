@@ -124,9 +124,20 @@ def seed_spread(runs: pv.Runs) -> list[str]:
                                                                          else ""), rows)] if rows else []
 
 
+def runnable(runs: pv.Runs) -> pv.Runs:
+    """The runs of rows a command still runs: `bench.quality.table`'s by id (also with another seed) and
+    `bench.quality.peers`' (`-llmc-`). A row measured once under settings no command names any more is shown by the
+    finding that cites its file, not in a table that would mark it stale for good."""
+    from bench.quality.table import runnable_rows  # on demand: it imports torch
+
+    named = runnable_rows(shots_structured=4, shots_element=4)
+    return {name: run for name, run in runs.items()
+            if name == "dense" or "-llmc-" in name or (seeded(name) or (name, 0))[0] in named}
+
+
 def quality_block(folder: str) -> list[str]:
     """A quality folder's table under the model and budget it was measured at, then its spread over seeds."""
-    if "dense" not in (runs := pv.newest_runs(folder)):
+    if "dense" not in (runs := runnable(pv.newest_runs(folder))):
         raise SystemExit(f"no bench/results/{folder}/dense@<commit>.json: run `python -m bench.quality.table`")
     dense = runs["dense"]
     return [f"{dense.get('model', 'smollm2-135m')}, {dense['calib_windows']} × {dense['calib_seqlen']} calibration "

@@ -217,6 +217,22 @@ def test_rows_run_over_calibration_seeds_show_their_spread_and_leave_the_quality
     assert seed_spread(runs) == []
 
 
+def test_a_row_no_command_runs_leaves_the_tables_and_a_finding_cites_its_file():
+    sys.path.insert(0, str(ROOT))
+    from bench import provenance
+    from bench.results_md import runnable
+
+    run = {"ppl": 30.0, "seconds": 60}
+    kept = ("dense", "unstructured-0.5-sparsegpt", "2of4-0.5-surgeon-alone-sampled-seed1", "4of8-0.5-llmc-wanda")
+    assert runnable({name: run for name in (*kept, "unstructured-0.5-sparsegpt-made-up")}).keys() == set(kept)
+    cited = {file for path in (provenance.RESULTS / "findings").glob("*.json")
+             for file in provenance.load(path).get("results_files", [])}
+    for folder in [path.name for path in provenance.RESULTS.glob("quality*") if path.is_dir()]:
+        runs = provenance.newest_runs(folder)
+        for name in runs.keys() - runnable(runs).keys():
+            assert f"bench/results/{folder}/{name}@{runs[name]['commit']}.json" in cited, (folder, name)
+
+
 def test_a_default_weighed_from_its_rows_run_apart_keeps_the_lower_held_out_loss():
     from bench.quality.table import weighed
 
