@@ -102,12 +102,18 @@ def headline_cells(runs: pv.Runs, prefix: str) -> tuple[str, list[str]]:
                                                                                   f"{prefix}-{surgeon[0]}"]
 
 
+def alike(run: pv.Run, base: pv.Run) -> bool:
+    """Whether two runs differ only by what they measure: one commit, or the same pruning code on the same machine."""
+    return run["commit"] == base["commit"] or (run.get("machine") is not None and run.get("machine") == base.get(
+        "machine") and pv.same_code(run["commit"], base["commit"]))
+
+
 def seed_spread(runs: pv.Runs) -> list[str]:
-    """Per row also run with other calibration seeds at its commit: each seed's perplexity, their mean and range, on
-    the test and, where measured, on the tuning windows."""
+    """Per row also run with other calibration seeds alike to it (`alike`): each seed's perplexity, their mean and
+    range, on the test and, where measured, on the tuning windows."""
     spread: dict[str, dict[int, pv.Run]] = {}
     for name, run in runs.items():
-        if (found := seeded(name)) is not None and found[0] in runs and run["commit"] == runs[found[0]]["commit"]:
+        if (found := seeded(name)) is not None and found[0] in runs and alike(run, runs[found[0]]):
             spread.setdefault(found[0], {0: runs[found[0]]})[found[1]] = run
 
     def summary(values: list[float]) -> tuple[str, str]:  # mean, range

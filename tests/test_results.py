@@ -217,6 +217,24 @@ def test_rows_run_over_calibration_seeds_show_their_spread_and_leave_the_quality
     assert seed_spread(runs) == []
 
 
+def test_seeds_run_at_another_commit_join_the_spread_only_with_the_same_pruning_code_on_the_same_machine(monkeypatch):
+    from bench import provenance
+    from bench.results_md import seed_spread
+
+    config = {"structure": "2:4", "target_size": 0.5, "method": "sparsegpt", "shots": 1, "damp_g": 0.1, "damp_a": 0.01,
+              "max_correlate": 0}
+    runs = {name: {"ppl": ppl, "seconds": 60, "sparsity": 0.5, "config": config, "commit": commit, "machine": "cpu a"}
+            for name, ppl, commit in (("x", 30.0, "0000000"), ("x-seed1", 31.0, "0000000"),
+                                      ("x-seed2", 29.5, "1111111"))}
+    same = {frozenset(("0000000", "1111111")): True}
+    monkeypatch.setattr(provenance, "same_code", lambda first, second: same[frozenset((first, second))])
+    assert seed_spread(runs)[-1] == "| x | 0, 1, 2 | 30.000, 31.000, 29.500 | 30.167 | 29.500–31.000 |"
+    runs["x-seed2"]["machine"] = "cpu b"  # another machine's arithmetic moves a row: not the seed's spread
+    assert seed_spread(runs)[-1].startswith("| x | 0, 1 |")
+    runs["x-seed2"]["machine"], same[frozenset(("0000000", "1111111"))] = "cpu a", False  # the pruning code changed
+    assert seed_spread(runs)[-1].startswith("| x | 0, 1 |")
+
+
 def test_a_row_no_command_runs_leaves_the_tables_and_a_finding_cites_its_file():
     sys.path.insert(0, str(ROOT))
     from bench import provenance
