@@ -166,10 +166,11 @@ def time_to_quality() -> list[str]:
     found = sorted([(name, runs[name]) for name in TTQ_ROWS if name in runs] + list(pv.newest_runs("ttq").items()),
                    key=lambda item: (item[0].split("-")[0], item[1]["seconds"]))
     return table("point | structure | shots | CG tolerance | damping G | propagated | LoRA steps | kept by held-out "
-                 "loss | perplexity | seconds | commit", [
+                 "loss | perplexity | tuning perplexity | seconds | commit", [
                      (name, c["structure"], c["shots"], f"{c['cg_tol']:g}", f"{c['damp_g']:g}",
                       "yes" if c.get("propagate") else "no", c["lora_steps"],
-                      (run.get("choice") or {}).get("kept", "–"), f"{run['ppl']:.3f}", f"{run['seconds']:.0f}",
+                      (run.get("choice") or {}).get("kept", "–"), f"{run['ppl']:.3f}",
+                      f"{run['tuning_ppl']:.3f}" if "tuning_ppl" in run else "–", f"{run['seconds']:.0f}",
                       pv.mark(run["commit"], pv.CPU_PRUNING))
                      for name, run in found for c in [run["config"]]])
 
