@@ -36,6 +36,11 @@ TTQ_ROWS = ("structured-0.8-surgeon", "structured-0.8-surgeon-lora20", "unstruct
             "4of8-0.5-surgeon-4shots")
 
 
+def perplexities(run: pv.Run) -> tuple[str, str]:
+    """A run's perplexity on the test windows and on the tuning articles ("-" where it was not measured)."""
+    return f"{run['ppl']:.3f}", f"{run['tuning_ppl']:.3f}" if "tuning_ppl" in run else "-"
+
+
 def seeded(name: str) -> tuple[str, int] | None:
     """(row, seed) of a row run with another calibration seed (`<row>-seed<s>`), else None."""
     row, _, seed = name.rpartition("-seed")
@@ -61,8 +66,8 @@ def quality_table(runs: pv.Runs) -> str:
 
     tuned = any("tuning_ppl" in run for run in runs.values())  # a column where the set measured it
 
-    def ppl(run: pv.Run) -> tuple[str, ...]:  # on the test windows, and on the tuning articles where measured
-        return (f"{run['ppl']:.3f}", *([f"{run['tuning_ppl']:.3f}" if "tuning_ppl" in run else "-"] if tuned else []))
+    def ppl(run: pv.Run) -> tuple[str, ...]:
+        return perplexities(run)[:2 if tuned else 1]
 
     dense = runs["dense"]
     rows: list[Row] = [("dense", "-", "1.0", "-", "-", "-", 0, *ppl(dense), f"{dense['seconds']:.0f}",
@@ -169,8 +174,7 @@ def time_to_quality() -> list[str]:
                  "loss | perplexity | tuning perplexity | seconds | commit", [
                      (name, c["structure"], c["shots"], f"{c['cg_tol']:g}", f"{c['damp_g']:g}",
                       "yes" if c.get("propagate") else "no", c["lora_steps"],
-                      (run.get("choice") or {}).get("kept", "–"), f"{run['ppl']:.3f}",
-                      f"{run['tuning_ppl']:.3f}" if "tuning_ppl" in run else "–", f"{run['seconds']:.0f}",
+                      (run.get("choice") or {}).get("kept", "–"), *perplexities(run), f"{run['seconds']:.0f}",
                       pv.mark(run["commit"], pv.CPU_PRUNING))
                      for name, run in found for c in [run["config"]]])
 
