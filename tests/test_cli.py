@@ -11,6 +11,7 @@ import time
 import pytest
 
 from surgeon import PruneConfig
+from surgeon.app import cli
 from surgeon.app.cli import main
 from tests._helpers import one_error_line, run_cli
 from tests._tolerances import assert_reaches_target
@@ -307,3 +308,27 @@ def test_the_last_line_stands_on_its_own_after_a_progress_bar_left_open(capsys):
     _last_line("surgeon: interrupted")
     err = capsys.readouterr().err
     assert "Loading weights" in err and err.split("\n")[-2] == "surgeon: interrupted"
+
+
+@pytest.mark.parametrize("stop,code", [(KeyboardInterrupt, 130), (cli.Terminated, 143)])
+def test_a_stop_a_library_wraps_still_ends_as_interrupted(monkeypatch, capsys, stop, code):
+    # A Ctrl-C inside an extension module's import surfaces as ImportError("initialization failed") raised from it.
+    def interrupted_import(args: object) -> int:
+        try:
+            raise stop()
+        except BaseException as error:
+            raise ImportError("initialization failed") from error
+
+    monkeypatch.setattr(cli, "_cmd_eval", interrupted_import)
+    assert main(["eval", "--model", "smollm2-135m"]) == code
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == "surgeon: interrupted" and "Traceback" not in err
+
+
+def test_an_error_without_a_stop_behind_it_is_not_called_an_interruption(monkeypatch):
+    def failing(args: object) -> int:
+        raise ImportError("initialization failed")
+
+    monkeypatch.setattr(cli, "_cmd_eval", failing)
+    with pytest.raises(ImportError):
+        main(["eval", "--model", "smollm2-135m"])

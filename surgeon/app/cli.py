@@ -379,6 +379,18 @@ def _quiet_libraries(quiet: bool) -> None:
         os.environ.setdefault("TQDM_DISABLE", "1")  # bars drawn with tqdm directly (GGUF dequantization)
 
 
+def _stop_behind(error: BaseException) -> BaseException | None:
+    """The Ctrl-C or SIGTERM an exception was raised from or during (its causes and contexts), or None."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, (KeyboardInterrupt, Terminated)):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def _last_line(message: str) -> None:
     """Print the run's last line to stderr on a line of its own: progress bars still open (a stop or an error inside
     one, such as transformers' weight loading) are closed first, each ending its own line."""
@@ -412,6 +424,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (KeyboardInterrupt, Terminated) as stop:
         _last_line("surgeon: interrupted")
         return EXIT_SIGINT if isinstance(stop, KeyboardInterrupt) else EXIT_SIGTERM
+    except Exception as error:  # a stop that a library wrapped, as an extension module's import does
+        wrapped = _stop_behind(error)
+        if wrapped is None:
+            raise
+        _last_line("surgeon: interrupted")
+        return EXIT_SIGINT if isinstance(wrapped, KeyboardInterrupt) else EXIT_SIGTERM
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
