@@ -380,7 +380,7 @@ def _quiet_libraries(quiet: bool) -> None:
 
 
 def _stop_behind(error: BaseException) -> BaseException | None:
-    """The Ctrl-C or SIGTERM an exception was raised from or during (its causes and contexts), or None."""
+    """The Ctrl-C or SIGTERM an exception is, or was raised from or during (its causes and contexts), or None."""
     seen: set[int] = set()
     cause: BaseException | None = error
     while cause is not None and id(cause) not in seen:
@@ -421,15 +421,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         _last_line(f"surgeon: error: {error}")
         return 2
-    except (KeyboardInterrupt, Terminated) as stop:
-        _last_line("surgeon: interrupted")
-        return EXIT_SIGINT if isinstance(stop, KeyboardInterrupt) else EXIT_SIGTERM
-    except Exception as error:  # a stop that a library wrapped, as an extension module's import does
-        wrapped = _stop_behind(error)
-        if wrapped is None:
+    except BaseException as error:  # a stop, or one a library wrapped, as an extension module's import does
+        stop = _stop_behind(error)
+        if stop is None:
             raise
         _last_line("surgeon: interrupted")
-        return EXIT_SIGINT if isinstance(wrapped, KeyboardInterrupt) else EXIT_SIGTERM
+        return EXIT_SIGINT if isinstance(stop, KeyboardInterrupt) else EXIT_SIGTERM
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
