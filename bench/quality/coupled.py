@@ -4,10 +4,12 @@ Protocol: the quality table's (bench/quality/table.py: 8 calibration windows of 
 WikiText-2 validation split, seed 0, 4 shots, perplexity on the first 8 windows of 2048 test
 tokens), at 90, 80 and 70% of the prunable weights kept. Rows: the dense model; the paper's rows and columns
 (exported compactly: what its dead channels free), coupled LLM Surgeon with global allocation, with
-`--layout decilm --width-multiple 64` and with `--layout uniform`; coupled K-OBD. Each pruned
+`--layout decilm --width-multiple 64` and with `--layout uniform`; coupled LLM Surgeon with λ_A = 0.01 and 1 on
+either side of its default 0.3 (`coupled-damp-a-<λ>`, judged on the tuning articles); coupled K-OBD. Each pruned
 model is exported compactly (`--layout uniform` in the standard format, the others in the per-layer DeciLM
-one) and its parameters counted, embeddings included; its decode speed, and the dense model's, is measured at
-batch 1 after a 2048-token prompt (`generation_speed.py`).
+one) and its parameters counted, embeddings included; its perplexity is measured on the test windows and on as
+many windows of the tuning articles the protocol sets aside, and its decode speed, and the dense model's, at batch 1
+after a 2048-token prompt (`generation_speed.py`).
 
 Each run is saved as bench/results/coupled/<row>@<commit>.json and skipped when that file exists.
 
@@ -41,6 +43,7 @@ VARIANTS = {
     "coupled": (dict(structure="coupled"), "decilm"),
     "coupled-layout-decilm-multiple64": (dict(structure="coupled", layout="decilm", width_multiple=64), "decilm"),
     "coupled-uniform": (dict(structure="coupled", layout="uniform"), "standard"),
+    **{f"coupled-damp-a-{damp:g}": (dict(structure="coupled", damp_a=damp), "decilm") for damp in (0.01, 1.0)},
     "coupled-kobd": (dict(structure="coupled", method="kobd"), "decilm"),
 }
 
@@ -54,17 +57,19 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ROOT.mkdir(parents=True, exist_ok=True)
     run = load_protocol()
-    model, dense_state, test_ids, windows = run.model, run.dense_state, run.test_ids, run.windows
+    model, dense_state, test_ids, tuning_ids, windows = run.model, run.dense_state, run.test_ids, run.tuning_ids, \
+        run.windows
     commit = head_commit()
     machine = cpu_machine(torch.get_num_threads())
     dense_parameters = sum(p.numel() for p in model.parameters())
     path = ROOT / f"dense@{commit}.json"
     if not path.exists() and args.only in "dense":
-        ppl = perplexity(model, test_ids, 2048, 8, progress=False).ppl
+        ppl = perplexity(model, test_ids, 2048, 8, progress=False, bos=run.bos).ppl
+        tuning = perplexity(model, tuning_ids, 2048, 8, progress=False, bos=run.bos).ppl
         with torch.inference_mode():
             decode = decode_tokens_per_s(model, 1, 2048, args.new_tokens, torch.device("cpu"), 3)
-        logging.info("dense: ppl %.3f, decode %.1f tokens/s", ppl, decode)
-        write_json(path, {"row": "dense", "ppl": ppl, "parameters": dense_parameters,
+        logging.info("dense: ppl %.3f, tuning ppl %.3f, decode %.1f tokens/s", ppl, tuning, decode)
+        write_json(path, {"row": "dense", "ppl": ppl, "tuning_ppl": tuning, "parameters": dense_parameters,
                           "dense_parameters": dense_parameters, "format": "-", "decode_tokens_per_s": decode,
                           "seconds": 0.0, "machine": machine, "commit": commit})
     for variant, (settings, format) in VARIANTS.items():
@@ -77,22 +82,23 @@ def main() -> None:
             start = time.perf_counter()
             report = prune(model, windows, PruneConfig(**settings, target_size=size, shots=args.shots), progress=False)
             seconds = time.perf_counter() - start
-            ppl = perplexity(model, test_ids, 2048, 8, progress=False).ppl
+            ppl = perplexity(model, test_ids, 2048, 8, progress=False, bos=run.bos).ppl
+            tuning = perplexity(model, tuning_ids, 2048, 8, progress=False, bos=run.bos).ppl
             compact = compact_model(model, format)
             with torch.inference_mode():
                 decode = decode_tokens_per_s(compact, 1, 2048, args.new_tokens, torch.device("cpu"), 3)
             parameters = sum(p.numel() for p in compact.parameters())
-            logging.info("%s: ppl %.3f, %.1f M parameters (%.3f), decode %.1f tokens/s, %.0f s", name, ppl,
-                         parameters / 1e6, parameters / dense_parameters, decode, seconds)
-            write_json(path, {"row": name, "ppl": ppl, "parameters": parameters, "dense_parameters": dense_parameters,
-                              "format": format, "decode_tokens_per_s": decode, "seconds": seconds,
-                              "machine": machine, "commit": commit, **report.to_dict()})
+            logging.info("%s: ppl %.3f, tuning ppl %.3f, %.1f M parameters (%.3f), decode %.1f tokens/s, %.0f s",
+                         name, ppl, tuning, parameters / 1e6, parameters / dense_parameters, decode, seconds)
+            write_json(path, {"row": name, "ppl": ppl, "tuning_ppl": tuning, "parameters": parameters,
+                              "dense_parameters": dense_parameters, "format": format, "decode_tokens_per_s": decode,
+                              "seconds": seconds, "machine": machine, "commit": commit, **report.to_dict()})
 
 
 SECTIONS = {"coupled": Section(
-    "coupled/*@*.json", "row | ppl | parameters (of dense) | format | decode tokens/s (batch 1, 2048 context) | "
-    "prune s | machine", lambda path, run: [
-        (pv.row_of(path), f"{run['ppl']:.3f}",
+    "coupled/*@*.json", "row | ppl | tuning ppl | parameters (of dense) | format | decode tokens/s (batch 1, 2048 "
+    "context) | prune s | machine", lambda path, run: [
+        (pv.row_of(path), f"{run['ppl']:.3f}", f"{run['tuning_ppl']:.3f}" if "tuning_ppl" in run else "-",
          f"{run['parameters'] / 1e6:.1f} M ({run['parameters'] / run['dense_parameters']:.3f})", run["format"],
          f"{run['decode_tokens_per_s']:.1f}", f"{run['seconds']:.0f}", run["machine"])], pv.CPU_EXPORTED,
     newest="row")}
