@@ -32,7 +32,6 @@ from bench.quality.table import head_commit, load_protocol
 from bench.section import Section
 from bench.timing.generation_speed import decode_tokens_per_s
 from surgeon import PruneConfig, prune
-from surgeon.app.evaluate import perplexity
 from surgeon.export.compact import compact_model
 from surgeon.io import write_json
 
@@ -57,19 +56,18 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ROOT.mkdir(parents=True, exist_ok=True)
     run = load_protocol()
-    model, dense_state, test_ids, tuning_ids, windows = run.model, run.dense_state, run.test_ids, run.tuning_ids, \
-        run.windows
+    model, dense_state, windows = run.model, run.dense_state, run.windows
     commit = head_commit()
     machine = cpu_machine(torch.get_num_threads())
     dense_parameters = sum(p.numel() for p in model.parameters())
     path = ROOT / f"dense@{commit}.json"
     if not path.exists() and args.only in "dense":
-        ppl = perplexity(model, test_ids, 2048, 8, progress=False, bos=run.bos).ppl
-        tuning = perplexity(model, tuning_ids, 2048, 8, progress=False, bos=run.bos).ppl
+        scores = run.perplexities(model, 8)
         with torch.inference_mode():
             decode = decode_tokens_per_s(model, 1, 2048, args.new_tokens, torch.device("cpu"), 3)
-        logging.info("dense: ppl %.3f, tuning ppl %.3f, decode %.1f tokens/s", ppl, tuning, decode)
-        write_json(path, {"row": "dense", "ppl": ppl, "tuning_ppl": tuning, "parameters": dense_parameters,
+        logging.info("dense: ppl %.3f, tuning ppl %.3f, decode %.1f tokens/s", scores["ppl"],
+                     scores["tuning_ppl"], decode)
+        write_json(path, {"row": "dense", **scores, "parameters": dense_parameters,
                           "dense_parameters": dense_parameters, "format": "-", "decode_tokens_per_s": decode,
                           "seconds": 0.0, "machine": machine, "commit": commit})
     for variant, (settings, format) in VARIANTS.items():
@@ -82,15 +80,15 @@ def main() -> None:
             start = time.perf_counter()
             report = prune(model, windows, PruneConfig(**settings, target_size=size, shots=args.shots), progress=False)
             seconds = time.perf_counter() - start
-            ppl = perplexity(model, test_ids, 2048, 8, progress=False, bos=run.bos).ppl
-            tuning = perplexity(model, tuning_ids, 2048, 8, progress=False, bos=run.bos).ppl
+            scores = run.perplexities(model, 8)
             compact = compact_model(model, format)
             with torch.inference_mode():
                 decode = decode_tokens_per_s(compact, 1, 2048, args.new_tokens, torch.device("cpu"), 3)
             parameters = sum(p.numel() for p in compact.parameters())
             logging.info("%s: ppl %.3f, tuning ppl %.3f, %.1f M parameters (%.3f), decode %.1f tokens/s, %.0f s",
-                         name, ppl, tuning, parameters / 1e6, parameters / dense_parameters, decode, seconds)
-            write_json(path, {"row": name, "ppl": ppl, "tuning_ppl": tuning, "parameters": parameters,
+                         name, scores["ppl"], scores["tuning_ppl"], parameters / 1e6, parameters / dense_parameters,
+                         decode, seconds)
+            write_json(path, {"row": name, **scores, "parameters": parameters,
                               "dense_parameters": dense_parameters, "format": format, "decode_tokens_per_s": decode,
                               "seconds": seconds, "machine": machine, "commit": commit, **report.to_dict()})
 

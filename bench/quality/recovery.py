@@ -160,8 +160,7 @@ def train(args: argparse.Namespace, run: Any, student: torch.nn.Module, teacher:
     trained on: the validation measure the settings are chosen by) and the passes over the text."""
 
     def evaluate() -> dict[str, float]:  # on the test windows, and on the tuning articles settings are chosen by
-        return {key: perplexity(student, ids, args.eval_seqlen, args.eval_windows, progress=False, bos=run.bos).ppl
-                for key, ids in (("ppl", run.test_ids), ("tuning_ppl", run.tuning_ids))}
+        return run.perplexities(student, args.eval_windows, args.eval_seqlen)
 
     curve = [{"tokens": 0, "seconds": 0.0, **evaluate()}]
     evaluation = [0.0]  # seconds spent evaluating inside the training run, left out of its seconds

@@ -215,6 +215,12 @@ class Protocol:
     held_out: torch.Tensor | None
     seed: int = 0
 
+    def perplexities(self, model: Any, eval_windows: int, seqlen: int = 2048) -> dict[str, float]:
+        """Perplexity of `model` on the first `eval_windows` test windows ("ppl") and on as many windows of the
+        tuning articles, which settings are chosen by ("tuning_ppl")."""
+        return {key: perplexity(model, ids, seqlen, eval_windows, progress=False, bos=self.bos).ppl
+                for key, ids in (("ppl", self.test_ids), ("tuning_ppl", self.tuning_ids))}
+
     def with_seed(self, seed: int) -> Protocol:
         """The same protocol with its calibration windows drawn with `seed`."""
         count, seqlen = self.windows.shape
@@ -282,12 +288,11 @@ def measure(run: Protocol, config: PruneConfig, eval_windows: int, checkpoints: 
     run.model.load_state_dict(run.dense_state)
     checkpoint = row_checkpoint(checkpoints, run, config)
     report = prune(run.model, run.windows, config, progress=False, held_out_ids=run.held_out, checkpoint=checkpoint)
-    result = perplexity(run.model, run.test_ids, 2048, eval_windows, progress=False, bos=run.bos)
-    tuning = perplexity(run.model, run.tuning_ids, 2048, eval_windows, progress=False, bos=run.bos)
+    scores = run.perplexities(run.model, eval_windows)
     held = {} if run.held_out is None else {"held_out_loss": held_out_loss(run.model, run.held_out, config.batch_size)}
     if checkpoint is not None:
         checkpoint.remove()
-    return {"ppl": result.ppl, "tuning_ppl": tuning.ppl, **held, **report.to_dict()}
+    return {**scores, **held, **report.to_dict()}
 
 
 def weighed(alone: dict[str, Any], refine: dict[str, Any]) -> dict[str, Any]:
