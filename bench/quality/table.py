@@ -145,7 +145,9 @@ CANDIDATES = {"sampled": (dict(fisher="sampled"), ("structured", "unstructured",
               "propagated-g1": (dict(propagate=True, damp_g=1.0), ("unstructured",)),  # N:M's propagated λ_G
               "per-layer": (dict(layer_deviation=0.0), ("unstructured",)),
               **{f"deviation{d}": (dict(layer_deviation=d), ("unstructured",)) for d in (0.05, 0.1, 0.2, 0.3)},
-              **{f"damp-g{g:g}": (dict(damp_g=g), ("2:4",)) for g in (0.1, 10.0)},  # N:M's propagated λ_G is 1
+              # λ_G a tenth and ten times each structure's default: 0.1 for structured and unstructured, 1 for N:M
+              **{f"damp-g{g:g}": (dict(damp_g=g), ("structured", "unstructured")) for g in (0.01, 1.0)},
+              **{f"damp-g{g:g}": (dict(damp_g=g), ("2:4",)) for g in (0.1, 10.0)},
               "mask-costs": (dict(nm_mask="costs"), ("2:4",))}
 
 
