@@ -181,6 +181,23 @@ def test_the_benchmark_calibrates_weighs_and_tunes_on_apart_articles(monkeypatch
     assert not calibration & held_out and not calibration & tuning and not held_out & tuning
 
 
+def test_a_no_bos_row_calibrates_and_weighs_on_windows_as_drawn_and_evaluates_with_bos():
+    """The candidate against the BOS rule changes the calibration and held-out windows only: the seed's windows at
+    the same starts, each with the token it was drawn with; test and tuning windows still begin with BOS."""
+    from bench.quality import table
+
+    ids, aside = torch.arange(100, 1100).reshape(1, -1), torch.arange(2000, 3000).reshape(1, -1)
+    run = table.Protocol(None, {}, None, ids, ids, ids, 7, calibration_windows(ids, 4, 64, 0, 7),
+                         held_out_windows(aside, 4, 64, 7), aside=aside).with_seed(3)
+    plain = run.without_bos()
+    assert (run.windows[:, 0] == 7).all() and (run.held_out[:, 0] == 7).all()
+    assert torch.equal(plain.windows, calibration_windows(ids, 4, 64, 3)) and not (plain.windows[:, 0] == 7).any()
+    assert torch.equal(plain.windows[:, 1:], run.windows[:, 1:])
+    assert torch.equal(plain.held_out, held_out_windows(aside, 4, 64)) and plain.bos == 7 and plain.seed == 3
+    defaults = dict(table.defaults_rows())  # each default row without BOS runs the CLI's defaults
+    assert table.runnable_rows(4, 4)["unstructured-0.5-surgeon" + table.NO_BOS] == defaults["unstructured-0.5-surgeon"]
+
+
 def test_a_run_calibrated_on_its_evaluation_text_is_refused_before_the_model_loads(tmp_path, capsys):
     from surgeon.app.cli import main
 

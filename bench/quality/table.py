@@ -16,7 +16,8 @@ update). Structured 80% with 20 LoRA steps per shot and unstructured in 2 shots 
 that reached the goals in bench/quality/time_to_quality.py. LLM Surgeon's unstructured and N:M rows are
 weighed against one sparsegpt-refine shot on the held-out calibration windows, as `surgeon prune` does
 (`PruneConfig.held_out_choice`), except the paper's schedule and the reference code's form, which show those
-methods alone; every window begins with the tokenizer's BOS where it puts one (Gemma's).
+methods alone; every window begins with the tokenizer's BOS where it puts one (Gemma's), but the calibration and
+held-out windows of a row `<default row>-no-bos`, which keep the token each was drawn with (`NO_BOS`).
 
 Gemma-3-270M (`--model gemma3-270m`, GGUF Q4_K_M, a second family): 8 calibration windows of 256 tokens, the
 first 2 test windows of 2048; each structure's CLI defaults (LLM Surgeon) against its baselines: structured 80%
@@ -41,6 +42,8 @@ several runs. `python -m bench.results_md` writes the tables into RESULTS.md.
         --row structured-0.8-surgeon                     # stopped, it continues after the row's last shot
     python -m bench.quality.table --calib-windows 32 --calib-seqlen 1024 --row 2of4-0.5-surgeon-alone-sampled
                                                          # a candidate setting (`CANDIDATES`), run where named
+    python -m bench.quality.table --model gemma3-270m --row unstructured-0.5-surgeon-no-bos --seeds 0 1 2
+                                                         # the default calibrated without BOS (`NO_BOS`)
 """
 
 from __future__ import annotations
@@ -163,11 +166,18 @@ def candidate_rows() -> list[tuple[str, PruneConfig]]:
     return out
 
 
+# The suffix of a default row or baseline calibrated, and weighed on held-out windows, without BOS: the candidate
+# against the rule that every window begins with it (docs/DESIGN.md, "Defaults"); it changes nothing where the
+# tokenizer puts no BOS (SmolLM2's).
+NO_BOS = "-no-bos"
+
+
 def runnable_rows(shots_structured: int, shots_element: int) -> dict[str, PruneConfig]:
     """Every row `--row` runs on any model and budget, by id: SmolLM2's table (its settings where an id is also a
     default row, as `unstructured-0.5-surgeon`'s 4 shots), the default rows and baselines (`sparsegpt-refine`, the
-    `-surgeon-alone` models) and the candidates."""
-    return dict(defaults_rows() + rows(shots_structured, shots_element) + candidate_rows())
+    `-surgeon-alone` models), each of those also without BOS (`NO_BOS`), and the candidates."""
+    no_bos = [(row + NO_BOS, config) for row, config in defaults_rows()]
+    return dict(defaults_rows() + no_bos + rows(shots_structured, shots_element) + candidate_rows())
 
 
 def head_commit() -> str:
@@ -203,8 +213,9 @@ TUNING_TOKENS = 8 * 2048
 @dataclass
 class Protocol:
     """What every run of a model's protocol starts from: the model, a copy of its dense weights, its tokenizer, the
-    WikiText-2 test ids, the tuning ids, the ids and BOS of the text the calibration windows are drawn from, and the
-    calibration windows and the held-out windows `surgeon prune` takes beside them with `seed`."""
+    WikiText-2 test ids, the tuning ids, the ids and BOS of the text the calibration windows are drawn from, the
+    calibration windows and the held-out windows `surgeon prune` takes beside them with `seed`, and the ids of the
+    articles set aside for the held-out windows."""
 
     model: Any
     dense_state: dict[str, torch.Tensor]
@@ -216,6 +227,7 @@ class Protocol:
     windows: torch.Tensor
     held_out: torch.Tensor | None
     seed: int = 0
+    aside: torch.Tensor | None = None
 
     def perplexities(self, model: Any, eval_windows: int, seqlen: int = 2048) -> dict[str, float]:
         """Perplexity of `model` on the first `eval_windows` test windows ("ppl") and on as many windows of the
@@ -228,6 +240,14 @@ class Protocol:
         count, seqlen = self.windows.shape
         return dataclasses.replace(self, windows=calibration_windows(self.ids, count, seqlen, seed, self.bos),
                                    seed=seed)
+
+    def without_bos(self) -> Protocol:
+        """The same protocol with its calibration and held-out windows as drawn, each beginning with the token at its
+        start instead of BOS (the test and tuning windows keep it): the rows `NO_BOS` names."""
+        count, seqlen = self.windows.shape
+        held_out = None if self.aside is None else held_out_windows(self.aside, count, seqlen)
+        return dataclasses.replace(self, windows=calibration_windows(self.ids, count, seqlen, self.seed),
+                                   held_out=held_out)
 
 
 def load_protocol(model_name: str = "smollm2-135m", calib_windows: int | None = None, calib_seqlen: int | None = None,
@@ -247,10 +267,10 @@ def load_protocol(model_name: str = "smollm2-135m", calib_windows: int | None = 
     if tuning is None or aside is None:
         raise SystemExit(f"{calib_windows} × {calib_seqlen} calibration tokens leave no room in the validation split "
                          "for the held-out and tuning articles: draw fewer")
-    ids, bos = tokenize(tokenizer, drawn), leading_token(tokenizer)
+    ids, bos, aside_ids = tokenize(tokenizer, drawn), leading_token(tokenizer), tokenize(tokenizer, aside)
     windows = calibration_windows(ids, calib_windows, calib_seqlen, 0, bos)
     return Protocol(model, dense_state, tokenizer, test_ids, tokenize(tokenizer, tuning), ids, bos, windows,
-                    held_out_windows(tokenize(tokenizer, aside), calib_windows, calib_seqlen, bos))
+                    held_out_windows(aside_ids, calib_windows, calib_seqlen, bos), aside=aside_ids)
 
 
 def row_checkpoint(folder: Path | None, run: Protocol, config: PruneConfig) -> Checkpoint | None:
@@ -380,7 +400,8 @@ def main() -> None:
             path = root / f"{name}@{commit}.json"
             if args.only not in row or (args.row and row not in args.row) or measured(path, protocol["machine"]):
                 continue
-            result = measure(seeded, dataclasses.replace(config, seed=seed), args.eval_windows,
+            windows = seeded.without_bos() if row.endswith(NO_BOS) else seeded
+            result = measure(windows, dataclasses.replace(config, seed=seed), args.eval_windows,
                              args.checkpoints / root.name / name if args.checkpoints else None)
             logging.info("%s: ppl %.3f sparsity %.4f (%.0f s)", name, result["ppl"], result["sparsity"],
                          result["seconds"])
