@@ -400,8 +400,8 @@ def main() -> None:
             path = root / f"{name}@{commit}.json"
             if args.only not in row or (args.row and row not in args.row) or measured(path, protocol["machine"]):
                 continue
-            windows = seeded.without_bos() if row.endswith(NO_BOS) else seeded
-            result = measure(windows, dataclasses.replace(config, seed=seed), args.eval_windows,
+            row_run = seeded.without_bos() if row.endswith(NO_BOS) else seeded
+            result = measure(row_run, dataclasses.replace(config, seed=seed), args.eval_windows,
                              args.checkpoints / root.name / name if args.checkpoints else None)
             logging.info("%s: ppl %.3f sparsity %.4f (%.0f s)", name, result["ppl"], result["sparsity"],
                          result["seconds"])
