@@ -245,7 +245,7 @@ class Protocol:
         """The same protocol with its calibration and held-out windows as drawn, each beginning with the token at its
         start instead of BOS (the test and tuning windows keep it): the rows `NO_BOS` names."""
         count, seqlen = self.windows.shape
-        held_out = None if self.aside is None else held_out_windows(self.aside, count, seqlen)
+        held_out = None if self.held_out is None else held_out_windows(self.aside, count, seqlen)
         return dataclasses.replace(self, windows=calibration_windows(self.ids, count, seqlen, self.seed),
                                    held_out=held_out)
 
