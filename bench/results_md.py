@@ -17,6 +17,7 @@ from pathlib import Path
 
 from bench import provenance as pv
 from bench.section import Row, Section, table
+from bench.seeds import seed_spread, seeded
 
 HEADLINE_START, HEADLINE_END = "<!-- results-table:start -->", "<!-- results-table:end -->"
 # The README's headline: its rows (quality row prefix, label), and its models (quality folder, label, name in its note)
@@ -39,12 +40,6 @@ TTQ_ROWS = ("structured-0.8-surgeon", "structured-0.8-surgeon-lora20", "unstruct
 def perplexities(run: pv.Run) -> tuple[str, str]:
     """A run's perplexity on the test windows and on the tuning articles ("-" where it was not measured)."""
     return f"{run['ppl']:.3f}", f"{run['tuning_ppl']:.3f}" if "tuning_ppl" in run else "-"
-
-
-def seeded(name: str) -> tuple[str, int] | None:
-    """(row, seed) of a row run with another calibration seed (`<row>-seed<s>`), else None."""
-    row, _, seed = name.rpartition("-seed")
-    return (row, int(seed)) if row and seed.isdigit() else None
 
 
 def quality_table(runs: pv.Runs) -> str:
@@ -105,34 +100,6 @@ def headline_cells(runs: pv.Runs, prefix: str) -> tuple[str, list[str]]:
     return " | ".join(f"{label}**{value:.{digits}f}**" if value == min(v for _, v in cells) else
                       f"{label}{value:.{digits}f}" for label, value in cells), [f"{prefix}-{best}",
                                                                                   f"{prefix}-{surgeon[0]}"]
-
-
-def alike(run: pv.Run, base: pv.Run) -> bool:
-    """Whether two runs differ only by what they measure: one commit, or the same pruning code on the same machine."""
-    return run["commit"] == base["commit"] or (run.get("machine") is not None and run.get("machine") == base.get(
-        "machine") and pv.same_code(run["commit"], base["commit"]))
-
-
-def seed_spread(runs: pv.Runs) -> list[str]:
-    """Per row also run with other calibration seeds alike to it (`alike`): each seed's perplexity, their mean and
-    range, on the test and, where measured, on the tuning windows."""
-    spread: dict[str, dict[int, pv.Run]] = {}
-    for name, run in runs.items():
-        if (found := seeded(name)) is not None and found[0] in runs and alike(run, runs[found[0]]):
-            spread.setdefault(found[0], {0: runs[found[0]]})[found[1]] = run
-
-    def summary(values: list[float]) -> tuple[str, str]:  # mean, range
-        return (f"{sum(values) / len(values):.3f}", f"{min(values):.3f}–{max(values):.3f}") if values else ("-", "-")
-
-    tuned = any("tuning_ppl" in run for seeds in spread.values() for run in seeds.values())
-    rows = [(row, ", ".join(map(str, sorted(seeds))), ", ".join(f"{seeds[s]['ppl']:.3f}" for s in sorted(seeds)),
-             *summary([r["ppl"] for r in seeds.values()]),
-             *(summary([r["tuning_ppl"] for r in seeds.values() if "tuning_ppl" in r]) if tuned else ()))
-            for row, seeds in sorted(spread.items())]
-    return ["", "Over calibration seeds (the rows `<row>-seed<s>`: the calibration windows drawn with seed s, "
-            "`--seeds`): a gap between two rows is a win only where it exceeds both rows' ranges.", "",
-            *table("row | seeds | perplexity per seed | mean | range" + (" | tuning mean | tuning range" if tuned
-                                                                         else ""), rows)] if rows else []
 
 
 def runnable(runs: pv.Runs) -> pv.Runs:

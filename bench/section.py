@@ -49,6 +49,7 @@ class Section:
     newest: Literal["file", "row"] | None = None
     intro: Callable[[pv.Run], str] = lambda run: ""  # what the newest file says above its table
     command: Callable[[Path, pv.Run], tuple[str, str]] | None = None  # each file's (label, command), listed below it
+    below: Callable[[pv.Runs], list[str]] | None = None  # lines under the table from its runs by row
 
     def __call__(self) -> list[str]:
         """The section's lines: its table and commands, or where no file is saved yet a line that says so."""
@@ -64,6 +65,8 @@ class Section:
         out += table(self.header + (" | commit" if self.paths else ""), [
             (*row, *([pv.mark(pv.commit_of(path), self.paths)] if self.paths else [])) for path, run in found
             for row in self.rows(path, run)])
+        if self.below is not None:
+            out += self.below({pv.row_of(path): run for path, run in found})
         if self.command is not None:
             out += ["", "Commands, as recorded in each file and run from the repository root:", "",
                     *(f"- {label}: `{command}`" for label, command in (self.command(*f) for f in found))]

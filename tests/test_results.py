@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -88,7 +89,6 @@ def test_a_table_resumes_a_row_saved_at_a_commit_that_runs_the_same_code(tmp_pat
 
 def test_a_table_shows_each_rows_newest_run_and_names_its_commit(tmp_path, monkeypatch):
     sys.path.insert(0, str(ROOT))
-    import json
 
     from bench import provenance, results_md, section
 
@@ -195,7 +195,8 @@ def test_the_figure_pattern_tells_measured_figures_from_settings_names_and_versi
 
 
 def test_rows_run_over_calibration_seeds_show_their_spread_and_leave_the_quality_table():
-    from bench.results_md import quality_table, seed_spread
+    from bench.results_md import quality_table
+    from bench.seeds import seed_spread
 
     config = {"structure": "2:4", "target_size": 0.5, "method": "sparsegpt", "shots": 1, "damp_g": 0.1, "damp_a": 0.01,
               "max_correlate": 0}
@@ -217,9 +218,30 @@ def test_rows_run_over_calibration_seeds_show_their_spread_and_leave_the_quality
     assert seed_spread(runs) == []
 
 
+def test_the_coupled_table_keeps_seeded_rows_for_the_spread_below_it(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT))
+    from bench import provenance
+    from bench.quality.coupled import SECTIONS
+
+    if provenance.git("cat-file", "-e", "5768318^{commit}").returncode != 0:
+        pytest.skip("needs the repository's history")
+    (tmp_path / "coupled").mkdir()
+    for row, ppl, tuning in (("coupled-0.8", 30.0, 32.0), ("coupled-0.8-seed1", 31.0, 33.0),
+                             ("coupled-0.8-seed2", 29.0, 31.0), ("coupled-0.7", 40.0, 42.0)):
+        (tmp_path / "coupled" / f"{row}@5768318.json").write_text(json.dumps(dict(
+            ppl=ppl, tuning_ppl=tuning, parameters=80, dense_parameters=100, format="decilm",
+            decode_tokens_per_s=10.0, seconds=1.0, machine="cpu a", commit="5768318")))
+    monkeypatch.setattr(provenance, "RESULTS", tmp_path)
+    lines = SECTIONS["coupled"]()
+    assert [line.split(" | ")[0] for line in lines[2:4]] == ["| coupled-0.7", "| coupled-0.8"]
+    assert not any("-seed" in line for line in lines[:5]) and lines[4] == ""
+    assert lines[-1] == ("| coupled-0.8 | 0, 1, 2 | 30.000, 31.000, 29.000 | 30.000 | 29.000–31.000 | 32.000 | "
+                         "31.000–33.000 |")
+
+
 def test_seeds_run_at_another_commit_join_the_spread_only_with_the_same_pruning_code_on_the_same_machine(monkeypatch):
     from bench import provenance
-    from bench.results_md import seed_spread
+    from bench.seeds import seed_spread
 
     config = {"structure": "2:4", "target_size": 0.5, "method": "sparsegpt", "shots": 1, "damp_g": 0.1, "damp_a": 0.01,
               "max_correlate": 0}

@@ -11,15 +11,19 @@ one) and its parameters counted, embeddings included; its perplexity is measured
 many windows of the tuning articles the protocol sets aside, and its decode speed, and the dense model's, at batch 1
 after a 2048-token prompt (`generation_speed.py`).
 
-Each run is saved as bench/results/coupled/<row>@<commit>.json and skipped when that file exists.
+Each run is saved as bench/results/coupled/<row>@<commit>.json and skipped when that file exists; with `--seeds`
+a seed s > 0 draws the calibration windows with s and names the row `<row>-seed<s>`, the table below the rows
+giving each row's spread over its seeds.
 
     python -m bench.quality.coupled                   # every row (1–2 h on 2 cores)
     python -m bench.quality.coupled --only 0.8        # rows whose id contains this text
+    python -m bench.quality.coupled --only -0.8 --seeds 0 1 2   # the 80% rows over three calibration seeds
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import time
 from pathlib import Path
@@ -30,6 +34,7 @@ from bench import provenance as pv
 from bench.machine import cpu_machine
 from bench.quality.table import head_commit, load_protocol
 from bench.section import Section
+from bench.seeds import seed_spread, seeded
 from bench.timing.generation_speed import decode_tokens_per_s
 from surgeon import PruneConfig, prune
 from surgeon.export.compact import compact_model
@@ -52,11 +57,13 @@ def main() -> None:
     parser.add_argument("--only", default="")
     parser.add_argument("--shots", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0],
+                        help="calibration seeds: each row runs once per seed, a seed s > 0 as the row <id>-seed<s>")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ROOT.mkdir(parents=True, exist_ok=True)
     run = load_protocol()
-    model, dense_state, windows = run.model, run.dense_state, run.windows
+    model, dense_state = run.model, run.dense_state
     commit = head_commit()
     machine = cpu_machine(torch.get_num_threads())
     dense_parameters = sum(p.numel() for p in model.parameters())
@@ -70,36 +77,39 @@ def main() -> None:
         write_json(path, {"row": "dense", **scores, "parameters": dense_parameters,
                           "dense_parameters": dense_parameters, "format": "-", "decode_tokens_per_s": decode,
                           "seconds": 0.0, "machine": machine, "commit": commit})
-    for variant, (settings, format) in VARIANTS.items():
-        for size in (0.9, 0.8, 0.7):
-            name = f"{variant}-{size}"
-            path = ROOT / f"{name}@{commit}.json"
-            if path.exists() or args.only not in name:
-                continue
-            model.load_state_dict(dense_state)
-            start = time.perf_counter()
-            report = prune(model, windows, PruneConfig(**settings, target_size=size, shots=args.shots), progress=False)
-            seconds = time.perf_counter() - start
-            scores = run.perplexities(model, 8)
-            compact = compact_model(model, format)
-            with torch.inference_mode():
-                decode = decode_tokens_per_s(compact, 1, 2048, args.new_tokens, torch.device("cpu"), 3)
-            parameters = sum(p.numel() for p in compact.parameters())
-            logging.info("%s: ppl %.3f, tuning ppl %.3f, %.1f M parameters (%.3f), decode %.1f tokens/s, %.0f s",
-                         name, scores["ppl"], scores["tuning_ppl"], parameters / 1e6, parameters / dense_parameters,
-                         decode, seconds)
-            write_json(path, {"row": name, **scores, "parameters": parameters,
-                              "dense_parameters": dense_parameters, "format": format, "decode_tokens_per_s": decode,
-                              "seconds": seconds, "machine": machine, "commit": commit, **report.to_dict()})
+    for seed, variant, size in itertools.product(args.seeds, VARIANTS, (0.9, 0.8, 0.7)):
+        settings, format = VARIANTS[variant]
+        name = f"{variant}-{size}" + (f"-seed{seed}" if seed else "")
+        path = ROOT / f"{name}@{commit}.json"
+        if path.exists() or args.only not in name:
+            continue
+        windows = (run.with_seed(seed) if seed else run).windows
+        model.load_state_dict(dense_state)
+        start = time.perf_counter()
+        report = prune(model, windows, PruneConfig(**settings, target_size=size, shots=args.shots, seed=seed),
+                       progress=False)
+        seconds = time.perf_counter() - start
+        scores = run.perplexities(model, 8)
+        compact = compact_model(model, format)
+        with torch.inference_mode():
+            decode = decode_tokens_per_s(compact, 1, 2048, args.new_tokens, torch.device("cpu"), 3)
+        parameters = sum(p.numel() for p in compact.parameters())
+        logging.info("%s: ppl %.3f, tuning ppl %.3f, %.1f M parameters (%.3f), decode %.1f tokens/s, %.0f s",
+                     name, scores["ppl"], scores["tuning_ppl"], parameters / 1e6, parameters / dense_parameters,
+                     decode, seconds)
+        write_json(path, {"row": name, **scores, "parameters": parameters,
+                          "dense_parameters": dense_parameters, "format": format, "decode_tokens_per_s": decode,
+                          "seconds": seconds, "machine": machine, "commit": commit, "seed": seed,
+                          **report.to_dict()})
 
 
 SECTIONS = {"coupled": Section(
     "coupled/*@*.json", "row | ppl | tuning ppl | parameters (of dense) | format | decode tokens/s (batch 1, 2048 "
-    "context) | prune s | machine", lambda path, run: [
+    "context) | prune s | machine", lambda path, run: [] if seeded(pv.row_of(path)) else [
         (pv.row_of(path), f"{run['ppl']:.3f}", f"{run['tuning_ppl']:.3f}" if "tuning_ppl" in run else "-",
          f"{run['parameters'] / 1e6:.1f} M ({run['parameters'] / run['dense_parameters']:.3f})", run["format"],
          f"{run['decode_tokens_per_s']:.1f}", f"{run['seconds']:.0f}", run["machine"])], pv.CPU_EXPORTED,
-    newest="row")}
+    newest="row", below=seed_spread)}
 
 
 if __name__ == "__main__":
