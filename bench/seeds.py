@@ -4,8 +4,21 @@ perplexity per seed, mean and range, the measure against which a gap between two
 
 from __future__ import annotations
 
+import argparse
+
 from bench import provenance as pv
 from bench.section import table
+
+
+def add_seeds_option(parser: argparse.ArgumentParser) -> None:
+    """`--seeds`: each row runs once per calibration seed, a seed s > 0 as the row `seed_row(row, s)`."""
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0],
+                        help="calibration seeds: each row runs once per seed, a seed s > 0 as the row <id>-seed<s>")
+
+
+def seed_row(row: str, seed: int) -> str:
+    """The name of `row` run with its calibration windows drawn with `seed` (seed 0: the row itself)."""
+    return f"{row}-seed{seed}" if seed else row
 
 
 def seeded(name: str) -> tuple[str, int] | None:

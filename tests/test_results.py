@@ -218,6 +218,19 @@ def test_rows_run_over_calibration_seeds_show_their_spread_and_leave_the_quality
     assert seed_spread(runs) == []
 
 
+def test_the_runners_name_a_seeded_row_as_the_spread_reads_it():
+    import argparse
+
+    from bench.seeds import add_seeds_option, seed_row, seeded
+
+    assert seed_row("2of4-0.5-llmc-sparsegpt", 0) == "2of4-0.5-llmc-sparsegpt"  # seed 0: the table's own row
+    assert seeded(seed_row("2of4-0.5-llmc-sparsegpt", 2)) == ("2of4-0.5-llmc-sparsegpt", 2)
+    assert seeded(seed_row("coupled-0.8", 0)) is None
+    parser = argparse.ArgumentParser()
+    add_seeds_option(parser)
+    assert parser.parse_args([]).seeds == [0] and parser.parse_args(["--seeds", "0", "1", "2"]).seeds == [0, 1, 2]
+
+
 def test_the_coupled_table_keeps_seeded_rows_for_the_spread_below_it(tmp_path, monkeypatch):
     sys.path.insert(0, str(ROOT))
     from bench import provenance

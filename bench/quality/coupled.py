@@ -34,7 +34,7 @@ from bench import provenance as pv
 from bench.machine import cpu_machine
 from bench.quality.table import head_commit, load_protocol
 from bench.section import Section
-from bench.seeds import seed_spread, seeded
+from bench.seeds import add_seeds_option, seed_row, seed_spread, seeded
 from bench.timing.generation_speed import decode_tokens_per_s
 from surgeon import PruneConfig, prune
 from surgeon.export.compact import compact_model
@@ -57,8 +57,7 @@ def main() -> None:
     parser.add_argument("--only", default="")
     parser.add_argument("--shots", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=16)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0],
-                        help="calibration seeds: each row runs once per seed, a seed s > 0 as the row <id>-seed<s>")
+    add_seeds_option(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ROOT.mkdir(parents=True, exist_ok=True)
@@ -79,7 +78,7 @@ def main() -> None:
                           "seconds": 0.0, "machine": machine, "commit": commit})
     for seed, variant, size in itertools.product(args.seeds, VARIANTS, (0.9, 0.8, 0.7)):
         settings, format = VARIANTS[variant]
-        name = f"{variant}-{size}" + (f"-seed{seed}" if seed else "")
+        name = seed_row(f"{variant}-{size}", seed)
         path = ROOT / f"{name}@{commit}.json"
         if path.exists() or args.only not in name:
             continue

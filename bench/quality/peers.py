@@ -6,7 +6,9 @@ conjugate-gradient refinement, or with `-exact` the exact per-row solve) and
 `SurgeonModifier` (LLM Surgeon with the table's shots: 4 unstructured, N:M's default of one shot
 propagated block by block; it should reproduce bench/quality/table.py's surgeon rows).
 Same model (SmolLM2-135M, float32; `--model gemma3-270m`: Gemma-3-270M on its protocol), the same calibration
-windows as `bench/quality/table.py` (passed to `oneshot` as a dataset, in order), the same evaluation. Peer
+windows as `bench/quality/table.py` (passed to `oneshot` as a dataset, in order; with `--seeds` as there, a seed
+s > 0 drawing them with s and naming the row `<row>-seed<s>`), the same evaluation: the test windows and as many
+windows of the tuning articles. Peer
 settings: block size 128, dampening fraction 0.01, the sequential pipeline with pruned activations
 propagated block by block, `lm_head` ignored. Times are whole `oneshot` calls.
 
@@ -17,6 +19,7 @@ one command, `make install-llmcompressor`:
     .venv/bin/python -c "import surgeon; m, t = surgeon.load_model('gemma3-270m'); m.save_pretrained('G'); \
         t.save_pretrained('G')"
     .venv-llmcompressor/bin/python -m bench.quality.peers --model gemma3-270m --weights G --only 'llmc-(sparsegpt|wan)'
+    .venv-llmcompressor/bin/python -m bench.quality.peers --only '^2of4-0.5-llmc-sparsegpt$' --seeds 0 1 2
 
 Each run is saved beside bench/quality/table.py's rows (bench/results/quality/<row>@<commit>.json for SmolLM2)
 and skipped when that file exists; `make results` puts them into RESULTS' quality tables.
@@ -24,6 +27,7 @@ and skipped when that file exists; `make results` puts them into RESULTS' qualit
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import tempfile
@@ -37,7 +41,7 @@ from llmcompressor.modifiers.pruning import SparseGPTModifier, WandaPruningModif
 from transformers import AutoModelForCausalLM
 
 from bench.quality.table import folder, load_protocol, parse_protocol, protocol_of, protocol_parser
-from surgeon.app.evaluate import perplexity
+from bench.seeds import add_seeds_option, seed_row
 from surgeon.integrations.llmcompressor import SurgeonModifier, SurgeonSparseGPTModifier
 from surgeon.io import write_json
 from surgeon.models.adapter import prunable_layers
@@ -64,26 +68,26 @@ def main() -> None:
     parser.add_argument("--weights", help="a folder holding the model, saved by `surgeon`'s own environment: "
                         "llm-compressor's transformers 5.17 converts Gemma-3's GGUF wrongly (dense perplexity 98.92 "
                         "against 19.88)")
+    add_seeds_option(parser)
     args = parse_protocol(parser)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     root = folder(args.model, args.calib_windows, args.calib_seqlen)
     root.mkdir(parents=True, exist_ok=True)
     run = load_protocol(args.model, args.calib_windows, args.calib_seqlen, args.weights)
-    model, test_ids, windows, bos = run.model, run.test_ids, run.windows, run.bos
     protocol = protocol_of(args, run)
     commit = protocol["commit"]
     protocol["machine"] += f", llm-compressor {llmcompressor_version}"
-    ones = torch.ones_like(windows)
-    calibration = Dataset.from_dict({"input_ids": windows.tolist(), "attention_mask": ones.tolist()})
     with tempfile.TemporaryDirectory() as saved:  # oneshot reads the model's config from its name_or_path
-        model.save_pretrained(saved)
+        run.model.save_pretrained(saved)
         run.tokenizer.save_pretrained(saved)
-        del model, run
-        for structure in ("unstructured", "2:4", "4:8"):
+        for seed, structure in itertools.product(args.seeds, ("unstructured", "2:4", "4:8")):
+            windows = (run.with_seed(seed) if seed else run).windows
+            calibration = Dataset.from_dict({"input_ids": windows.tolist(),
+                                             "attention_mask": torch.ones_like(windows).tolist()})
             for suffix, (modifier, settings) in PEERS.items():
-                name = f"{structure.replace(':', 'of')}-0.5-{suffix}"
-                path = root / f"{name}@{commit}.json"
-                if path.exists() or not re.search(args.only, name):
+                row = f"{structure.replace(':', 'of')}-0.5-{suffix}"
+                path = root / f"{seed_row(row, seed)}@{commit}.json"
+                if path.exists() or not re.search(args.only, row):
                     continue
                 model = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32).eval()
                 if modifier is SurgeonModifier:  # prunes the decoder blocks' linear layers, never the LM head
@@ -96,7 +100,7 @@ def main() -> None:
                 oneshot(model=model, dataset=calibration, recipe=[recipe], num_calibration_samples=len(windows),
                         max_seq_length=windows.shape[1], shuffle_calibration_samples=False, pipeline="sequential")
                 seconds = time.perf_counter() - start
-                result = perplexity(model, test_ids, 2048, args.eval_windows, progress=False, bos=bos)
+                scores = run.perplexities(model, args.eval_windows)
                 config = {"structure": structure, "target_size": 0.5, "method": f"llm-compressor {modifier.__name__}",
                           "shots": 1, "damp_g": "-",
                           "damp_a": settings.get("dampening_frac", "-")}
@@ -106,9 +110,10 @@ def main() -> None:
                 if modifier is SurgeonModifier:
                     resolved = recipe._config.resolved()
                     config.update({key: resolved[key] for key in ("shots", "damp_g", "damp_a", "propagate")})
-                logging.info("%s: ppl %.3f (%.0f s)", name, result.ppl, seconds)
-                write_json(path, {"ppl": result.ppl, "seconds": seconds, "sparsity": zero_fraction(model),
-                                  "config": config, **protocol})
+                logging.info("%s: ppl %.3f, tuning ppl %.3f (%.0f s)", path.stem, scores["ppl"], scores["tuning_ppl"],
+                             seconds)
+                write_json(path, {**scores, "seconds": seconds, "sparsity": zero_fraction(model), "config": config,
+                                  **protocol, "seed": seed})
 
 
 if __name__ == "__main__":

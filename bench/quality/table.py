@@ -64,6 +64,7 @@ import torch
 
 from bench.machine import cpu_machine
 from bench.provenance import cli_defaults
+from bench.seeds import add_seeds_option, seed_row
 from surgeon import PruneConfig, prune
 from surgeon.app.data import (
     calibration_text,
@@ -365,8 +366,7 @@ def main() -> None:
     parser = protocol_parser(__doc__)
     parser.add_argument("--shots-structured", type=int, default=4, help="SmolLM2's table")
     parser.add_argument("--shots-element", type=int, default=4, help="SmolLM2's table")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0],
-                        help="calibration seeds: each row runs once per seed, a seed s > 0 as the row <id>-seed<s>")
+    add_seeds_option(parser)
     parser.add_argument("--row", action="append", default=[],
                         help="run this row (its whole id; repeatable): any row of SmolLM2's table, a default row "
                              "or baseline of the other budgets, or a candidate, on any model")
@@ -396,7 +396,7 @@ def main() -> None:
     for seed in args.seeds:
         seeded = run.with_seed(seed) if seed else run
         for row, config in table:
-            name = f"{row}-seed{seed}" if seed else row
+            name = seed_row(row, seed)
             path = root / f"{name}@{commit}.json"
             if args.only not in row or (args.row and row not in args.row) or measured(path, protocol["machine"]):
                 continue
