@@ -148,7 +148,9 @@ def time_to_quality() -> list[str]:
 
 def oneshot_rows(path: Path, run: pv.Run) -> list[Row]:
     """An llm-compressor `oneshot` run's row: its modifier at its structure, timed against SparseGPTModifier's run at
-    the same commit."""
+    the same commit (none for a run with another calibration seed, whose row is in the seed spread)."""
+    if seeded(pv.row_of(path)) is not None:
+        return []
     structure, _, modifier = pv.row_of(path).partition("-0.5-llmc-")
     peer = path.with_name(f"{structure}-0.5-llmc-sparsegpt@{pv.commit_of(path)}.json")
     return [(structure.replace("of", ":") + " 0.5", MODIFIERS[modifier], f"{run['ppl']:.3f}", f"{run['seconds']:.0f}",

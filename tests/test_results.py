@@ -252,6 +252,24 @@ def test_the_coupled_table_keeps_seeded_rows_for_the_spread_below_it(tmp_path, m
                          "31.000–33.000 |")
 
 
+def test_the_oneshot_times_leave_out_runs_with_other_calibration_seeds(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT))
+    from bench import provenance
+    from bench.results_md import SECTIONS
+
+    if provenance.git("cat-file", "-e", "5768318^{commit}").returncode != 0:
+        pytest.skip("needs the repository's history")
+    (tmp_path / "quality").mkdir()
+    for row, seconds in (("2of4-0.5-llmc-sparsegpt", 40.0), ("2of4-0.5-llmc-sparsegpt-seed1", 50.0),
+                         ("2of4-0.5-llmc-surgeon-sparsegpt", 36.0)):
+        (tmp_path / "quality" / f"{row}@5768318.json").write_text(json.dumps(dict(
+            ppl=70.0, tuning_ppl=66.0, seconds=seconds, commit="5768318", machine="cpu a")))
+    monkeypatch.setattr(provenance, "RESULTS", tmp_path)
+    lines = SECTIONS["oneshot"]()
+    assert [line.split(" | ")[1] for line in lines[2:]] == ["SparseGPTModifier", "SurgeonSparseGPTModifier (refine)"]
+    assert lines[3].split(" | ")[4] == "0.90×"  # against seed 0's run, not the other seed's
+
+
 def test_seeds_run_at_another_commit_join_the_spread_only_with_the_same_pruning_code_on_the_same_machine(monkeypatch):
     from bench import provenance
     from bench.seeds import seed_spread
