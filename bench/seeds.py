@@ -1,6 +1,7 @@
 """Rows run over calibration seeds: a row `<row>-seed<s>` is `<row>` with its calibration windows drawn with seed s
-(`--seeds` of `bench.quality.table` and `bench.quality.coupled`), and the seed spread is the table of each row's
-perplexity per seed, mean and range, the measure against which a gap between two rows is called a win."""
+(`--seeds` of `bench.quality.table`, `bench.quality.coupled` and `bench.quality.peers`), and the seed spread is the
+table of each row's perplexity per seed, mean and range, the measure against which a gap between two rows is called
+a win."""
 
 from __future__ import annotations
 
