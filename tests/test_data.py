@@ -194,6 +194,7 @@ def test_a_no_bos_row_calibrates_and_weighs_on_windows_as_drawn_and_evaluates_wi
     assert torch.equal(plain.windows, calibration_windows(ids, 4, 64, 3)) and not (plain.windows[:, 0] == 7).any()
     assert torch.equal(plain.windows[:, 1:], run.windows[:, 1:])
     assert torch.equal(plain.held_out, held_out_windows(aside, 4, 64)) and plain.bos == 7 and plain.seed == 3
+    assert run.with_seed(3) is run and torch.equal(run.with_seed(0).windows, calibration_windows(ids, 4, 64, 0, 7))
     defaults = dict(table.defaults_rows())  # each default row without BOS runs the CLI's defaults
     assert table.runnable_rows(4, 4)["unstructured-0.5-surgeon" + table.NO_BOS] == defaults["unstructured-0.5-surgeon"]
 

@@ -82,7 +82,7 @@ def main() -> None:
         path = ROOT / f"{name}@{commit}.json"
         if path.exists() or args.only not in name:
             continue
-        windows = (run.with_seed(seed) if seed else run).windows
+        windows = run.with_seed(seed).windows
         model.load_state_dict(dense_state)
         start = time.perf_counter()
         report = prune(model, windows, PruneConfig(**settings, target_size=size, shots=args.shots, seed=seed),

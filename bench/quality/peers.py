@@ -81,7 +81,7 @@ def main() -> None:
         run.model.save_pretrained(saved)
         run.tokenizer.save_pretrained(saved)
         for seed, structure in itertools.product(args.seeds, ("unstructured", "2:4", "4:8")):
-            windows = (run.with_seed(seed) if seed else run).windows
+            windows = run.with_seed(seed).windows
             calibration = Dataset.from_dict({"input_ids": windows.tolist(),
                                              "attention_mask": torch.ones_like(windows).tolist()})
             for suffix, (modifier, settings) in PEERS.items():

@@ -237,7 +237,9 @@ class Protocol:
                 for key, ids in (("ppl", self.test_ids), ("tuning_ppl", self.tuning_ids))}
 
     def with_seed(self, seed: int) -> Protocol:
-        """The same protocol with its calibration windows drawn with `seed`."""
+        """The same protocol with its calibration windows drawn with `seed` (itself where they already are)."""
+        if seed == self.seed:
+            return self
         count, seqlen = self.windows.shape
         return dataclasses.replace(self, windows=calibration_windows(self.ids, count, seqlen, seed, self.bos),
                                    seed=seed)
@@ -394,7 +396,7 @@ def main() -> None:
         tuning = perplexity(run.model, run.tuning_ids, 2048, args.eval_windows, progress=False, bos=run.bos)
         write_json(dense_path, {"ppl": result.ppl, "tuning_ppl": tuning.ppl, "seconds": result.seconds, **protocol})
     for seed in args.seeds:
-        seeded = run.with_seed(seed) if seed else run
+        seeded = run.with_seed(seed)
         for row, config in table:
             name = seed_row(row, seed)
             path = root / f"{name}@{commit}.json"
