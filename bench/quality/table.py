@@ -141,7 +141,8 @@ def defaults_rows() -> list[tuple[str, PruneConfig]]:
 # model (eq. 6's Fisher), the update stopped early (as sparsegpt-refine stops its own, but with G), A shrunk more, and
 # the last unstructured shot pruned block by block on propagated inputs (as N:M's is by default), each layer's
 # sparsity kept within a deviation of the shot's (0: every layer alike, as SparseGPT's are) under the one threshold,
-# and N:M masks by eq. 7's costs at once, the paper's, where the default sweeps them (`PruneConfig.nm_mask`)
+# N:M masks by eq. 7's costs at once, the paper's, where the default sweeps them (`PruneConfig.nm_mask`), and
+# structured 80% in other numbers of shots than its default 4: the time-to-quality curve at any calibration budget
 CANDIDATES = {"sampled": (dict(fisher="sampled"), ("structured", "unstructured", "2:4")),
               "cg8": (dict(cg_max_iter=8), ("unstructured", "2:4")),  # a structured update solves no CG
               "damp-a0.1": (dict(damp_a=0.1), ("structured", "unstructured", "2:4")),
@@ -152,7 +153,8 @@ CANDIDATES = {"sampled": (dict(fisher="sampled"), ("structured", "unstructured",
               # λ_G a tenth and ten times each structure's default: 0.1 for structured and unstructured, 1 for N:M
               **{f"damp-g{g:g}": (dict(damp_g=g), ("structured", "unstructured")) for g in (0.01, 1.0)},
               **{f"damp-g{g:g}": (dict(damp_g=g), ("2:4",)) for g in (0.1, 10.0)},
-              "mask-costs": (dict(nm_mask="costs"), ("2:4",))}
+              "mask-costs": (dict(nm_mask="costs"), ("2:4",)),
+              **{f"shots{n}": (dict(shots=n), ("structured",)) for n in (1, 2, 8)}}
 
 
 def candidate_rows() -> list[tuple[str, PruneConfig]]:
